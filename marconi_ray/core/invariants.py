@@ -1,0 +1,54 @@
+"""Full-scan checks of the radix tree invariants (tests and the replay's debug mode)."""
+
+from __future__ import annotations
+
+import math
+
+from marconi_ray.core.radix_tree import NO_STATE, RadixTree
+
+
+def check_tree(tree: RadixTree) -> None:
+    """Raise AssertionError naming the first broken invariant of `tree` (see radix_tree)."""
+    n_tokens = 0
+    n_states = 0
+    seen_slots: set[int] = set()
+    for node in tree.iter_nodes():
+        assert node.slot not in seen_slots, f"slot {node.slot} used twice"
+        seen_slots.add(node.slot)
+        assert tree.nodes.get(node.slot) is node, f"{node!r} missing from the slot map"
+        for key, child in node.children.items():
+            assert child.parent is node, f"{child!r} has a wrong parent"
+            assert len(child.edge) > 0, f"{child!r} has an empty edge"
+            assert int(child.edge[0]) == key, f"{child!r} is keyed by {key}"
+            assert child.depth == node.depth + len(child.edge), f"{child!r} has a wrong depth"
+            if child.kv is not None:
+                assert len(child.kv) == len(child.edge), f"{child!r} kv length mismatch"
+        if node is tree.root:
+            assert node.state == NO_STATE and node.depth == 0, "root must be empty"
+            continue
+        assert node.lock >= 0, f"{node!r} has a negative lock count"
+        n_tokens += len(node.edge)
+        n_states += node.state != NO_STATE
+        if node.state == NO_STATE and node.lock == 0:
+            assert len(node.children) >= 2, f"state-less {node!r} has < 2 children"
+        candidate = node.state != NO_STATE and len(node.children) <= 1 and node.lock == 0
+        slot = node.slot
+        assert bool(tree.table.evictable[slot]) == candidate, f"{node!r} evictable flag stale"
+        leaf = candidate and not node.children
+        assert bool(tree.table.leaf[slot]) == leaf, f"{node!r} leaf flag stale"
+        if node.state != NO_STATE:
+            want = tree.cost.efficiency(
+                node.depth, tree.anchor_depth(node), len(node.edge), not node.children
+            )
+            got = float(tree.table.efficiency[slot])
+            assert math.isclose(got, want, rel_tol=1e-9), f"{node!r} efficiency {got} != {want}"
+    assert len(seen_slots) == len(tree.nodes), "slot map holds dead nodes"
+    assert tree.table.used_slots() == len(tree.nodes), "node table leaks slots"
+    assert n_tokens == tree.n_tokens, f"n_tokens {tree.n_tokens} != sum {n_tokens}"
+    assert n_states == tree.n_states, f"n_states {tree.n_states} != sum {n_states}"
+    live = set(tree.nodes)
+    for slot in range(tree.table.n_slots):
+        if slot not in live:
+            assert not tree.table.evictable[slot] and not tree.table.leaf[slot], (
+                f"free slot {slot} is a candidate"
+            )

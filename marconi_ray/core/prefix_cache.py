@@ -1,0 +1,288 @@
+"""`PrefixCache`: the radix tree + an admission and an eviction policy + a byte budget.
+
+Request protocol (the live coordinator and the replay simulator both follow it):
+1. `plan(input_tokens)` matches the input, refreshes access times, locks the hit node
+   and returns a `Plan`: the reusable length and the depths to checkpoint in prefill.
+2. The engine prefills from the hit, captures the planned states, decodes.
+3. `commit(plan, input + output, ...)` admits what fits (evicting first, so the byte
+   budget is never exceeded, not even transiently) and unlocks; or `abort(plan)`.
+
+Capacity is a hard limit: when a request's states cannot fit after evicting every
+unlocked candidate, the deepest ones are dropped (counted in `states_dropped`).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from marconi_ray.core.admission import AdmissionPolicy, Checkpoint, make_admission
+from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
+from marconi_ray.core.radix_tree import NO_STATE, Freed, KVHandle, Node, RadixTree, Tokens
+from marconi_ray.core.stats import CacheStats
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A cache's policies and budget.
+
+    Attributes:
+        capacity_bytes: hard limit on KV + SSM bytes held.
+        admission: `marconi`, `fine_grained:BLOCK` or `none`.
+        eviction: `lru` or `flop_aware`.
+        alpha: weight of FLOP efficiency in `flop_aware` eviction.
+        recency: `timestamp` (paper) or `inverse_age` (artifact), for `flop_aware`.
+    """
+
+    capacity_bytes: int
+    admission: str = "marconi"
+    eviction: str = "flop_aware"
+    alpha: float = 0.0
+    recency: str = "timestamp"
+
+    def __post_init__(self) -> None:
+        if not self.capacity_bytes > 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {self.capacity_bytes}")
+        validate_alpha(self.alpha)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `plan` decided for one request (valid until its commit or abort)."""
+
+    plan_id: int
+    tokens: Tokens
+    hit_len: int
+    hit_node: Node
+    checkpoints: tuple[Checkpoint, ...]
+
+    @property
+    def hit_state(self) -> int:
+        return self.hit_node.state
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Outcome of a commit: admitted (depth, state id, reason), ids to free, evictions."""
+
+    admitted: tuple[tuple[int, int, str], ...]
+    rejected_states: tuple[int, ...]
+    freed: Freed
+    dropped: int
+
+
+def as_tokens(tokens: object, what: str = "tokens") -> Tokens:
+    """Validate a 1-D sequence of non-negative token ids and return it as int32."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
+    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{what} ids must be in [0, 2**31), got {arr.min()}..{arr.max()}")
+    return arr.astype(np.int32, copy=False)
+
+
+class PrefixCache:
+    """One replica's prefix cache (single-threaded; the coordinator serialises calls)."""
+
+    def __init__(self, cost: CostModel, config: CacheConfig) -> None:
+        self.cost = cost
+        self.config = config
+        self.tree = RadixTree(cost)
+        self.admission: AdmissionPolicy = make_admission(config.admission)
+        self.eviction: EvictionPolicy = make_eviction(config.eviction, config.alpha, config.recency)
+        self.stats = CacheStats()
+        self.clock = 0.0
+        self._next_plan = 0
+        self._next_state = 0
+        self._open: dict[int, Plan] = {}
+
+    # ------------------------------------------------------------------ state
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity_bytes
+
+    @property
+    def bytes_used(self) -> int:
+        return self.tree.bytes_used
+
+    @property
+    def alpha(self) -> float:
+        return self.eviction.alpha
+
+    def set_alpha(self, alpha: float) -> None:
+        self.eviction.alpha = validate_alpha(alpha)
+
+    @property
+    def open_plans(self) -> int:
+        return len(self._open)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle for snapshots: open plans are dropped (their locks stay in the tree)."""
+        state = dict(self.__dict__)
+        state["_open"] = {}
+        return state
+
+    def snapshot(self) -> bytes:
+        """A self-contained copy of the cache (tree, policies, stats) as bytes."""
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _tick(self) -> float:
+        self.clock += 1.0
+        return self.clock
+
+    # --------------------------------------------------------------- protocol
+    def lookup(self, tokens: object) -> int:
+        """Reusable length for `tokens`, without side effects."""
+        return self.tree.match(as_tokens(tokens)).hit_len
+
+    def plan(self, tokens: object) -> Plan:
+        arr = as_tokens(tokens, "input tokens")
+        now = self._tick()
+        match = self.tree.match(arr)
+        self.eviction.on_hit(self.tree, match, now)
+        self.tree.lock(match.hit_node)
+        ckpts = tuple(self.admission.prefill_checkpoints(match, len(arr)))
+        plan = Plan(self._next_plan, arr, match.hit_len, match.hit_node, ckpts)
+        self._next_plan += 1
+        self._open[plan.plan_id] = plan
+        return plan
+
+    def abort(self, plan: Plan) -> Freed:
+        """Release a plan without caching anything."""
+        self._close(plan)
+        return self.tree.unlock(plan.hit_node)
+
+    def commit(
+        self,
+        plan: Plan,
+        tokens: object,
+        state_ids: Mapping[int, int] | None = None,
+        kv: KVHandle = None,
+        kv_start: int = 0,
+    ) -> CommitResult:
+        """Admit the states of a finished request and release its plan.
+
+        Args:
+            plan: from `plan`.
+            tokens: input + output tokens; must start with the plan's input.
+            state_ids: depth -> state id for every planned checkpoint (prefill ones and
+                the policy's decode ones); None lets the cache number them (simulation).
+            kv: per-token KV handle for positions [kv_start, len(tokens)).
+        """
+        full = as_tokens(tokens, "tokens")
+        n_input = len(plan.tokens)
+        if len(full) < n_input or not np.array_equal(full[:n_input], plan.tokens):
+            raise ValueError("committed tokens must start with the planned input tokens")
+        self._close(plan)
+        now = self._tick()
+        ckpts = self._checkpoints(plan, len(full))
+        if state_ids is None:
+            ids = list(range(self._next_state, self._next_state + len(ckpts)))
+            self._next_state += len(ckpts)
+        else:
+            missing = [d for d, _ in ckpts if d not in state_ids]
+            if missing:
+                self.tree.unlock(plan.hit_node)
+                raise ValueError(f"no state id given for checkpoint depths {missing}")
+            ids = [state_ids[d] for d, _ in ckpts]
+        freed = Freed()
+        admitted: list[tuple[int, int, str]] = []
+        dropped = 0
+        if ckpts:
+            depths = [d for d, _ in ckpts]
+            attach = self.tree.match(full[: depths[-1]]).attach_node
+            self.tree.lock(attach)
+            try:
+                keep = self._make_room(full[: depths[-1]], depths, freed, now)
+                dropped = self._count_new(full, depths[keep:])
+                if keep:
+                    pairs = list(zip(depths[:keep], ids, strict=False))
+                    got, _dups = self.tree.insert(
+                        full[: depths[keep - 1]], pairs, now, kv, kv_start
+                    )
+                    reason = dict(ckpts)
+                    admitted = [(d, sid, reason[d]) for d, sid in got]
+            finally:
+                freed.extend(self.tree.unlock(attach))
+        freed.extend(self.tree.unlock(plan.hit_node))
+        for _, _, reason_name in admitted:
+            self.stats.states_admitted[reason_name] += 1
+        self.stats.states_dropped += dropped
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes_used)
+        self.stats.record_request(
+            n_input,
+            plan.hit_len,
+            self.cost.prefill_flops(n_input),
+            self.cost.prefill_flops(plan.hit_len),
+        )
+        kept = {sid for _, sid, _ in admitted}
+        rejected = tuple(sid for sid in ids if sid not in kept)
+        return CommitResult(tuple(admitted), rejected, freed, dropped)
+
+    def serve(self, input_tokens: object, output_tokens: object) -> int:
+        """Simulate one request end to end; return its hit length."""
+        inp = as_tokens(input_tokens, "input tokens")
+        out = np.asarray(output_tokens, dtype=np.int32)
+        plan = self.plan(inp)
+        self.commit(plan, np.concatenate([inp, out]) if len(out) else inp)
+        return plan.hit_len
+
+    # ---------------------------------------------------------------- helpers
+    def _close(self, plan: Plan) -> None:
+        if self._open.pop(plan.plan_id, None) is None:
+            raise ValueError(f"plan {plan.plan_id} is not open (already committed or aborted)")
+
+    def _checkpoints(self, plan: Plan, n_total: int) -> list[Checkpoint]:
+        n_input = len(plan.tokens)
+        merged: dict[int, str] = {}
+        for depth, reason in (
+            *plan.checkpoints,
+            *self.admission.decode_checkpoints(n_input, n_total),
+        ):
+            if 0 < depth <= n_total:
+                merged.setdefault(depth, reason)
+        return sorted(merged.items())
+
+    def _needed(self, tokens: Tokens, depths: list[int]) -> list[int]:
+        """Bytes needed to insert `tokens[:depths[k]]` with the first k+1 states, per k."""
+        match = self.tree.match(tokens)
+        have = {n.depth for n in match.path if n.state != NO_STATE}
+        kv_per_token = self.cost.kv_bytes_per_token
+        out: list[int] = []
+        n_states = 0
+        for depth in depths:
+            n_states += depth not in have
+            new_tokens = max(0, depth - match.matched_len)
+            out.append(new_tokens * kv_per_token + n_states * self.cost.state_bytes)
+        return out
+
+    def _count_new(self, tokens: Tokens, depths: list[int]) -> int:
+        if not depths:
+            return 0
+        have = {n.depth for n in self.tree.match(tokens[: depths[-1]]).path if n.state != NO_STATE}
+        return sum(d not in have for d in depths)
+
+    def _make_room(self, tokens: Tokens, depths: list[int], freed: Freed, now: float) -> int:
+        """Evict until all states fit, or nothing is left to evict; return how many fit.
+
+        The caller locks the node where `tokens` attach, so the matched path survives.
+        """
+        while True:
+            needed = self._needed(tokens, depths)
+            deficit = needed[-1] - (self.capacity - self.bytes_used)
+            if deficit <= 0:
+                return len(depths)
+            target = self.bytes_used - deficit
+            while self.bytes_used > target:
+                victim = self.eviction.choose(self.tree, now)
+                if victim is None:
+                    room = self.capacity - self.bytes_used
+                    return sum(1 for b in self._needed(tokens, depths) if b <= room)
+                freed.extend(self.tree.evict(victim))
+                self.stats.evictions += 1

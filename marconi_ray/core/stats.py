@@ -1,0 +1,65 @@
+"""Counters a prefix cache keeps: hit rates, FLOPs saved, bytes, admissions, evictions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ADMISSION_REASONS = ("branch", "last_token", "block")
+
+
+@dataclass
+class CacheStats:
+    """Running totals over committed requests (aborted requests are not counted).
+
+    Token hit rate = reused input tokens / input tokens (outputs are not counted), as in
+    the paper. FLOPs are prefill FLOPs of the inputs from the cost model.
+    """
+
+    requests: int = 0
+    hit_requests: int = 0
+    input_tokens: int = 0
+    hit_tokens: int = 0
+    flops_total: float = 0.0
+    flops_saved: float = 0.0
+    evictions: int = 0
+    states_admitted: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+    )
+    states_dropped: int = 0
+    peak_bytes: int = 0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.requests if self.requests else 0.0
+
+    @property
+    def flops_saved_fraction(self) -> float:
+        return self.flops_saved / self.flops_total if self.flops_total else 0.0
+
+    def record_request(self, n_input: int, hit_len: int, flops: float, saved: float) -> None:
+        self.requests += 1
+        self.hit_requests += hit_len > 0
+        self.input_tokens += n_input
+        self.hit_tokens += hit_len
+        self.flops_total += flops
+        self.flops_saved += saved
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "requests": self.requests,
+            "hit_requests": self.hit_requests,
+            "input_tokens": self.input_tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": self.token_hit_rate,
+            "request_hit_rate": self.request_hit_rate,
+            "flops_total": self.flops_total,
+            "flops_saved": self.flops_saved,
+            "evictions": self.evictions,
+            "states_admitted": dict(self.states_admitted),
+            "states_dropped": self.states_dropped,
+            "peak_bytes": self.peak_bytes,
+        }

@@ -1,0 +1,48 @@
+"""The named caching systems compared in the paper, as policy compositions (registry).
+
+- `vanilla`: no prefix caching.
+- `vllm+`: a state at every 32-token block, LRU over leaf blocks (fine-grained).
+- `sglang+`: Marconi's judicious admission with LRU over leaves.
+- `marconi`: judicious admission + FLOP-aware eviction with bootstrap alpha tuning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from marconi_ray.core.prefix_cache import CacheConfig
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A system: policies, and whether alpha is tuned online (`tuned`)."""
+
+    name: str
+    admission: str
+    eviction: str
+    tuned: bool = False
+
+    def cache_config(
+        self, capacity_bytes: int, alpha: float = 0.0, recency: str = "timestamp"
+    ) -> CacheConfig:
+        return CacheConfig(capacity_bytes, self.admission, self.eviction, alpha, recency)
+
+
+SYSTEMS: Mapping[str, SystemSpec] = MappingProxyType(
+    {
+        "vanilla": SystemSpec("vanilla", "none", "lru"),
+        "vllm+": SystemSpec("vllm+", "fine_grained:32", "lru"),
+        "sglang+": SystemSpec("sglang+", "marconi", "lru"),
+        "marconi": SystemSpec("marconi", "marconi", "flop_aware", tuned=True),
+    }
+)
+
+
+def get_system(name: str) -> SystemSpec:
+    """Look a system up by name; ValueError naming it when unknown."""
+    spec = SYSTEMS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown system {name!r}; choose from {sorted(SYSTEMS)}")
+    return spec

@@ -1,0 +1,199 @@
+"""Bootstrap tuning of alpha (Marconi section 4.2), plus optional periodic re-tuning.
+
+Protocol, driven by whoever serves requests (the replay loop, the live tuner actor):
+- alpha = 0 until the cache's first eviction; then a snapshot of the cache is taken and
+  the next `multiplier x (requests before the first eviction)` requests are recorded.
+- When the window is full, `after_request` returns a `TuneJob`: replay the window from
+  the snapshot once per alpha on the grid (through any parallel `map`), pick the alpha
+  with the best objective (ties: the smallest alpha) and `adopt` it.
+- With `retune_every = k`, a new snapshot is taken at adoption and the next k requests
+  form the next window, forever.
+The grid evaluation is a pure function of the job, so serial, process-pool and Ray maps
+give the same answer.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from marconi_ray.core.prefix_cache import PrefixCache
+
+OBJECTIVES = ("token_hit_rate", "flops_saved")
+
+
+class RequestLike(Protocol):
+    @property
+    def input_tokens(self) -> npt.NDArray[np.int32]: ...
+
+    @property
+    def output_tokens(self) -> npt.NDArray[np.int32]: ...
+
+
+MapFn = Callable[[Callable[["AlphaTask"], float], Iterable["AlphaTask"]], Iterable[float]]
+
+
+def default_grid() -> tuple[float, ...]:
+    """0.0, 0.1, ..., 2.0 (21 values, rounded so they print cleanly)."""
+    return tuple(round(0.1 * i, 1) for i in range(21))
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    """Attributes:
+    multiplier: window = multiplier x requests seen before the first eviction.
+    grid: candidate alphas.
+    objective: `token_hit_rate` (paper) or `flops_saved` (artifact).
+    retune_every: re-tune on each following window of this many requests (None: once).
+    """
+
+    multiplier: int = 5
+    grid: tuple[float, ...] = field(default_factory=default_grid)
+    objective: str = "token_hit_rate"
+    retune_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.multiplier <= 0:
+            raise ValueError(f"multiplier must be > 0, got {self.multiplier}")
+        if not self.grid:
+            raise ValueError("the alpha grid is empty")
+        if any(not np.isfinite(a) or a < 0 for a in self.grid):
+            raise ValueError(f"alpha grid values must be finite and >= 0, got {self.grid}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; choose from {OBJECTIVES}")
+        if self.retune_every is not None and self.retune_every <= 0:
+            raise ValueError(f"retune_every must be > 0, got {self.retune_every}")
+
+
+@dataclass(frozen=True)
+class AlphaTask:
+    """One grid point: replay `window` from `snapshot` with `alpha`."""
+
+    snapshot: bytes
+    window: tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]], ...]
+    alpha: float
+    objective: str
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    snapshot: bytes
+    window: tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]], ...]
+    grid: tuple[float, ...]
+    objective: str
+    start_request: int
+
+    def tasks(self) -> list[AlphaTask]:
+        return [AlphaTask(self.snapshot, self.window, a, self.objective) for a in self.grid]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    best_alpha: float
+    scores: tuple[tuple[float, float], ...]
+    window_requests: int
+    start_request: int
+    wall_s: float
+
+
+def evaluate_alpha(task: AlphaTask) -> float:
+    """Objective of replaying the task's window from its snapshot with its alpha."""
+    cache: PrefixCache = pickle.loads(task.snapshot)
+    cache.set_alpha(task.alpha)
+    before_hit, before_in = cache.stats.hit_tokens, cache.stats.input_tokens
+    before_saved = cache.stats.flops_saved
+    for inp, out in task.window:
+        cache.serve(inp, out)
+    if task.objective == "flops_saved":
+        return cache.stats.flops_saved - before_saved
+    n_in = cache.stats.input_tokens - before_in
+    return (cache.stats.hit_tokens - before_hit) / n_in if n_in else 0.0
+
+
+def pick_best(grid: Sequence[float], scores: Sequence[float]) -> float:
+    """Highest score; ties go to the smallest alpha."""
+    best = max(scores)
+    return min(a for a, s in zip(grid, scores, strict=True) if s == best)
+
+
+def run_grid(job: TuneJob, map_fn: MapFn = map) -> TuneResult:
+    """Evaluate every alpha of the job (through `map_fn`) and pick the winner."""
+    start = time.perf_counter()
+    scores = list(map_fn(evaluate_alpha, job.tasks()))
+    best = pick_best(job.grid, scores)
+    return TuneResult(
+        best,
+        tuple(zip(job.grid, scores, strict=True)),
+        len(job.window),
+        job.start_request,
+        time.perf_counter() - start,
+    )
+
+
+class BootstrapTuner:
+    """State machine over served requests; see the module docstring."""
+
+    def __init__(self, config: TunerConfig) -> None:
+        self.config = config
+        self.seen = 0
+        self.window_target = 0
+        self.window_start = 0
+        self.snapshot: bytes | None = None
+        self.window: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] = []
+        self.history: list[TuneResult] = []
+        self.done = False
+        self.pending = False
+
+    @property
+    def phase(self) -> str:
+        if self.done:
+            return "done"
+        if self.pending:
+            return "tuning"
+        return "waiting" if self.snapshot is None else "recording"
+
+    def after_request(self, cache: PrefixCache, request: RequestLike) -> TuneJob | None:
+        """Feed one served request; return a job when a window is complete."""
+        self.seen += 1
+        if self.done or self.pending:
+            return None
+        if self.snapshot is None:
+            if cache.stats.evictions > 0:
+                self._open_window(cache, self.config.multiplier * self.seen)
+            return None
+        self.window.append((request.input_tokens, request.output_tokens))
+        if len(self.window) < self.window_target:
+            return None
+        job = TuneJob(
+            self.snapshot,
+            tuple(self.window),
+            self.config.grid,
+            self.config.objective,
+            self.window_start,
+        )
+        self.snapshot = None
+        self.window = []
+        self.pending = True
+        return job
+
+    def adopt(self, result: TuneResult, cache: PrefixCache) -> None:
+        """Apply a finished grid search to the live cache and arm the next window."""
+        cache.set_alpha(result.best_alpha)
+        self.history.append(result)
+        self.pending = False
+        if self.config.retune_every is None:
+            self.done = True
+        else:
+            self._open_window(cache, self.config.retune_every)
+
+    def _open_window(self, cache: PrefixCache, size: int) -> None:
+        self.snapshot = cache.snapshot()
+        self.window_target = size
+        self.window_start = self.seen
+        self.window = []
