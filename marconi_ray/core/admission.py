@@ -65,7 +65,7 @@ class FineGrainedAdmission(AdmissionPolicy):
 
     def __init__(self, block: int) -> None:
         if block <= 0:
-            raise ValueError(f"block size must be > 0, got {block}")
+            raise ValueError(f"fine_grained block size must be > 0, got {block}")
         self.block = block
         self.name = f"fine_grained:{block}"
 

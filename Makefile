@@ -1,0 +1,40 @@
+# marconi-ray developer entry points. `make test` is what CI runs (.ci/run).
+# Everything installs into $(VENV); torch is pinned to the CPU build first (see DESIGN.md).
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+OUT     ?= runs/sample
+
+.PHONY: install run lint types contracts pytest test clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job (until the service exists): replay the packaged ShareGPT sample through
+## the four systems at four cache sizes; writes $(OUT)/results.json and a PNG.
+run: $(STAMP)
+	$(VENV)/bin/marconi-ray replay --trace sample --cache-bytes 2e8,5e8,1e9,2e9 \
+		--systems vanilla,vllm+,sglang+,marconi --out $(OUT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check marconi_ray tests scripts benchmarks
+
+types: $(STAMP)
+	$(VENV)/bin/mypy marconi_ray
+
+contracts: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint types contracts pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,83 @@
+"""Radix tree structure: match semantics, splits, merges, pickling, invariants."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+from core_helpers import SMALL_COST, cache, toks
+
+from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.radix_tree import RadixTree, common_prefix_len
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len(toks(1, 2, 3), toks(1, 2, 4)) == 2
+    assert common_prefix_len(toks(1, 2, 3), toks(1, 2)) == 2
+    assert common_prefix_len(toks(5), toks(6)) == 0
+
+
+def test_divergence_inside_an_edge_stops_the_match() -> None:
+    """Artifact bug 1: after a divergence inside an edge the walk must not go on."""
+    tree = RadixTree(SMALL_COST)
+    tree.insert(toks(1, 2, 3, 4, 9, 9, 9), [(4, 0), (7, 1)], now=1)
+    match = tree.match(toks(1, 2, 9, 9, 9, 5))
+    assert match.matched_len == 2
+    assert match.hit_len == 0
+    assert match.partial is not None
+
+
+def test_full_input_equal_to_cached_sequence_is_a_full_hit() -> None:
+    c = cache()
+    c.serve(toks(1, 2, 3), toks(4, 5))
+    assert c.lookup(toks(1, 2, 3, 4, 5)) == 5
+
+
+def test_hit_is_deepest_state_on_path_not_deepest_match() -> None:
+    tree = RadixTree(SMALL_COST)
+    tree.insert(toks(1, 2, 3, 4, 5, 6), [(3, 0), (6, 1)], now=1)
+    match = tree.match(toks(1, 2, 3, 4, 5, 7))
+    assert (match.hit_len, match.matched_len) == (3, 5)
+
+
+def test_split_keeps_kv_handles_aligned_and_merge_restores_them() -> None:
+    tree = RadixTree(SMALL_COST)
+    kv = np.arange(100, 106)
+    tree.insert(toks(1, 2, 3, 4, 5, 6), [(6, 0)], now=1, kv=kv, kv_start=0)
+    tree.insert(toks(1, 2, 3, 9), [(3, 1), (4, 2)], now=2, kv=np.arange(200, 204), kv_start=0)
+    check_tree(tree)
+    mid = tree.match(toks(1, 2, 3)).path[-1]
+    assert list(mid.kv) == [100, 101, 102]
+    (leaf,) = (n for n in mid.children.values() if n.depth == 6)
+    assert list(leaf.kv) == [103, 104, 105]
+    assert list(mid.children[9].kv) == [203]
+    tree.evict(mid.children[9])
+    freed = tree.evict(mid)  # one child left: state freed, KV merged into the child
+    assert freed.states == [1] and freed.kv == []
+    check_tree(tree)
+    (only,) = tree.root.children.values()
+    assert list(only.kv) == [100, 101, 102, 103, 104, 105]
+
+
+def test_unlock_tidies_a_stateless_node_left_alone() -> None:
+    tree = RadixTree(SMALL_COST)
+    tree.insert(toks(1, 2, 3), [(3, 0)], now=1)
+    tree.insert(toks(1, 2, 4), [(3, 1)], now=2)
+    branch = tree.match(toks(1, 2)).path[-1]
+    assert branch.state < 0 and len(branch.children) == 2
+    tree.lock(branch)
+    tree.evict(branch.children[3])
+    tree.evict(branch.children[4])
+    assert tree.nodes.get(branch.slot) is branch  # kept while locked
+    freed = tree.unlock(branch)
+    assert freed.n_tokens == 2 and tree.n_tokens == 0
+    check_tree(tree)
+
+
+def test_pickle_round_trip_of_a_deep_chain() -> None:
+    c = cache(admission="fine_grained:1", eviction="lru")
+    c.serve(np.arange(5000, dtype=np.int32) % 7 + 1, toks(3))
+    copy = pickle.loads(c.snapshot())
+    check_tree(copy.tree)
+    assert copy.tree.n_states == c.tree.n_states == 5001
+    assert copy.lookup(np.arange(4000, dtype=np.int32) % 7 + 1) == 4000
