@@ -1,0 +1,1 @@
+"""Package data: a small tokenized ShareGPT sample trace."""

@@ -1,0 +1,1 @@
+"""Trace builders that need a tokenizer (ShareGPT, SWE-bench agent trajectories)."""
