@@ -1,0 +1,177 @@
+"""Defaults of the transformers config classes for the keys `hf_families` reads.
+
+Values are those the classes declare (transformers 5.x `configuration_*.py`); a key
+whose value is None or "auto" is derived by the parser the way the class's
+`__post_init__` or the model code derives it. `head_dim` None means hidden_size //
+num_attention_heads (the model code's fallback when the config has no head_dim).
+Immutable registries only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+NEMOTRON_H: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 131072,
+        "hidden_size": 4096,
+        "max_position_embeddings": 4096,
+        "layers_block_type": None,
+        "hybrid_override_pattern": None,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 21504,
+        "ssm_state_size": 128,
+        "mamba_num_heads": 128,
+        "mamba_head_dim": 64,
+        "n_groups": 8,
+        "conv_kernel": 4,
+        "n_routed_experts": 8,
+        "moe_intermediate_size": 7688,
+        "moe_shared_expert_intermediate_size": 7688,
+        "moe_latent_size": None,
+        "num_experts_per_tok": 2,
+    }
+)
+NEMOTRON_H_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "n_groups": ("mamba_n_groups",),
+        "conv_kernel": ("mamba_d_conv",),
+        "n_routed_experts": ("num_local_experts",),
+        "layers_block_type": ("layer_types",),
+    }
+)
+NEMOTRON_H_DEFAULT_LAYERS: Final = ("linear_attention", "moe", "full_attention", "mlp")
+
+BAMBA: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 128000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 262144,
+        "attn_layer_indices": None,
+        "mamba_n_heads": 128,
+        "mamba_d_head": "auto",
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    }
+)
+
+JAMBA: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 65536,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 262144,
+        "num_experts_per_tok": 2,
+        "num_experts": 16,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_dt_rank": "auto",
+    }
+)
+JAMBA_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {"num_experts": ("num_local_experts",)}
+)
+
+ZAMBA2: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "use_long_context": False,
+        "hidden_size": 2560,
+        "layers_block_type": None,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_ngroups": 1,
+        "n_mamba_heads": 8,
+        "intermediate_size": None,
+        "num_attention_heads": 32,
+        "num_key_value_heads": None,
+        "use_shared_attention_adapter": False,
+        "adapter_rank": 128,
+    }
+)
+ZAMBA2_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {"layers_block_type": ("layer_types",)}
+)
+ZAMBA2_LONG_CONTEXT_POSITIONS: Final = 16384
+ZAMBA2_DEFAULT_LAYERS: Final[tuple[str, ...]] = (
+    ("linear_attention",)
+    + (("linear_attention",) * 5 + ("hybrid",)) * 7
+    + ("linear_attention",) * 4
+    + ("hybrid",)
+    + ("linear_attention",) * 3
+    + ("hybrid",)
+    + ("linear_attention",) * 2
+)
+
+FALCON_H1: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 128000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 8192,
+        "mamba_d_ssm": 1024,
+        "mamba_n_heads": 128,
+        "mamba_d_head": "auto",
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    }
+)
+
+GRANITE_MOE_HYBRID: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": None,
+        "head_dim": None,
+        "max_position_embeddings": 2048,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 1024,
+        "layer_types": None,
+        "mamba_n_heads": 128,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_head": "auto",
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    }
+)
+GRANITE_MOE_HYBRID_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {"layer_types": ("layers_block_type",)}
+)
+
+LEGACY_LAYER_TYPES: Final[Mapping[str, str]] = MappingProxyType(
+    {"mamba": "linear_attention", "attention": "full_attention"}
+)
+"""Old layer-type names that transformers remaps to the current ones."""

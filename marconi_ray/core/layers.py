@@ -1,0 +1,312 @@
+"""Per-layer FLOP and byte models of the blocks a hybrid (Attention + SSM) LLM is made of.
+
+Contract shared by every layer spec:
+- `total_flops_coeffs()` returns `(c1, c2)` such that running the layer over a full sequence
+  of n tokens from scratch costs exactly `c1*n + c2*n*n` FLOPs (one multiply-add = 2 FLOPs).
+  Only attention has a quadratic term; following the Marconi paper (Appendix A) it counts
+  the full, non-causal n x n score and AV products (4*n*n*width).
+- `kv_bytes_per_token(dtype_bytes)`: bytes of cached K and V per token (attention only).
+- `state_bytes(dtype_bytes)` / `conv_bytes(dtype_bytes)`: bytes of one cached recurrent
+  state and of one cached conv state (SSM layers only). Layers without such state return 0.
+- `kind` is one of `LAYER_KINDS`, so callers can sum FLOPs and bytes by kind.
+
+All dimensions are ints > 0 (ValueError naming the bad one otherwise). Norms, biases,
+residual adds, RoPE and activations outside the SSM are not counted (they are O(n*D) and
+small next to the matrix products), exactly as the paper's formulas omit them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from marconi_ray.core.spec_checks import require_non_negative, require_positive
+
+KIND_ATTENTION: Final = "attention"
+KIND_SSM: Final = "ssm"
+KIND_MLP: Final = "mlp"
+KIND_LINEAR: Final = "linear"
+LAYER_KINDS: Final[tuple[str, ...]] = (KIND_ATTENTION, KIND_SSM, KIND_MLP, KIND_LINEAR)
+"""`linear` is glue outside the three block types (e.g. Zamba2's per-block projection and
+LoRA adapters of its shared blocks); it holds no cached state."""
+
+
+class LayerSpec(ABC):
+    """Base of every layer spec: FLOP coefficients plus (zero by default) cached-state bytes."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        """(c1, c2): FLOPs over a from-scratch sequence of n tokens are c1*n + c2*n*n."""
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes of cached K and V per token; 0 for layers without a KV cache."""
+        require_positive("dtype_bytes", dtype_bytes)
+        return 0
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one cached recurrent (SSM) state; 0 for layers without one."""
+        require_positive("dtype_bytes", dtype_bytes)
+        return 0
+
+    def conv_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one cached conv1d state; 0 for layers without one."""
+        require_positive("dtype_bytes", dtype_bytes)
+        return 0
+
+
+def mlp_flops_per_token(d_model: int, d_ff: int, gated: bool) -> int:
+    """FLOPs per token of a dense MLP: 2 matrices (4*D*F) or 3 when gated (6*D*F)."""
+    return (6 if gated else 4) * d_model * d_ff
+
+
+@dataclass(frozen=True)
+class AttentionLayer(LayerSpec):
+    """Multi-head / grouped-query self-attention.
+
+    Per token: Q projection 2*Din*(H*hd), K and V 2*2*Din*(Hkv*hd), output 2*(H*hd)*D;
+    over n tokens the scores and AV add 4*n*n*(H*hd). With MHA and H*hd = D = Din this is
+    the paper's 8*L*D^2 + 4*L^2*D. KV bytes per token: 2*Hkv*hd*dtype_bytes (4*D in fp16
+    for MHA, as in the paper).
+
+    Attributes:
+        d_model: residual width D (output of the O projection).
+        n_heads: query heads H.
+        n_kv_heads: key/value heads Hkv (== H for MHA); must divide H.
+        head_dim: hd, width of one head.
+        input_dim: width Din the Q/K/V projections read; None means d_model (Zamba2's
+            shared blocks read the 2*D concatenation of hidden state and embeddings).
+    """
+
+    kind: ClassVar[str] = KIND_ATTENTION
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    input_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
+            require_positive(name, getattr(self, name))
+        if self.input_dim is not None:
+            require_positive("input_dim", self.input_dim)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d_in = self.d_model if self.input_dim is None else self.input_dim
+        q_width = self.n_heads * self.head_dim
+        kv_width = self.n_kv_heads * self.head_dim
+        c1 = 2 * d_in * q_width + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
+        return float(c1), float(4 * q_width)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return 2 * self.n_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class MLPLayer(LayerSpec):
+    """Dense feed-forward block D -> F -> D; gated (SwiGLU-style) adds a third matrix.
+
+    FLOPs per token 4*D*F (plain) or 6*D*F (gated); with F = 4*D plain is the paper's
+    16*L*D^2.
+    """
+
+    kind: ClassVar[str] = KIND_MLP
+    d_model: int
+    d_ff: int
+    gated: bool
+
+    def __post_init__(self) -> None:
+        require_positive("d_model", self.d_model)
+        require_positive("d_ff", self.d_ff)
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        return float(mlp_flops_per_token(self.d_model, self.d_ff, self.gated)), 0.0
+
+
+@dataclass(frozen=True)
+class MoELayer(LayerSpec):
+    """Mixture-of-experts feed-forward block; only the `top_k` routed experts run per token.
+
+    Per token: router 2*D*E, plus top_k experts of width d_ff, plus `n_shared_experts`
+    always-on experts of width shared_d_ff (all gated or all plain, per `gated`). With
+    `latent_dim` (NemotronH) the routed experts run at that width between two extra
+    projections D -> latent -> D.
+    """
+
+    kind: ClassVar[str] = KIND_MLP
+    d_model: int
+    d_ff: int
+    n_experts: int
+    top_k: int
+    gated: bool
+    n_shared_experts: int = 0
+    shared_d_ff: int = 0
+    latent_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_ff", "n_experts", "top_k"):
+            require_positive(name, getattr(self, name))
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
+        require_non_negative("n_shared_experts", self.n_shared_experts)
+        if self.n_shared_experts > 0:
+            require_positive("shared_d_ff", self.shared_d_ff)
+        if self.latent_dim is not None:
+            require_positive("latent_dim", self.latent_dim)
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        router = 2 * self.d_model * self.n_experts
+        expert_width = self.d_model if self.latent_dim is None else self.latent_dim
+        latent_proj = 0 if self.latent_dim is None else 2 * 2 * self.d_model * self.latent_dim
+        routed = self.top_k * mlp_flops_per_token(expert_width, self.d_ff, self.gated)
+        shared = 0
+        if self.n_shared_experts > 0:
+            shared = self.n_shared_experts * mlp_flops_per_token(
+                self.d_model, self.shared_d_ff, self.gated
+            )
+        return float(router + latent_proj + routed + shared), 0.0
+
+
+@dataclass(frozen=True)
+class LinearLayer(LayerSpec):
+    """A bare projection d_in -> d_out (2*d_in*d_out FLOPs per token), kind `linear`."""
+
+    kind: ClassVar[str] = KIND_LINEAR
+    d_in: int
+    d_out: int
+
+    def __post_init__(self) -> None:
+        require_positive("d_in", self.d_in)
+        require_positive("d_out", self.d_out)
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        return float(2 * self.d_in * self.d_out), 0.0
+
+
+@dataclass(frozen=True)
+class Mamba2Layer(LayerSpec):
+    """Mamba-2 (SSD) mixer, as in NemotronH, Bamba, Zamba2, FalconH1 and GraniteMoeHybrid.
+
+    With d_inner = n_heads*head_dim and conv_dim = d_inner + 2*n_groups*d_state, FLOPs per
+    token: in_proj 2*D*(2*d_inner + 2*G*N + H), depthwise conv 2*conv_dim*d_conv, scan
+    8*d_inner*N (16*D*N when d_inner = 2*D, as in the paper), gating/norm/skip
+    5*d_inner, out_proj 2*d_inner*D.
+    Cached state: recurrent n_heads*head_dim*d_state elements, conv conv_dim*d_conv
+    elements (transformers keeps d_conv columns of conv input).
+    """
+
+    kind: ClassVar[str] = KIND_SSM
+    d_model: int
+    n_heads: int
+    head_dim: int
+    n_groups: int
+    d_state: int
+    d_conv: int
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "head_dim", "n_groups", "d_state", "d_conv"):
+            require_positive(name, getattr(self, name))
+        if self.n_heads % self.n_groups != 0:
+            raise ValueError(f"n_groups={self.n_groups} must divide n_heads={self.n_heads}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d, di, n = self.d_model, self.d_inner, self.d_state
+        in_proj = 2 * d * (2 * di + 2 * self.n_groups * n + self.n_heads)
+        conv = 2 * self.conv_dim * self.d_conv
+        c1 = in_proj + conv + 8 * di * n + 5 * di + 2 * di * d
+        return float(c1), 0.0
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.d_inner * self.d_state * dtype_bytes
+
+    def conv_bytes(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.conv_dim * self.d_conv * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Mamba1Layer(LayerSpec):
+    """Mamba-1 (selective scan) mixer, as in Jamba.
+
+    FLOPs per token: in_proj 2*D*2*d_inner, depthwise conv 2*d_inner*d_conv, x_proj
+    2*d_inner*(dt_rank + 2*N), dt_proj 2*dt_rank*d_inner, scan 8*d_inner*N, gating/skip
+    5*d_inner, out_proj 2*d_inner*D. Cached state: recurrent d_inner*N elements, conv
+    d_inner*d_conv elements.
+    """
+
+    kind: ClassVar[str] = KIND_SSM
+    d_model: int
+    d_inner: int
+    d_state: int
+    d_conv: int
+    dt_rank: int
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_inner", "d_state", "d_conv", "dt_rank"):
+            require_positive(name, getattr(self, name))
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d, di, n, r = self.d_model, self.d_inner, self.d_state, self.dt_rank
+        c1 = (
+            2 * d * 2 * di
+            + 2 * di * self.d_conv
+            + 2 * di * (r + 2 * n)
+            + 2 * r * di
+            + 8 * di * n
+            + 5 * di
+            + 2 * di * d
+        )
+        return float(c1), 0.0
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.d_inner * self.d_state * dtype_bytes
+
+    def conv_bytes(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.d_inner * self.d_conv * dtype_bytes
+
+
+@dataclass(frozen=True)
+class PaperSSMLayer(LayerSpec):
+    """The SSM layer exactly as the Marconi paper's Appendix A counts it.
+
+    FLOPs 12*L*D^2 + 16*L*D*N + 10*L*D; recurrent state D*N elements (2*D*N bytes in
+    fp16); conv state conv_channels*d_conv elements (about 6% of the total in the 7B model).
+    """
+
+    kind: ClassVar[str] = KIND_SSM
+    d_model: int
+    d_state: int
+    conv_channels: int
+    d_conv: int
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_state", "conv_channels", "d_conv"):
+            require_positive(name, getattr(self, name))
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d, n = self.d_model, self.d_state
+        return float(12 * d * d + 16 * d * n + 10 * d), 0.0
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.d_model * self.d_state * dtype_bytes
+
+    def conv_bytes(self, dtype_bytes: int) -> int:
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.conv_channels * self.d_conv * dtype_bytes
