@@ -11,7 +11,9 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
 
 # 1 KV token = 10 bytes, one SSM checkpoint = 100 bytes: small numbers, easy to reason about.
-SMALL_COST = CostModel(flops_linear=1000.0, flops_quadratic=1.0, kv_bytes_per_token=10, state_bytes=100)
+SMALL_COST = CostModel(
+    flops_linear=1000.0, flops_quadratic=1.0, kv_bytes_per_token=10, state_bytes=100
+)
 
 
 def toks(*ids: int) -> npt.NDArray[np.int32]:

@@ -62,7 +62,9 @@ def test_none_admission_caches_nothing() -> None:
     assert c.bytes_used == 0
 
 
-@pytest.mark.parametrize("bad", ["bogus", "fine_grained", "fine_grained:x", "fine_grained:0", "none:3"])
+@pytest.mark.parametrize(
+    "bad", ["bogus", "fine_grained", "fine_grained:x", "fine_grained:0", "none:3"]
+)
 def test_bad_admission_names_raise_naming_the_value(bad: str) -> None:
-    with pytest.raises(ValueError, match="fine_grained|bogus|none"):
+    with pytest.raises(ValueError, match=r"fine_grained|bogus|none"):
         make_admission(bad)

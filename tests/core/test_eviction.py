@@ -94,12 +94,18 @@ def test_locked_nodes_are_never_candidates() -> None:
     assert make_eviction("lru").choose(tree, 9) is None
 
 
-@pytest.mark.parametrize("name,alpha,recency", [("mru", 0, "timestamp"), ("lru", -1, "x")])
-def test_bad_eviction_settings_raise(name: str, alpha: float, recency: str) -> None:
-    with pytest.raises(ValueError, match="mru|alpha|recency"):
-        make_eviction(name, alpha, recency) if name != "lru" else make_eviction(
-            "flop_aware", alpha, recency
-        )
+@pytest.mark.parametrize(
+    "name,alpha,recency,message",
+    [
+        ("mru", 0.0, "timestamp", "mru"),
+        ("flop_aware", -1.0, "timestamp", "alpha"),
+        ("flop_aware", float("nan"), "timestamp", "alpha"),
+        ("flop_aware", 0.0, "age", "age"),
+    ],
+)
+def test_bad_eviction_settings_raise(name: str, alpha: float, recency: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_eviction(name, alpha, recency)
 
 
 def test_victim_choice_never_walks_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,7 +40,11 @@ def test_deepest_states_are_dropped_first() -> None:
 def test_capacity_holds_on_every_request_of_every_system() -> None:
     """Artifact bug 3: a cache never goes over capacity (the artifact's did by 18-21%)."""
     reqs = chat_requests(6, 8, seed=3)
-    for admission, eviction in (("fine_grained:4", "lru"), ("marconi", "lru"), ("marconi", "flop_aware")):
+    for admission, eviction in (
+        ("fine_grained:4", "lru"),
+        ("marconi", "lru"),
+        ("marconi", "flop_aware"),
+    ):
         c = cache(capacity=1500, admission=admission, eviction=eviction, alpha=1.0)
         ref = ReferenceCache()
         for r in reqs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
@@ -66,7 +67,7 @@ def test_retuning_runs_on_every_window() -> None:
     result = run_replay(reqs, SMALL_COST, cfg)
     assert len(result.alpha_history) >= 3
     starts = [s for s, _ in result.alpha_history]
-    assert all(b - a == 10 for a, b in zip(starts[1:], starts[2:], strict=False))
+    assert all(b - a == 10 for a, b in itertools.pairwise(starts[1:]))
 
 
 def test_tuned_alpha_never_loses_to_lru_on_its_own_window() -> None:

@@ -1,0 +1,216 @@
+"""`marconi-ray replay`: a trace through several systems x cache sizes, with table and plot.
+
+Everything (options, model, trace) is validated before the output folder is created, so a
+bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from marconi_ray import __version__
+from marconi_ray.cli import values
+from marconi_ray.cli.model import MODEL_HELP, load_cost_model
+from marconi_ray.cli.table import format_table
+from marconi_ray.cli.trace_source import (
+    add_source_options,
+    add_trace_option,
+    default_trace,
+    load_from_args,
+    trace_stats,
+)
+from marconi_ray.core.eviction import RECENCY_MODES
+from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep
+from marconi_ray.core.systems import SYSTEMS
+from marconi_ray.core.trace import Trace
+from marconi_ray.core.tuner import OBJECTIVES, TunerConfig, default_grid
+
+DEFAULT_CACHE_SIZES = "1e9,2e9,5e9,1e10"
+RESULTS_FILE = "results.json"
+RUN_FILE = "run.json"
+PLOT_FILE = "hit_rate_vs_cache.png"
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the `replay` subcommand."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a trace through caching systems at several cache sizes",
+        description="Replay a request trace through prefix-caching systems at several "
+        f"cache sizes; write {RESULTS_FILE}, {RUN_FILE} and {PLOT_FILE} to --out and print "
+        "a results table.",
+    )
+    add_trace_option(p)
+    p.add_argument(
+        "--cache-bytes",
+        type=values.cache_sizes,
+        default=values.cache_sizes(DEFAULT_CACHE_SIZES),
+        metavar="SIZES",
+        help=f"comma list of cache capacities in bytes, floats allowed "
+        f"(default: {DEFAULT_CACHE_SIZES})",
+    )
+    p.add_argument(
+        "--systems",
+        type=values.systems,
+        default=tuple(SYSTEMS),
+        metavar="NAMES",
+        help=f"comma list of systems to compare, from {', '.join(SYSTEMS)} (default: all)",
+    )
+    add_source_options(p)
+    p.add_argument("--model", default="paper-7b", help=f"{MODEL_HELP} (default: paper-7b)")
+    p.add_argument(
+        "--alpha",
+        type=values.alpha,
+        default=None,
+        metavar="auto|FLOAT",
+        help="FLOP-aware eviction weight: `auto` bootstrap-tunes it online (marconi), a "
+        "number fixes it for every system (default: auto)",
+    )
+    p.add_argument(
+        "--recency",
+        choices=RECENCY_MODES,
+        default="timestamp",
+        help="recency score of FLOP-aware eviction (default: timestamp)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="token_hit_rate",
+        help="what alpha tuning maximizes (default: token_hit_rate, as the paper)",
+    )
+    p.add_argument(
+        "--multiplier",
+        type=values.positive_int,
+        default=5,
+        metavar="N",
+        help="tuning window = N x the requests served before the first eviction (default: 5)",
+    )
+    p.add_argument(
+        "--alpha-grid",
+        type=values.alpha_grid,
+        default=default_grid(),
+        metavar="GRID",
+        help="alphas tried by tuning: start:stop:step (stop included) or a comma list "
+        "(default: 0:2:0.1)",
+    )
+    p.add_argument(
+        "--retune-every",
+        type=values.positive_int,
+        default=None,
+        metavar="N",
+        help="after the first tuning, re-tune on every following window of N requests "
+        "(default: tune once)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=values.positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="parallel worker processes, one run each (default: the CPU count)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="debug mode: check every hit against a brute-force reference cache and the "
+        "tree invariants after every request (slow)",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    p.set_defaults(func=run)
+
+
+def _configs(args: argparse.Namespace) -> list[RunConfig]:
+    tuner = TunerConfig(
+        multiplier=args.multiplier,
+        grid=tuple(args.alpha_grid),
+        objective=args.objective,
+        retune_every=args.retune_every,
+    )
+    return [
+        RunConfig(system, size, args.alpha, args.recency, tuner, args.check)
+        for system in args.systems
+        for size in args.cache_bytes
+    ]
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+
+
+def _sweep(trace: Trace, cost: Any, configs: Sequence[RunConfig], jobs: int) -> list[RunResult]:
+    with tqdm(total=len(configs), desc="replay", unit="run", file=sys.stderr) as bar:
+
+        def advance(result: RunResult) -> None:
+            bar.set_postfix_str(f"{result.system} {result.cache_bytes / 1e9:g} GB")
+            bar.update()
+
+        return replay_sweep(trace.requests, cost, configs, jobs=jobs, on_result=advance)
+
+
+def _options(args: argparse.Namespace, trace_spec: str) -> dict[str, Any]:
+    opts = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    opts["trace"] = trace_spec
+    for key in ("cache_bytes", "systems", "alpha_grid"):
+        opts[key] = list(opts[key])
+    return opts
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Validate, replay, print the table and write the outputs; 0 on success."""
+    start = time.perf_counter()
+    configs = _configs(args)
+    model_name, cost = load_cost_model(args.model)
+    out = Path(args.out)
+    _check_out(out)
+    trace_spec = args.trace if args.trace is not None else default_trace(args.data_dir)
+    trace = load_from_args(trace_spec, args)
+    out.mkdir(parents=True, exist_ok=True)
+
+    results = _sweep(trace, cost, configs, args.jobs)
+    oracle = oracle_record(trace.requests)
+    records: list[dict[str, Any]] = [r.to_record() for r in results]
+    records.append(oracle)
+    stats = trace_stats(trace)
+    print(
+        f"trace {trace.name}: {len(trace)} requests, {trace.n_sessions} sessions, "
+        f"mean input {stats['mean_input_tokens']:.0f} tokens; model {model_name}"
+    )
+    print(format_table(records))
+
+    _write_json(out / RESULTS_FILE, records)
+    from marconi_ray.cli.plot import plot_hit_rate_vs_cache  # matplotlib is slow to import
+
+    title = f"Token hit rate vs cache size: {trace.name} ({trace.n_sessions} sessions), "
+    title += model_name
+    oracle_rate = oracle["token_hit_rate"]
+    plot_hit_rate_vs_cache(
+        records, out / PLOT_FILE, title, oracle_rate if isinstance(oracle_rate, float) else None
+    )
+    _write_json(
+        out / RUN_FILE,
+        {
+            "command": "replay",
+            "argv": list(argv),
+            "options": _options(args, trace_spec),
+            "model": {"name": model_name, **dataclasses.asdict(cost)},
+            "trace": stats,
+            "version": __version__,
+            "wall_s": time.perf_counter() - start,
+        },
+    )
+    print(f"wrote {out / RESULTS_FILE}, {out / PLOT_FILE}, {out / RUN_FILE}")
+    return 0
