@@ -179,8 +179,7 @@ class PrefixCache:
         n_input = len(plan.tokens)
         if len(full) < n_input or not np.array_equal(full[:n_input], plan.tokens):
             raise ValueError("committed tokens must start with the planned input tokens")
-        self._close(plan)
-        now = self._tick()
+        self._require_open(plan)
         ckpts = self._checkpoints(plan, len(full))
         if state_ids is None:
             ids = list(range(self._next_state, self._next_state + len(ckpts)))
@@ -188,9 +187,10 @@ class PrefixCache:
         else:
             missing = [d for d, _ in ckpts if d not in state_ids]
             if missing:
-                self.tree.unlock(plan.hit_node)
                 raise ValueError(f"no state id given for checkpoint depths {missing}")
             ids = [state_ids[d] for d, _ in ckpts]
+        self._close(plan)
+        now = self._tick()
         freed = Freed()
         admitted: list[tuple[int, int, str]] = []
         dropped = 0
@@ -234,9 +234,13 @@ class PrefixCache:
         return plan.hit_len
 
     # ---------------------------------------------------------------- helpers
-    def _close(self, plan: Plan) -> None:
-        if self._open.pop(plan.plan_id, None) is None:
+    def _require_open(self, plan: Plan) -> None:
+        if plan.plan_id not in self._open:
             raise ValueError(f"plan {plan.plan_id} is not open (already committed or aborted)")
+
+    def _close(self, plan: Plan) -> None:
+        self._require_open(plan)
+        del self._open[plan.plan_id]
 
     def _checkpoints(self, plan: Plan, n_total: int) -> list[Checkpoint]:
         n_input = len(plan.tokens)

@@ -85,8 +85,12 @@ def test_live_commit_uses_given_state_ids_and_returns_the_rest() -> None:
     plan = c.plan(toks(1, 2, 9))
     result = c.commit(plan, toks(1, 2, 9, 9), state_ids={2: 70, 4: 71}, kv=np.arange(4), kv_start=0)
     assert sorted(sid for _, sid, _ in result.admitted) == [70, 71]
+    plan = c.plan(toks(1, 2, 8))
+    before = (c.bytes_used, c.tree.n_states)
     with pytest.raises(ValueError, match="no state id"):
-        c.commit(c.plan(toks(1, 2, 8)), toks(1, 2, 8, 8), state_ids={2: 1})
+        c.commit(plan, toks(1, 2, 8, 8), state_ids={2: 1})
+    assert (c.bytes_used, c.tree.n_states) == before and c.open_plans == 1
+    c.abort(plan)
     assert all(n.lock == 0 for n in c.tree.iter_nodes())
 
 
