@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from marconi_ray.core.radix_tree import NO_STATE, Match
+from marconi_ray.core.tree_types import NO_STATE, Match
 
 Checkpoint = tuple[int, str]
 

@@ -14,7 +14,8 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.radix_tree import Match, Node, RadixTree
+from marconi_ray.core.radix_tree import RadixTree
+from marconi_ray.core.tree_types import Match, Node
 
 RECENCY_MODES = ("timestamp", "inverse_age")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from marconi_ray.core.radix_tree import NO_STATE, RadixTree
+from marconi_ray.core.radix_tree import RadixTree
+from marconi_ray.core.tree_types import NO_STATE
 
 
 def check_tree(tree: RadixTree) -> None:

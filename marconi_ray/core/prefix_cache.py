@@ -22,8 +22,9 @@ import numpy as np
 from marconi_ray.core.admission import AdmissionPolicy, Checkpoint, make_admission
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
-from marconi_ray.core.radix_tree import NO_STATE, Freed, KVHandle, Node, RadixTree, Tokens
+from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
+from marconi_ray.core.tree_types import NO_STATE, Freed, KVHandle, Node, Tokens
 
 
 @dataclass(frozen=True)

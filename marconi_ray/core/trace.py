@@ -280,8 +280,9 @@ def read_jsonl(path: str | os.PathLike[str], name: str | None = None) -> Trace:
                 req = _parse_line(line)
                 ident = (req.session_id, req.turn_id)
                 if ident in seen:
-                    raise ValueError(f"duplicate (session_id, turn_id) {ident}, first on "
-                                     f"line {seen[ident]}")
+                    raise ValueError(
+                        f"duplicate (session_id, turn_id) {ident}, first on line {seen[ident]}"
+                    )
             except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
                 raise TraceFormatError(f"{p}:{lineno}: {exc}") from exc
             seen[ident] = lineno

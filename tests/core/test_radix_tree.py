@@ -8,7 +8,8 @@ import numpy as np
 from core_helpers import SMALL_COST, cache, toks
 
 from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.radix_tree import RadixTree, common_prefix_len
+from marconi_ray.core.radix_tree import RadixTree
+from marconi_ray.core.tree_types import common_prefix_len
 
 
 def test_common_prefix_len() -> None:

@@ -24,12 +24,15 @@ def _req(sid: int, turn: int, ts: float, inp: list[int], out: list[int] | None =
 
 
 def _trace() -> Trace:
-    return Trace.from_requests("t", [
-        _req(1, 1, 3.0, [1, 5, 6, 2, 9], [4]),
-        _req(0, 0, 0.0, [1, 5], [6]),
-        _req(1, 0, 1.0, [1, 5, 6], [2]),
-        _req(0, 1, 1.0, [1, 5, 6, 7], []),
-    ])
+    return Trace.from_requests(
+        "t",
+        [
+            _req(1, 1, 3.0, [1, 5, 6, 2, 9], [4]),
+            _req(0, 0, 0.0, [1, 5], [6]),
+            _req(1, 0, 1.0, [1, 5, 6], [2]),
+            _req(0, 1, 1.0, [1, 5, 6, 7], []),
+        ],
+    )
 
 
 def test_request_properties_and_dtype() -> None:
@@ -64,8 +67,11 @@ def test_request_does_not_freeze_callers_array() -> None:
 )
 def test_request_validation_names_bad_value(kwargs: dict[str, object], needle: str) -> None:
     base: dict[str, object] = {
-        "session_id": 0, "turn_id": 0, "ts": 0.0,
-        "input_tokens": np.array([1]), "output_tokens": np.array([2]),
+        "session_id": 0,
+        "turn_id": 0,
+        "ts": 0.0,
+        "input_tokens": np.array([1]),
+        "output_tokens": np.array([2]),
     }
     with pytest.raises(ValueError, match=needle.replace(".", r"\.").replace("[", r"\[")):
         Request(**(base | kwargs))  # type: ignore[arg-type]
@@ -74,7 +80,11 @@ def test_request_validation_names_bad_value(kwargs: dict[str, object], needle: s
 def test_trace_sorted_len_iter_sessions() -> None:
     t = _trace()
     assert [(r.ts, r.session_id, r.turn_id) for r in t] == [
-        (0.0, 0, 0), (1.0, 0, 1), (1.0, 1, 0), (3.0, 1, 1)]
+        (0.0, 0, 0),
+        (1.0, 0, 1),
+        (1.0, 1, 0),
+        (3.0, 1, 1),
+    ]
     assert len(t) == 4 and t.n_sessions == 2
     assert len(t.head(2)) == 2 and t.head(0).requests == ()
     one = t.first_sessions(1)
@@ -91,8 +101,12 @@ def test_trace_rejects_duplicates() -> None:
 def test_stats() -> None:
     s = _trace().stats()
     assert s == {
-        "requests": 4.0, "sessions": 2.0, "mean_input_tokens": 3.5, "max_input_tokens": 5.0,
-        "mean_output_tokens": 0.75, "total_input_tokens": 14.0,
+        "requests": 4.0,
+        "sessions": 2.0,
+        "mean_input_tokens": 3.5,
+        "max_input_tokens": 5.0,
+        "mean_output_tokens": 0.75,
+        "total_input_tokens": 14.0,
     }
     assert Trace("e", ()).stats()["mean_input_tokens"] == 0.0
 
@@ -123,13 +137,27 @@ def test_jsonl_round_trip(tmp_path: Path, suffix: str) -> None:
     if suffix == ".jsonl.gz":
         with gzip.open(path, "rt") as fh:
             first = json.loads(fh.readline())
-        assert set(first) == {"session_id", "turn_id", "ts", "num_input_tokens",
-                              "num_output_tokens", "input_tokens", "output_tokens"}
+        assert set(first) == {
+            "session_id",
+            "turn_id",
+            "ts",
+            "num_input_tokens",
+            "num_output_tokens",
+            "input_tokens",
+            "output_tokens",
+        }
         assert write_jsonl(_trace(), tmp_path / "y.jsonl.gz").read_bytes() == path.read_bytes()
 
 
-GOOD = {"session_id": 0, "turn_id": 0, "ts": 0.0, "num_input_tokens": 2,
-        "num_output_tokens": 1, "input_tokens": [1, 2], "output_tokens": [3]}
+GOOD = {
+    "session_id": 0,
+    "turn_id": 0,
+    "ts": 0.0,
+    "num_input_tokens": 2,
+    "num_output_tokens": 1,
+    "input_tokens": [1, 2],
+    "output_tokens": [3],
+}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,82 @@
+"""Radix tree value types: nodes, match results, what a mutation frees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Tokens = npt.NDArray[np.int32]
+KVHandle = Any  # an opaque sliceable per-token handle (e.g. KV slot ids), or None
+NO_STATE = -1
+
+
+class Node:
+    """One radix tree node. `state` is the SSM checkpoint id, or NO_STATE."""
+
+    __slots__ = ("children", "depth", "edge", "kv", "lock", "parent", "slot", "state")
+
+    def __init__(
+        self, parent: Node | None, edge: Tokens, kv: KVHandle, depth: int, slot: int
+    ) -> None:
+        self.parent = parent
+        self.edge = edge
+        self.kv = kv
+        self.depth = depth
+        self.slot = slot
+        self.state = NO_STATE
+        self.lock = 0
+        self.children: dict[int, Node] = {}
+
+    def __repr__(self) -> str:
+        return f"Node(depth={self.depth}, edge_len={len(self.edge)}, state={self.state})"
+
+
+@dataclass(frozen=True)
+class Match:
+    """Result of walking a token sequence down the tree.
+
+    Attributes:
+        hit_node: deepest fully matched node holding a state (the root when none).
+        hit_len: tokens reusable from the cache = hit_node.depth.
+        matched_len: tokens present in the tree along the path, partial edge included.
+        path: fully matched non-root nodes, root to leaf order.
+        partial: the child whose edge matched only partly (or where the input ended
+            inside the edge), else None.
+    """
+
+    hit_node: Node
+    hit_len: int
+    matched_len: int
+    path: tuple[Node, ...]
+    partial: Node | None
+
+    @property
+    def attach_node(self) -> Node:
+        """The deepest node touched by the walk: where new tokens would attach."""
+        if self.partial is not None:
+            return self.partial
+        return self.path[-1] if self.path else self.hit_node
+
+
+@dataclass
+class Freed:
+    """What a mutation gave back: state ids and KV handles for the state store to free."""
+
+    states: list[int] = field(default_factory=list)
+    kv: list[KVHandle] = field(default_factory=list)
+    n_tokens: int = 0
+
+    def extend(self, other: Freed) -> None:
+        self.states.extend(other.states)
+        self.kv.extend(other.kv)
+        self.n_tokens += other.n_tokens
+
+
+def common_prefix_len(a: Tokens, b: Tokens) -> int:
+    """Length of the longest common prefix of two 1-D token arrays."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
