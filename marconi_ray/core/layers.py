@@ -41,20 +41,32 @@ class LayerSpec(ABC):
     def total_flops_coeffs(self) -> tuple[float, float]:
         """(c1, c2): FLOPs over a from-scratch sequence of n tokens are c1*n + c2*n*n."""
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Bytes of cached K and V per token; 0 for layers without a KV cache."""
-        require_positive("dtype_bytes", dtype_bytes)
+    def kv_elements_per_token(self) -> int:
+        """Cached K and V elements per token; 0 for layers without a KV cache."""
         return 0
+
+    def state_elements(self) -> int:
+        """Elements of one cached recurrent (SSM) state; 0 for layers without one."""
+        return 0
+
+    def conv_elements(self) -> int:
+        """Elements of one cached conv1d state; 0 for layers without one."""
+        return 0
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes of cached K and V per token."""
+        require_positive("dtype_bytes", dtype_bytes)
+        return self.kv_elements_per_token() * dtype_bytes
 
     def state_bytes(self, dtype_bytes: int) -> int:
-        """Bytes of one cached recurrent (SSM) state; 0 for layers without one."""
+        """Bytes of one cached recurrent (SSM) state."""
         require_positive("dtype_bytes", dtype_bytes)
-        return 0
+        return self.state_elements() * dtype_bytes
 
     def conv_bytes(self, dtype_bytes: int) -> int:
-        """Bytes of one cached conv1d state; 0 for layers without one."""
+        """Bytes of one cached conv1d state."""
         require_positive("dtype_bytes", dtype_bytes)
-        return 0
+        return self.conv_elements() * dtype_bytes
 
 
 def mlp_flops_per_token(d_model: int, d_ff: int, gated: bool) -> int:
@@ -102,9 +114,8 @@ class AttentionLayer(LayerSpec):
         c1 = 2 * d_in * q_width + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
         return float(c1), float(4 * q_width)
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return 2 * self.n_kv_heads * self.head_dim * dtype_bytes
+    def kv_elements_per_token(self) -> int:
+        return 2 * self.n_kv_heads * self.head_dim
 
 
 @dataclass(frozen=True)
@@ -229,13 +240,11 @@ class Mamba2Layer(LayerSpec):
         c1 = in_proj + conv + 8 * di * n + 5 * di + 2 * di * d
         return float(c1), 0.0
 
-    def state_bytes(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return self.d_inner * self.d_state * dtype_bytes
+    def state_elements(self) -> int:
+        return self.d_inner * self.d_state
 
-    def conv_bytes(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return self.conv_dim * self.d_conv * dtype_bytes
+    def conv_elements(self) -> int:
+        return self.conv_dim * self.d_conv
 
 
 @dataclass(frozen=True)
@@ -272,13 +281,11 @@ class Mamba1Layer(LayerSpec):
         )
         return float(c1), 0.0
 
-    def state_bytes(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return self.d_inner * self.d_state * dtype_bytes
+    def state_elements(self) -> int:
+        return self.d_inner * self.d_state
 
-    def conv_bytes(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return self.d_inner * self.d_conv * dtype_bytes
+    def conv_elements(self) -> int:
+        return self.d_inner * self.d_conv
 
 
 @dataclass(frozen=True)
@@ -303,10 +310,8 @@ class PaperSSMLayer(LayerSpec):
         d, n = self.d_model, self.d_state
         return float(12 * d * d + 16 * d * n + 10 * d), 0.0
 
-    def state_bytes(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return self.d_model * self.d_state * dtype_bytes
+    def state_elements(self) -> int:
+        return self.d_model * self.d_state
 
-    def conv_bytes(self, dtype_bytes: int) -> int:
-        require_positive("dtype_bytes", dtype_bytes)
-        return self.conv_channels * self.d_conv * dtype_bytes
+    def conv_elements(self) -> int:
+        return self.conv_channels * self.d_conv
