@@ -62,6 +62,9 @@ def test_paper_flops_by_kind_after_prefix(paper: ModelSpec, n_prefix: int) -> No
     end = n_prefix + n
     assert by_kind["attention"] == 4 * (8 * n * D**2 + 4 * (end**2 - n_prefix**2) * D)
     assert by_kind["ssm"] == 24 * (12 * n * D**2 + 16 * n * D * N + 10 * n * D)
+    # Artifact bug 2: the MLP FLOPs saved over a prefix subtract the prefix's MLP FLOPs
+    # (not its attention FLOPs), so they are exactly those of the n new tokens.
+    assert by_kind["mlp"] == 28 * 16 * n * D**2
     assert sum(by_kind.values()) == pytest.approx(paper.prefill_flops(n, n_prefix), rel=1e-12)
 
 
