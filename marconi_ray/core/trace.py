@@ -154,6 +154,15 @@ class Trace:
         """Session ids in order of their first request's arrival."""
         return list(dict.fromkeys(r.session_id for r in self.requests))
 
+    def sessions(self) -> dict[int, list[Request]]:
+        """Requests grouped by session (in first-arrival order), each list by turn id."""
+        out: dict[int, list[Request]] = {sid: [] for sid in self.session_ids()}
+        for r in self.requests:
+            out[r.session_id].append(r)
+        for reqs in out.values():
+            reqs.sort(key=lambda r: r.turn_id)
+        return out
+
     @property
     def n_sessions(self) -> int:
         """Number of distinct sessions."""

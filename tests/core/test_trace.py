@@ -199,3 +199,10 @@ def test_missing_file_names_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         read_jsonl(missing)
+
+
+def test_sessions_group_by_first_arrival_and_order_turns() -> None:
+    sessions = _trace().sessions()
+    assert list(sessions) == [0, 1]
+    assert [(r.session_id, r.turn_id) for r in sessions[1]] == [(1, 0), (1, 1)]
+    assert [r.n_input for r in sessions[0]] == [2, 4]

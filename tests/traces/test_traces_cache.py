@@ -36,11 +36,14 @@ class Counting:
 
 @pytest.fixture()
 def source(tmp_path: Path) -> Path:
-    conv = [{"from": "human", "value": f"q{i} a b"} if i % 2 == 0 else
-            {"from": "gpt", "value": f"r{i}"} for i in range(8)]
+    conv = [
+        {"from": "human", "value": f"q{i} a b"} if i % 2 == 0 else {"from": "gpt", "value": f"r{i}"}
+        for i in range(8)
+    ]
     path = tmp_path / "src.json"
-    path.write_text(json.dumps([{"id": f"s{k}_0", "conversations": conv[: 4 + k]}
-                                for k in range(4)]))
+    path.write_text(
+        json.dumps([{"id": f"s{k}_0", "conversations": conv[: 4 + k]} for k in range(4)])
+    )
     return path
 
 
@@ -74,8 +77,9 @@ def test_corrupt_file_is_rebuilt(
     good = cached_build("sg", fn, cache_dir=cache, path=source, n_sessions=4, tokenizer=char_tok)
     (file,) = cache.glob("*.msgpack")
     blob = file.read_bytes()
-    file.write_bytes({"truncate": blob[: len(blob) // 2], "garbage": b"\xc1junk" + blob,
-                      "empty": b""}[damage])
+    file.write_bytes(
+        {"truncate": blob[: len(blob) // 2], "garbage": b"\xc1junk" + blob, "empty": b""}[damage]
+    )
     again = cached_build("sg", fn, cache_dir=cache, path=source, n_sessions=4, tokenizer=char_tok)
     assert fn.calls == 2
     _same(good, again)
@@ -85,9 +89,11 @@ def test_corrupt_file_is_rebuilt(
 
 
 def test_encode_decode_handles_non_prefix_requests() -> None:
-    reqs = [Request(0, 0, 0.0, np.array([1, 2, 3]), np.array([4])),
-            Request(0, 1, 1.0, np.array([1, 2, 9, 9]), np.array([], np.int32)),
-            Request(1, 0, 0.5, np.array([7]), np.array([8, 8]))]
+    reqs = [
+        Request(0, 0, 0.0, np.array([1, 2, 3]), np.array([4])),
+        Request(0, 1, 1.0, np.array([1, 2, 9, 9]), np.array([], np.int32)),
+        Request(1, 0, 0.5, np.array([7]), np.array([8, 8])),
+    ]
     t = Trace.from_requests("x", reqs)
     _same(t, decode_trace(encode_trace(t, "k"), "k"))
     with pytest.raises(ValueError, match="key"):

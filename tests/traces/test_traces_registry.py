@@ -63,11 +63,19 @@ def test_builder_without_data_names_missing_file(isolated_env: Path) -> None:
 def test_builder_specs(tmp_path: Path, llama: Tokenizer, data_dir: Path) -> None:
     t = load_trace("sharegpt", n_sessions=4, tokenizer=llama, cache_dir=tmp_path)
     assert t.n_sessions == 4 and t.name == "sharegpt"
-    r = load_trace("sharegpt-rejoined", n_sessions=3, sessions_per_second=2.0,
-                   data_dir=data_dir, tokenizer=llama, cache_dir=tmp_path, seed=1)
+    r = load_trace(
+        "sharegpt-rejoined",
+        n_sessions=3,
+        sessions_per_second=2.0,
+        data_dir=data_dir,
+        tokenizer=llama,
+        cache_dir=tmp_path,
+        seed=1,
+    )
     assert r.n_sessions == 3 and r.name == "sharegpt-rejoined"
-    s = load_trace("swebench", n_sessions=2, tokenizer=llama, use_cache=False, max_turns=3,
-                   gaps="poisson")
+    s = load_trace(
+        "swebench", n_sessions=2, tokenizer=llama, use_cache=False, max_turns=3, gaps="poisson"
+    )
     assert len(s) == 6 and s.name == "swebench"
     with pytest.raises(ValueError, match="bogus"):
         load_trace("swebench", bogus=1)

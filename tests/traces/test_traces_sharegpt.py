@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from marconi_ray.core.trace import Request, Trace
+from marconi_ray.core.trace import Trace
 from marconi_ray.traces.sharegpt import build_sharegpt
 from marconi_ray.traces.tokenizer import Tokenizer
 
 
-def _sessions(trace: Trace) -> dict[int, list[Request]]:
-    out: dict[int, list[Request]] = defaultdict(list)
-    for r in trace:
-        out[r.session_id].append(r)
-    for reqs in out.values():
-        reqs.sort(key=lambda r: r.turn_id)
-    return out
-
-
 def _assert_prefix_extensions(trace: Trace) -> None:
-    for reqs in _sessions(trace).values():
+    for reqs in trace.sessions().values():
         assert [r.turn_id for r in reqs] == list(range(len(reqs)))
         for a, b in itertools.pairwise(reqs):
             assert b.n_input > a.n_input + a.n_output
@@ -52,7 +42,7 @@ def test_artifact_mode_prefix_extensions(sharegpt100: Trace) -> None:
 def test_artifact_mode_arrival_times(
     sharegpt100: Trace, sharegpt_records: list[dict[str, object]]
 ) -> None:
-    for sid, reqs in _sessions(sharegpt100).items():
+    for sid, reqs in sharegpt100.sessions().items():
         conv = sharegpt_records[sid]["conversations"]
         assert isinstance(conv, list)
         assert reqs[0].ts == pytest.approx(sid / 1.0)
@@ -72,7 +62,7 @@ def test_artifact_mode_rate_and_max_tokens(llama: Tokenizer) -> None:
 
 @pytest.mark.data
 def test_rejoined_mode_basic(rejoined: Trace) -> None:
-    sessions = _sessions(rejoined)
+    sessions = rejoined.sessions()
     assert len(sessions) == 40 and rejoined.name == "sharegpt-rejoined"
     assert all(len(reqs) >= 2 for reqs in sessions.values())
     assert max(r.n_input for r in rejoined) <= 32768
@@ -87,9 +77,13 @@ def _write(path: Path, records: list[dict[str, object]]) -> Path:
 
 
 def test_positional_pairing_on_synthetic_file(tmp_path: Path, char_tok: Tokenizer) -> None:
-    msgs = [{"from": "gpt", "value": "a b"}, {"from": "human", "value": "c d e"},
-            {"from": "gpt", "value": "f x y"}, {"from": "human", "value": "g  h"},
-            {"from": "gpt", "value": "i"}]
+    msgs = [
+        {"from": "gpt", "value": "a b"},
+        {"from": "human", "value": "c d e"},
+        {"from": "gpt", "value": "f x y"},
+        {"from": "human", "value": "g  h"},
+        {"from": "gpt", "value": "i"},
+    ]
     path = _write(tmp_path / "s.json", [{"id": "x_0", "conversations": msgs}])
     tok = char_tok
     t = build_sharegpt(path, n_sessions=1, tokenizer=tok)
@@ -103,16 +97,28 @@ def test_positional_pairing_on_synthetic_file(tmp_path: Path, char_tok: Tokenize
 
 def test_rejoined_groups_segments_and_pairs_by_role(tmp_path: Path, char_tok: Tokenizer) -> None:
     recs: list[dict[str, object]] = [
-        {"id": "a_0", "conversations": [{"from": "human", "value": "q1"},
-                                         {"from": "gpt", "value": "r1"},
-                                         {"from": "human", "value": "q2"}]},
-        {"id": "a_1", "conversations": [{"from": "gpt", "value": "r2"},
-                                         {"from": "system", "value": "s"},
-                                         {"from": "human", "value": "q3 x"},
-                                         {"from": "gpt", "value": "r3"}]},
+        {
+            "id": "a_0",
+            "conversations": [
+                {"from": "human", "value": "q1"},
+                {"from": "gpt", "value": "r1"},
+                {"from": "human", "value": "q2"},
+            ],
+        },
+        {
+            "id": "a_1",
+            "conversations": [
+                {"from": "gpt", "value": "r2"},
+                {"from": "system", "value": "s"},
+                {"from": "human", "value": "q3 x"},
+                {"from": "gpt", "value": "r3"},
+            ],
+        },
         {"id": "b_0", "conversations": []},
-        {"id": "c_0", "conversations": [{"from": "human", "value": "only"},
-                                         {"from": "gpt", "value": "one"}]},
+        {
+            "id": "c_0",
+            "conversations": [{"from": "human", "value": "only"}, {"from": "gpt", "value": "one"}],
+        },
     ]
     path = _write(tmp_path / "r.json", recs)
     t = build_sharegpt(path, n_sessions=1, mode="rejoined", tokenizer=char_tok)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -13,15 +12,6 @@ import pytest
 from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.swebench import build_swebench
 from marconi_ray.traces.tokenizer import Tokenizer
-
-
-def _sessions(trace: Trace) -> dict[int, list[Request]]:
-    out: dict[int, list[Request]] = defaultdict(list)
-    for r in trace:
-        out[r.session_id].append(r)
-    for reqs in out.values():
-        reqs.sort(key=lambda r: r.turn_id)
-    return out
 
 
 def _extends(a: Request, b: Request) -> bool:
@@ -35,14 +25,14 @@ def test_real_trace_prefix_extension_and_mean(swe: Trace) -> None:
     assert s["sessions"] == 50
     assert 10_000 <= s["mean_input_tokens"] <= 20_000
     assert s["max_input_tokens"] <= 32768
-    for reqs in _sessions(swe).values():
+    for reqs in swe.sessions().values():
         assert all(_extends(a, b) for a, b in itertools.pairwise(reqs))
 
 
 @pytest.mark.data
 def test_real_trace_drop_mode_breaks_prefixes(swe: Trace, swe_drop: Trace) -> None:
-    full = _sessions(swe)
-    for sid, reqs in _sessions(swe_drop).items():
+    full = swe.sessions()
+    for sid, reqs in swe_drop.sessions().items():
         assert len(reqs) > 7
         for k, (a, b) in enumerate(itertools.pairwise(reqs), start=1):
             assert _extends(a, b) == (k < 6), (sid, k)
@@ -53,23 +43,30 @@ def test_real_trace_drop_mode_breaks_prefixes(swe: Trace, swe_drop: Trace) -> No
 
 @pytest.mark.data
 def test_real_trace_arrivals(swe: Trace, llama: Tokenizer) -> None:
-    starts = [reqs[0].ts for reqs in _sessions(swe).values()]
+    starts = [reqs[0].ts for reqs in swe.sessions().values()]
     assert starts[0] == 0.0 and starts == sorted(starts)
-    gaps = [b.ts - a.ts for reqs in _sessions(swe).values() for a, b in itertools.pairwise(reqs)]
+    gaps = [b.ts - a.ts for reqs in swe.sessions().values() for a, b in itertools.pairwise(reqs)]
     assert all(g >= 0 for g in gaps)
     assert 3.0 < float(np.mean(gaps)) < 12.0  # recorded gaps average ~7 s
     again = build_swebench(n_sessions=3, gaps="poisson", tokenizer=llama, seed=5, max_turns=4)
-    assert all(len(reqs) == 4 for reqs in _sessions(again).values())
+    assert all(len(reqs) == 4 for reqs in again.sessions().values())
     same = build_swebench(n_sessions=3, gaps="poisson", tokenizer=llama, seed=5, max_turns=4)
     assert [r.ts for r in again] == [r.ts for r in same]
 
 
 def _traj(n_rounds: int) -> dict[str, object]:
     msgs: list[dict[str, object]] = [
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "task"},
+    ]
     for k in range(n_rounds):
-        msgs.append({"role": "assistant", "content": f"act{k}",
-                     "extra": {"response": {"created": 100 + 3 * k}}})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"act{k}",
+                "extra": {"response": {"created": 100 + 3 * k}},
+            }
+        )
         msgs.append({"role": "user", "content": f"obs{k}"})
     return {"instance_id": "x", "messages": msgs}
 
@@ -91,7 +88,7 @@ def _contents(tok: Tokenizer, r: Request) -> list[str]:
 
 def test_synthetic_recorded_gaps_and_order(traj_dir: Path, char_tok: Tokenizer) -> None:
     t = build_swebench(traj_dir, n_sessions=2, tokenizer=char_tok, sessions_per_second=100.0)
-    sess = _sessions(t)
+    sess = t.sessions()
     assert [len(sess[0]), len(sess[1])] == [3, 9]  # files sorted by name: a first
     assert [r.ts for r in sess[0]] == pytest.approx([0.0, 3.0, 6.0])
     assert _contents(char_tok, sess[0][2]) == ["sys", "task", "act0", "obs0", "act1", "obs1"]
@@ -103,13 +100,39 @@ def test_synthetic_drop_keeps_task_and_last_five_observations(
     traj_dir: Path, char_tok: Tokenizer
 ) -> None:
     t = build_swebench(traj_dir, n_sessions=2, tokenizer=char_tok, drop_old_observations=True)
-    reqs = _sessions(t)[1]
+    reqs = t.sessions()[1]
     assert _contents(char_tok, reqs[5]) == [
-        "sys", "task", "act0", "obs0", "act1", "obs1", "act2", "obs2", "act3", "obs3", "act4",
-        "obs4"]
+        "sys",
+        "task",
+        "act0",
+        "obs0",
+        "act1",
+        "obs1",
+        "act2",
+        "obs2",
+        "act3",
+        "obs3",
+        "act4",
+        "obs4",
+    ]
     last = _contents(char_tok, reqs[8])
-    assert last == ["sys", "task", "act0", "act1", "act2", "act3", "obs3", "act4", "obs4",
-                    "act5", "obs5", "act6", "obs6", "act7", "obs7"]
+    assert last == [
+        "sys",
+        "task",
+        "act0",
+        "act1",
+        "act2",
+        "act3",
+        "obs3",
+        "act4",
+        "obs4",
+        "act5",
+        "obs5",
+        "act6",
+        "obs6",
+        "act7",
+        "obs7",
+    ]
     assert sum(c.startswith("obs") for c in last) == 5
 
 
