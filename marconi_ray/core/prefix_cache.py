@@ -112,6 +112,10 @@ class PrefixCache:
     def bytes_used(self) -> int:
         return self.tree.bytes_used
 
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Bytes held now: attention KV and SSM (+ conv) checkpoints."""
+        return {"kv": self.tree.kv_bytes, "ssm": self.tree.ssm_bytes}
+
     @property
     def alpha(self) -> float:
         return self.eviction.alpha

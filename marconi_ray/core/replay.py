@@ -54,7 +54,10 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class RunResult:
-    """Metrics of one run; `to_record` is one row of `results.json`."""
+    """Metrics of one run; `to_record` is one row of `results.json`.
+
+    `bytes_by_kind` is what the cache holds at the end of the run (KV vs SSM).
+    """
 
     system: str
     cache_bytes: int
@@ -63,6 +66,7 @@ class RunResult:
     flops_saved: float
     flops_saved_fraction: float
     peak_bytes: int
+    bytes_by_kind: dict[str, int]
     states_admitted: int
     states_by_reason: dict[str, int]
     states_dropped: int
@@ -113,6 +117,7 @@ def run_replay(
         flops_saved=stats.flops_saved,
         flops_saved_fraction=stats.flops_saved_fraction,
         peak_bytes=stats.peak_bytes,
+        bytes_by_kind=cache.bytes_by_kind(),
         states_admitted=sum(stats.states_admitted.values()),
         states_by_reason=dict(stats.states_admitted),
         states_dropped=stats.states_dropped,

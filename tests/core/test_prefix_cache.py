@@ -15,7 +15,7 @@ def test_bytes_follow_tokens_and_states() -> None:
     c = cache()
     c.serve(toks(1, 2, 3), toks(4))
     assert c.bytes_used == 4 * 10 + 1 * 100
-    assert c.tree.kv_bytes == 40 and c.tree.ssm_bytes == 100
+    assert c.bytes_by_kind() == {"kv": 40, "ssm": 100}
 
 
 def test_states_that_cannot_fit_are_dropped_not_overflowed() -> None:
