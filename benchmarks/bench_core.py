@@ -172,7 +172,7 @@ def main() -> None:
     serial = run_grid(job)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         pool.submit(int).result()  # workers up before timing
-        parallel = run_grid(job, pool.map)
+        parallel = run_grid(job, pool.map, n_tasks=2)
     assert serial.scores == parallel.scores
     print(
         f"\ntuner grid (21 alphas, {len(job.window)}-request window): serial "

@@ -36,7 +36,9 @@ class RequestLike(Protocol):
     def output_tokens(self) -> npt.NDArray[np.int32]: ...
 
 
-MapFn = Callable[[Callable[["AlphaTask"], float], Iterable["AlphaTask"]], Iterable[float]]
+MapFn = Callable[
+    [Callable[["AlphaTask"], list[float]], Iterable["AlphaTask"]], Iterable[list[float]]
+]
 
 
 def default_grid() -> tuple[float, ...]:
@@ -73,11 +75,11 @@ class TunerConfig:
 
 @dataclass(frozen=True)
 class AlphaTask:
-    """One grid point: replay `window` from `snapshot` with `alpha`."""
+    """A share of the grid: replay `window` from `snapshot` once per alpha in `alphas`."""
 
     snapshot: bytes
     window: tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]], ...]
-    alpha: float
+    alphas: tuple[float, ...]
     objective: str
 
 
@@ -89,8 +91,17 @@ class TuneJob:
     objective: str
     start_request: int
 
-    def tasks(self) -> list[AlphaTask]:
-        return [AlphaTask(self.snapshot, self.window, a, self.objective) for a in self.grid]
+    def tasks(self, n_tasks: int | None = None) -> list[AlphaTask]:
+        """Split the grid into `n_tasks` interleaved shares (None: one per alpha).
+
+        Fewer tasks than alphas send the window to each worker fewer times; task i
+        holds grid[i::n_tasks].
+        """
+        n = len(self.grid) if n_tasks is None else max(1, min(n_tasks, len(self.grid)))
+        return [
+            AlphaTask(self.snapshot, self.window, self.grid[i::n], self.objective)
+            for i in range(n)
+        ]
 
 
 @dataclass(frozen=True)
@@ -102,15 +113,24 @@ class TuneResult:
     wall_s: float
 
 
-def evaluate_alpha(task: AlphaTask) -> float:
-    """Objective of replaying the task's window from its snapshot with its alpha."""
-    cache: PrefixCache = pickle.loads(task.snapshot)
-    cache.set_alpha(task.alpha)
+def evaluate_alphas(task: AlphaTask) -> list[float]:
+    """Objective of replaying the task's window from its snapshot, per alpha."""
+    return [_evaluate(task.snapshot, task.window, alpha, task.objective) for alpha in task.alphas]
+
+
+def _evaluate(
+    snapshot: bytes,
+    window: Sequence[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
+    alpha: float,
+    objective: str,
+) -> float:
+    cache: PrefixCache = pickle.loads(snapshot)
+    cache.set_alpha(alpha)
     before_hit, before_in = cache.stats.hit_tokens, cache.stats.input_tokens
     before_saved = cache.stats.flops_saved
-    for inp, out in task.window:
+    for inp, out in window:
         cache.serve(inp, out)
-    if task.objective == "flops_saved":
+    if objective == "flops_saved":
         return cache.stats.flops_saved - before_saved
     n_in = cache.stats.input_tokens - before_in
     return (cache.stats.hit_tokens - before_hit) / n_in if n_in else 0.0
@@ -122,10 +142,19 @@ def pick_best(grid: Sequence[float], scores: Sequence[float]) -> float:
     return min(a for a, s in zip(grid, scores, strict=True) if s == best)
 
 
-def run_grid(job: TuneJob, map_fn: MapFn = map) -> TuneResult:
-    """Evaluate every alpha of the job (through `map_fn`) and pick the winner."""
+def run_grid(job: TuneJob, map_fn: MapFn = map, n_tasks: int | None = None) -> TuneResult:
+    """Evaluate every alpha of the job through `map_fn` and pick the winner.
+
+    Args:
+        map_fn: `map`, a process pool's `map`, or a Ray-backed map.
+        n_tasks: how many shares to split the grid into (see `TuneJob.tasks`); set it
+            to the number of workers so the window travels to each worker once.
+    """
     start = time.perf_counter()
-    scores = list(map_fn(evaluate_alpha, job.tasks()))
+    tasks = job.tasks(n_tasks)
+    scores = [0.0] * len(job.grid)
+    for i, share in enumerate(map_fn(evaluate_alphas, tasks)):
+        scores[i :: len(tasks)] = share
     best = pick_best(job.grid, scores)
     return TuneResult(
         best,

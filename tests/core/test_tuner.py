@@ -10,7 +10,14 @@ import pytest
 from core_helpers import SMALL_COST, cache, chat_requests
 
 from marconi_ray.core.replay import RunConfig, run_replay
-from marconi_ray.core.tuner import BootstrapTuner, TunerConfig, default_grid, pick_best, run_grid
+from marconi_ray.core.tuner import (
+    BootstrapTuner,
+    TuneJob,
+    TunerConfig,
+    default_grid,
+    pick_best,
+    run_grid,
+)
 
 
 def test_default_grid_is_0_to_2_step_0_1() -> None:
@@ -58,7 +65,20 @@ def test_process_pool_and_serial_grids_agree() -> None:
     serial = run_grid(job)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         parallel = run_grid(job, pool.map)
-    assert serial.scores == parallel.scores and serial.best_alpha == parallel.best_alpha
+        shared = run_grid(job, pool.map, n_tasks=2)
+    assert serial.scores == parallel.scores == shared.scores
+    assert serial.best_alpha == parallel.best_alpha == shared.best_alpha
+
+
+def test_grid_shares_interleave_and_cover_every_alpha() -> None:
+    reqs = chat_requests(3, 2, seed=7)
+    c = cache(capacity=10**6)
+    for r in reqs:
+        c.serve(r.input_tokens, r.output_tokens)
+    pairs = tuple((r.input_tokens, r.output_tokens) for r in reqs)
+    job = TuneJob(c.snapshot(), pairs, (0.0, 0.1, 0.2, 0.3, 0.4), "token_hit_rate", 0)
+    assert [t.alphas for t in job.tasks(2)] == [(0.0, 0.2, 0.4), (0.1, 0.3)]
+    assert len(job.tasks()) == 5 and len(job.tasks(99)) == 5 and len(job.tasks(0)) == 1
 
 
 def test_retuning_runs_on_every_window() -> None:
