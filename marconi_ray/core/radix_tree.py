@@ -243,8 +243,8 @@ class RadixTree:
         parent = child.parent
         assert parent is not None and 0 < k < len(child.edge)
         head_kv = None if child.kv is None else child.kv[:k]
-        mid = Node(parent, child.edge[:k], head_kv, child.depth - len(child.edge) + k, 0)
-        mid.slot = self.table.alloc()
+        depth = child.depth - len(child.edge) + k
+        mid = Node(parent, child.edge[:k], head_kv, depth, self.table.alloc())
         self.nodes[mid.slot] = mid
         self.table.last_access[mid.slot] = self.table.last_access[child.slot]
         child.edge = child.edge[k:]
@@ -269,6 +269,10 @@ class RadixTree:
         self._refresh_down(child)
 
     def _remove_leaf(self, node: Node, freed: Freed) -> None:
+        self._tidy(self._detach_leaf(node, freed), freed)
+
+    def _detach_leaf(self, node: Node, freed: Freed) -> Node:
+        """Unlink a childless node, hand its edge's KV to `freed`; return its parent."""
         parent = node.parent
         assert parent is not None and not node.children
         del parent.children[int(node.edge[0])]
@@ -276,7 +280,7 @@ class RadixTree:
         freed.kv.append(node.kv)
         freed.n_tokens += len(node.edge)
         self._drop(node)
-        self._tidy(parent, freed)
+        return parent
 
     def _tidy(self, node: Node, freed: Freed) -> None:
         """Restore invariant 2 at `node` (cascading upwards), then refresh it."""
@@ -289,14 +293,7 @@ class RadixTree:
             if node.children:
                 self._merge_into_child(node)
                 return
-            parent = node.parent
-            assert parent is not None
-            del parent.children[int(node.edge[0])]
-            self.n_tokens -= len(node.edge)
-            freed.kv.append(node.kv)
-            freed.n_tokens += len(node.edge)
-            self._drop(node)
-            node = parent
+            node = self._detach_leaf(node, freed)
         self._refresh(node)
 
     def _drop(self, node: Node) -> None:
