@@ -23,7 +23,7 @@ run: $(STAMP)
 		--systems vanilla,vllm+,sglang+,marconi --out $(OUT)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check marconi_ray tests scripts benchmarks
+	$(VENV)/bin/ruff check marconi_ray tests scripts benchmarks kernels
 
 types: $(STAMP)
 	$(VENV)/bin/mypy marconi_ray
