@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from marconi_ray import __version__
-from marconi_ray.cli import replay, trace_cmd
+from marconi_ray.cli import make_model, replay, trace_cmd
 
 PROG = "marconi-ray"
 EXIT_USAGE = 2
@@ -34,14 +34,15 @@ def build_parser() -> CliParser:
     parser = CliParser(
         prog=PROG,
         description="Prefix caching for hybrid Attention+SSM LLMs (Marconi): replay "
-        "traces through caching systems and build traces.",
+        "traces through caching systems, build traces, and make random-weight models.",
     )
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {__version__}", help="print version"
     )
-    sub = parser.add_subparsers(dest="command", metavar="{replay,trace}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{replay,trace,make-model}", required=True)
     replay.add_parser(sub)
     trace_cmd.add_parser(sub)
+    make_model.add_parser(sub)
     return parser
 
 

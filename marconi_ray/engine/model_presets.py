@@ -1,0 +1,255 @@
+"""Named random-weight model shapes (`ModelPreset`) and their transformers configs.
+
+A preset is family-neutral: its `pattern` is a NemotronH pattern string (`M` Mamba-2,
+`*` attention, `-` MLP). NemotronH uses it as is, one layer per character. Bamba layers are
+(mixer + gated MLP) pairs, so a Bamba model gets one layer per mixer (`M` or `*`) of the
+pattern; presets are written as alternating mixer/MLP so both families have the same layer
+mix. NemotronH MLPs are plain relu2 (`up`, `down`); Bamba MLPs are gated SiLU (`gate`, `up`,
+`down`), so Bamba uses 2/3 of the intermediate size (rounded up to a multiple of 64) to
+keep the parameter count about the same.
+
+Exact parameter counts (from `count_parameters`, meta device):
+
+| preset          | nemotron_h    | bamba         |
+|-----------------|---------------|---------------|
+| tiny            | 229,924       | 303,780       |
+| small           | 48,380,800    | 48,380,800    |
+| paper-7b-shape  | 6,819,509,248 | 6,826,849,280 |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
+
+FAMILIES: Final = ("nemotron_h", "bamba")
+"""Model families a preset can be built as (transformers `model_type` names)."""
+
+DTYPE_NAMES: Final = ("float32", "bfloat16", "float16")
+"""Weight dtypes a preset can be materialised in (torch dtype names)."""
+
+_PATTERN_CHARS: Final = frozenset("M*-")
+_GATED_MULTIPLE: Final = 64
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """The shape of a hybrid model; see the module docstring for how families use it.
+
+    Contract (checked on construction, ValueError naming the field): `pattern` uses only
+    `M`, `*`, `-` and has at least one `M` and one `*`; `mamba_num_heads * mamba_head_dim ==
+    2 * hidden_size` (Bamba's d_inner is `mamba_expand=2` times hidden); `hidden_size ==
+    num_attention_heads * head_dim`; heads divisible by KV heads; Mamba heads divisible by
+    groups; `vocab_size >= BYTE_VOCAB_SIZE`.
+    """
+
+    name: str
+    pattern: str
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    mamba_num_heads: int
+    mamba_head_dim: int
+    n_groups: int
+    ssm_state_size: int
+    conv_kernel: int
+    chunk_size: int
+    max_position_embeddings: int
+    large: bool = False
+    """True when materialising the weights needs many GB (`make_model(allow_large=True)`)."""
+
+    def __post_init__(self) -> None:
+        if not self.pattern or set(self.pattern) - _PATTERN_CHARS:
+            raise ValueError(f"pattern must use only 'M', '*', '-', got {self.pattern!r}")
+        if "M" not in self.pattern or "*" not in self.pattern:
+            raise ValueError(f"pattern needs an 'M' and a '*', got {self.pattern!r}")
+        if self.mamba_num_heads * self.mamba_head_dim != 2 * self.hidden_size:
+            raise ValueError(
+                f"mamba_num_heads * mamba_head_dim must be 2 * hidden_size, got "
+                f"{self.mamba_num_heads} * {self.mamba_head_dim} for hidden {self.hidden_size}"
+            )
+        if self.num_attention_heads * self.head_dim != self.hidden_size:
+            raise ValueError(
+                f"num_attention_heads * head_dim must be hidden_size, got "
+                f"{self.num_attention_heads} * {self.head_dim} for hidden {self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads {self.num_key_value_heads} must divide "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        if self.mamba_num_heads % self.n_groups:
+            raise ValueError(
+                f"n_groups {self.n_groups} must divide mamba_num_heads {self.mamba_num_heads}"
+            )
+        if self.vocab_size < BYTE_VOCAB_SIZE:
+            raise ValueError(f"vocab_size must be >= {BYTE_VOCAB_SIZE}, got {self.vocab_size}")
+
+    @property
+    def mixers(self) -> str:
+        """The pattern without MLPs: one character per Bamba layer."""
+        return self.pattern.replace("-", "")
+
+    @property
+    def gated_intermediate_size(self) -> int:
+        """Bamba's gated-MLP width: 2/3 of `intermediate_size`, rounded up to 64."""
+        return math.ceil(2 * self.intermediate_size / 3 / _GATED_MULTIPLE) * _GATED_MULTIPLE
+
+
+PRESETS: Final[Mapping[str, ModelPreset]] = MappingProxyType(
+    {
+        "tiny": ModelPreset(
+            name="tiny",
+            pattern="M*-M-M*-",
+            hidden_size=64,
+            intermediate_size=128,
+            vocab_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            mamba_num_heads=4,
+            mamba_head_dim=32,
+            n_groups=2,
+            ssm_state_size=16,
+            conv_kernel=4,
+            chunk_size=16,
+            max_position_embeddings=4096,
+        ),
+        # The paper's mix (4 attention : 24 Mamba-2 : 28 MLP) scaled to 2 : 8 : 10; every
+        # head count and n_groups is even so tensor parallelism over 2 ranks is possible.
+        "small": ModelPreset(
+            name="small",
+            pattern="M-M-*-M-M-" * 2,
+            hidden_size=512,
+            intermediate_size=3072,
+            vocab_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            mamba_num_heads=16,
+            mamba_head_dim=64,
+            n_groups=2,
+            ssm_state_size=128,
+            conv_kernel=4,
+            chunk_size=64,
+            max_position_embeddings=8192,
+        ),
+        # The paper's 7B (NVIDIA's 8B Mamba2-Hybrid mix): 4 attention, 24 Mamba-2, 28 MLP
+        # layers, in the order of `marconi_ray.core.presets.paper_7b`; d_model 4096, d_state
+        # 128, Mamba-2 expand 2 (128 heads x 64), 8 groups, GQA 32/8 heads, MLP 4 * d_model.
+        "paper-7b-shape": ModelPreset(
+            name="paper-7b-shape",
+            pattern="M-M-M-*-M-M-M-" * 4,
+            hidden_size=4096,
+            intermediate_size=16384,
+            vocab_size=32000,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            mamba_num_heads=128,
+            mamba_head_dim=64,
+            n_groups=8,
+            ssm_state_size=128,
+            conv_kernel=4,
+            chunk_size=128,
+            max_position_embeddings=8192,
+            large=True,
+        ),
+    }
+)
+"""Immutable registry of preset name -> `ModelPreset`."""
+
+
+def get_preset(name: str) -> ModelPreset:
+    """The preset called `name`; ValueError naming it and the valid names otherwise."""
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown preset {name!r}; valid presets: {sorted(PRESETS)}") from None
+
+
+def check_family(family: str) -> str:
+    """`family` itself when valid; ValueError naming it and the valid families otherwise."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; valid families: {list(FAMILIES)}")
+    return family
+
+
+def _common(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
+    return {
+        "vocab_size": p.vocab_size,
+        "hidden_size": p.hidden_size,
+        "num_attention_heads": p.num_attention_heads,
+        "num_key_value_heads": p.num_key_value_heads,
+        "max_position_embeddings": p.max_position_embeddings,
+        "initializer_range": initializer_range,
+        "tie_word_embeddings": False,
+        "pad_token_id": PAD_ID,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+    }
+
+
+def nemotron_h_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, Any]:
+    """Keyword arguments of `transformers.NemotronHConfig` for preset `p`."""
+    block = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    return {
+        **_common(p, initializer_range),
+        "layers_block_type": [block[c] for c in p.pattern],
+        "head_dim": p.head_dim,
+        "intermediate_size": p.intermediate_size,
+        "mlp_hidden_act": "relu2",
+        "mamba_num_heads": p.mamba_num_heads,
+        "mamba_head_dim": p.mamba_head_dim,
+        "n_groups": p.n_groups,
+        "ssm_state_size": p.ssm_state_size,
+        "conv_kernel": p.conv_kernel,
+        "chunk_size": p.chunk_size,
+        "expand": 2,
+    }
+
+
+def bamba_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, Any]:
+    """Keyword arguments of `transformers.BambaConfig` for preset `p`."""
+    mixers = p.mixers
+    return {
+        **_common(p, initializer_range),
+        "num_hidden_layers": len(mixers),
+        "attn_layer_indices": [i for i, c in enumerate(mixers) if c == "*"],
+        "intermediate_size": p.gated_intermediate_size,
+        "hidden_act": "silu",
+        "mamba_n_heads": p.mamba_num_heads,
+        "mamba_d_head": p.mamba_head_dim,
+        "mamba_n_groups": p.n_groups,
+        "mamba_d_state": p.ssm_state_size,
+        "mamba_d_conv": p.conv_kernel,
+        "mamba_expand": 2,
+        "mamba_chunk_size": p.chunk_size,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    }
+
+
+def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) -> Any:
+    """The transformers config (no weights) of `preset` built as `family`.
+
+    ValueError naming the value for an unknown preset or family.
+    """
+    p = get_preset(preset)
+    check_family(family)
+    from transformers import BambaConfig, NemotronHConfig
+
+    if family == "nemotron_h":
+        return NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
+    return BambaConfig(**bamba_kwargs(p, initializer_range))

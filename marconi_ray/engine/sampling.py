@@ -1,0 +1,168 @@
+"""Per-request sampling settings (`SamplingParams`) and the batched `Sampler`.
+
+Sampling order for a row with temperature > 0: divide the logits by the temperature, keep
+the `top_k` highest (ties broken toward the lower id), renormalise, keep the nucleus (the
+smallest set of highest-probability tokens whose mass is >= `top_p`; the top token is
+always kept), renormalise, then draw one token by inverse CDF with one uniform number from
+the row's generator. Temperature 0 is greedy argmax (ties: the lowest id).
+
+A row whose generator is seeded (`make_generator(seed, device)`) is reproducible: the same
+logits and the same generator state give the same token, whatever the other rows are. A
+None generator draws from torch's default generator for the logits' device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request; validated on construction.
+
+    `top_k` 0 or -1 means no top-k cut; `top_p` 1.0 means no nucleus cut; `seed` None means
+    an unseeded (non-reproducible) draw. `stop_token_ids` (a list is converted to a tuple)
+    and `ignore_eos` are read by the decode loop, not by the `Sampler`. Invalid values raise
+    ValueError naming the field and the value; bools are not accepted as numbers.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if (
+            not isinstance(self.temperature, (int, float))
+            or isinstance(self.temperature, bool)
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if (
+            not isinstance(self.top_p, (int, float))
+            or isinstance(self.top_p, bool)
+            or not 0 < self.top_p <= 1
+        ):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 or -1: off), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
+            self.stop_token_ids, (tuple, list)
+        ):
+            raise ValueError(
+                f"stop_token_ids must be a tuple or list of ints, got {self.stop_token_ids!r}"
+            )
+        stops = tuple(self.stop_token_ids)
+        bad = [t for t in stops if not _is_int(t) or t < 0]
+        if bad:
+            raise ValueError(f"stop_token_ids must be ints >= 0, got {bad[0]!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are picked by argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A generator on `device` seeded with `seed`, or None (default RNG) when seed is None."""
+    if seed is None:
+        return None
+    if not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+class Sampler:
+    """Picks one token per row of a logits batch; stateless (state lives in generators)."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:
+        """Token ids [B] (long, on the logits' device) for `logits` [B, V].
+
+        `params[i]` and `generators[i]` belong to row i; a generator must live on the
+        logits' device (`make_generator(seed, logits.device)`). ValueError when the shapes
+        or lengths disagree.
+        """
+        if logits.dim() != 2 or logits.shape[1] == 0:
+            raise ValueError(
+                f"logits must have shape [B, V] with V >= 1, got {tuple(logits.shape)}"
+            )
+        batch = logits.shape[0]
+        if len(params) != batch or len(generators) != batch:
+            raise ValueError(
+                f"need one SamplingParams and one generator per row: {batch} rows, "
+                f"{len(params)} params, {len(generators)} generators"
+            )
+        out = torch.empty(batch, dtype=torch.long, device=logits.device)
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        if greedy:
+            rows = torch.tensor(greedy, device=logits.device)
+            out[rows] = torch.argmax(logits[rows], dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows, device=logits.device)
+            picked = self._sample_rows(
+                logits[rows],
+                [params[i] for i in random_rows],
+                [generators[i] for i in random_rows],
+            )
+            out[rows] = picked
+        return out
+
+    @staticmethod
+    def _sample_rows(
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:
+        device = logits.device
+        vocab = logits.shape[1]
+        temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float64)
+        scaled = logits.to(torch.float64) / temps[:, None]
+        # Descending, stable: equal logits keep id order, so cuts favour lower ids.
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+        ranks = torch.arange(vocab, device=device)
+        ks = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= ks[:, None], -math.inf)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        top_ps = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float64)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        outside = (mass_before >= top_ps[:, None]) & (top_ps[:, None] < 1.0)
+        outside[:, 0] = False
+        probs = probs.masked_fill(outside, 0.0)
+        cdf = torch.cumsum(probs, dim=-1)
+        uniforms = torch.cat(
+            [torch.rand(1, generator=g, device=device, dtype=torch.float64) for g in generators]
+        )
+        targets = uniforms * cdf[:, -1]
+        picked_rank = torch.searchsorted(cdf, targets[:, None], right=True).squeeze(1)
+        last_kept = (probs > 0).sum(dim=-1) - 1
+        picked_rank = torch.minimum(picked_rank, last_kept)
+        return order.gather(1, picked_rank[:, None]).squeeze(1)

@@ -1,0 +1,165 @@
+"""Random-weight hybrid checkpoints: presets, save/load, seeding, logit separation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from marconi_ray.engine.factory import (
+    FAMILIES,
+    LOGIT_STD,
+    MIN_LOGIT_STD,
+    PRESETS,
+    build_model,
+    count_parameters,
+    make_model,
+    model_class,
+    preset_config,
+    read_record,
+)
+from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
+
+torch.set_num_threads(1)
+
+
+def _prompt(n: int = 12, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(7, BYTE_VOCAB_SIZE, (1, n), generator=g)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model("tiny", request.param, tmp_path_factory.mktemp(request.param), seed=3)
+
+
+def test_tiny_saves_and_reloads_with_identical_logits(tiny_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    record = read_record(tiny_dir)
+    names = {p.name for p in tiny_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "marconi.json"} <= names
+    assert record["preset"] == "tiny" and record["seed"] == 3
+    auto: Any = AutoModelForCausalLM
+    loaded = auto.from_pretrained(tiny_dir).eval()
+    assert isinstance(loaded, model_class(record["family"]))
+    fresh = build_model("tiny", record["family"], seed=3)
+    assert sum(p.numel() for p in loaded.parameters()) == record["num_parameters"]
+    with torch.no_grad():
+        expected = fresh(input_ids=_prompt()).logits
+        got = loaded(input_ids=_prompt()).logits
+    assert torch.equal(expected, got)
+    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    cfg = loaded.config
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (BOS_ID, EOS_ID, PAD_ID)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (BOS_ID, EOS_ID, PAD_ID)
+    assert cfg.vocab_size >= BYTE_VOCAB_SIZE
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_seed_same_bytes_other_seed_differs(family: str, tmp_path: Path) -> None:
+    a = make_model("tiny", family, tmp_path / "a", seed=7)
+    b = make_model("tiny", family, tmp_path / "b", seed=7)
+    c = make_model("tiny", family, tmp_path / "c", seed=8)
+    weights = [(d / "model.safetensors").read_bytes() for d in (a, b, c)]
+    assert weights[0] == weights[1]
+    assert weights[0] != weights[2]
+
+
+def test_building_leaves_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_model("tiny", "nemotron_h", seed=5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_are_well_separated(family: str) -> None:
+    model = build_model("tiny", family, seed=11)
+    with torch.no_grad():
+        logits = model(input_ids=_prompt(16, seed=2)).logits[0]
+    stds = logits[:, :BYTE_VOCAB_SIZE].std(dim=-1)
+    assert bool((stds >= MIN_LOGIT_STD).all())
+    assert float(stds.mean()) > 0.5 * LOGIT_STD
+    top2 = logits.topk(2, dim=-1).values
+    assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4
+    assert bool((logits.argmax(dim=-1) < BYTE_VOCAB_SIZE).all())
+    assert bool((logits[:, BYTE_VOCAB_SIZE:] == 0).all())  # unused ids: logit exactly 0
+
+
+def test_tiny_shape() -> None:
+    cfg = preset_config("tiny", "nemotron_h")
+    assert cfg.layers_block_type.count("full_attention") == 2
+    assert len(cfg.layers_block_type) == 8
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.n_groups, cfg.chunk_size) == (64, 512, 2, 16)
+    assert cfg.mamba_num_heads * cfg.mamba_head_dim == 128
+    bamba = preset_config("tiny", "bamba")
+    assert len(bamba.attn_layer_indices) == 2
+    assert bamba.rope_parameters["partial_rotary_factor"] == 0.5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
+    assert 40e6 <= count_parameters("small", family) <= 60e6
+    cfg = preset_config("small", family)
+    if family == "nemotron_h":
+        heads = (cfg.mamba_num_heads, cfg.n_groups)
+    else:
+        heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
+    for value in (cfg.num_attention_heads, cfg.num_key_value_heads, *heads):
+        assert value % 2 == 0
+
+
+def test_paper_shape_counted_on_meta_only(tmp_path: Path) -> None:
+    cfg = preset_config("paper-7b-shape", "nemotron_h")
+    types = cfg.layers_block_type
+    counts = {t: types.count(t) for t in set(types)}
+    assert counts == {"full_attention": 4, "linear_attention": 24, "mlp": 28}
+    assert (cfg.hidden_size, cfg.ssm_state_size) == (4096, 128)
+    for family in FAMILIES:
+        assert 6e9 <= count_parameters("paper-7b-shape", family) <= 8e9
+    with pytest.raises(ValueError, match="allow_large"):
+        make_model("paper-7b-shape", "nemotron_h", tmp_path / "big")
+    assert not (tmp_path / "big").exists()
+
+
+def test_presets_registry_is_immutable() -> None:
+    with pytest.raises(TypeError):
+        PRESETS["x"] = PRESETS["tiny"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"preset": "huge"}, "huge"),
+        ({"family": "jamba"}, "jamba"),
+        ({"dtype": "int8"}, "int8"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_bad_arguments_name_the_value(
+    kwargs: dict[str, object], needle: str, tmp_path: Path
+) -> None:
+    args: dict[str, object] = {"preset": "tiny", "family": "bamba", **kwargs}
+    with pytest.raises(ValueError, match=needle):
+        make_model(args.pop("preset"), args.pop("family"), tmp_path / "m", **args)  # type: ignore[arg-type]
+    assert not (tmp_path / "m").exists()
+
+
+def test_out_dir_rules(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    make_model("tiny", "nemotron_h", out)
+    make_model("tiny", "bamba", out)  # a previous output is replaced
+    assert json.loads((out / "marconi.json").read_text())["family"] == "bamba"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="overwrite"):
+        make_model("tiny", "bamba", other)
+    make_model("tiny", "bamba", other, overwrite=True)
+    assert (other / "notes.txt").read_text() == "keep me"
+    assert (other / "model.safetensors").is_file()
