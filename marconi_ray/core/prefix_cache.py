@@ -142,6 +142,28 @@ class PrefixCache:
         return self.clock
 
     # --------------------------------------------------------------- protocol
+    def decode_capture_depths(self, n_input: int, max_total: int) -> list[int]:
+        """Depths past the input, before `max_total`, whose states the admission policy
+        keeps if decoding runs past them (e.g. block boundaries); the final depth of a
+        request is always asked for separately by `checkpoints`."""
+        return [
+            d
+            for d, _ in self.admission.decode_checkpoints(n_input, max_total)
+            if n_input < d < max_total
+        ]
+
+    def hit_kv(self, tokens: object, hit_len: int) -> list[KVHandle]:
+        """The KV handles of the nodes covering `tokens[:hit_len]`, root first (the last
+        may extend past `hit_len`). Call while the plan holding the hit is open."""
+        match = self.tree.match(as_tokens(tokens))
+        out: list[KVHandle] = []
+        for node in match.path:
+            if node.depth - len(node.edge) >= hit_len:
+                break
+            if len(node.edge):
+                out.append(node.kv)
+        return out
+
     def lookup(self, tokens: object) -> int:
         """Reusable length for `tokens`, without side effects."""
         return self.tree.match(as_tokens(tokens)).hit_len
@@ -185,7 +207,7 @@ class PrefixCache:
         if len(full) < n_input or not np.array_equal(full[:n_input], plan.tokens):
             raise ValueError("committed tokens must start with the planned input tokens")
         self._require_open(plan)
-        ckpts = self._checkpoints(plan, len(full))
+        ckpts = self.checkpoints(plan, len(full))
         if state_ids is None:
             ids = list(range(self._next_state, self._next_state + len(ckpts)))
             self._next_state += len(ckpts)
@@ -247,7 +269,10 @@ class PrefixCache:
         self._require_open(plan)
         del self._open[plan.plan_id]
 
-    def _checkpoints(self, plan: Plan, n_total: int) -> list[Checkpoint]:
+    def checkpoints(self, plan: Plan, n_total: int) -> list[Checkpoint]:
+        """Every (depth, reason) `commit` will ask a state id for, when the request ends
+        with `n_total` tokens (input + output): the plan's prefill checkpoints and the
+        admission policy's decode checkpoints, sorted by depth."""
         n_input = len(plan.tokens)
         merged: dict[int, str] = {}
         for depth, reason in (

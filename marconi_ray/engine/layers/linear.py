@@ -1,0 +1,77 @@
+"""Column- and row-parallel linear layers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.parallel import Segment, TPGroup, local_size
+
+
+class ParallelLinear(nn.Module):
+    """`y = x @ W.T + b` on this rank's shard.
+
+    Column-parallel (`row_parallel=False`): W's output rows are split by `segments`; the
+    output is this rank's slice, no communication. Row-parallel: W's input columns are
+    split; the partial products are all-reduced and the (replicated) bias added once.
+    Replicated: `segments` all have `split=False`.
+
+    Shapes: x [..., in_local] -> y [..., out_local].
+    """
+
+    def __init__(
+        self,
+        in_segments: Sequence[Segment],
+        out_segments: Sequence[Segment],
+        bias: bool,
+        key: str,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        row_parallel: bool = False,
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.key = key
+        self.row_parallel = row_parallel
+        self.in_segments = tuple(in_segments)
+        self.out_segments = tuple(out_segments)
+        n_in, n_out = local_size(in_segments, tp), local_size(out_segments, tp)
+        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.zeros(n_out, dtype=dtype), requires_grad=False) if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.row_parallel:
+            return F.linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        if self.row_parallel:
+            specs = {"weight": WeightSpec(f"{self.key}.weight", 1, self.in_segments)}
+            if self.bias is not None:
+                specs["bias"] = WeightSpec(f"{self.key}.bias")
+            return specs
+        specs = {"weight": WeightSpec(f"{self.key}.weight", 0, self.out_segments)}
+        if self.bias is not None:
+            specs["bias"] = WeightSpec(f"{self.key}.bias", 0, self.out_segments)
+        return specs
+
+
+def column(
+    d_in: int, outs: Sequence[Segment], bias: bool, key: str, tp: TPGroup, dtype: torch.dtype
+) -> ParallelLinear:
+    """A column-parallel projection from the full hidden size."""
+    return ParallelLinear((Segment(d_in, False),), outs, bias, key, tp, dtype)
+
+
+def row(
+    ins: Sequence[Segment], d_out: int, bias: bool, key: str, tp: TPGroup, dtype: torch.dtype
+) -> ParallelLinear:
+    """A row-parallel projection back to the full hidden size (all-reduced)."""
+    return ParallelLinear(ins, (Segment(d_out, False),), bias, key, tp, dtype, row_parallel=True)

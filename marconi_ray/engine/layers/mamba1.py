@@ -1,0 +1,154 @@
+"""Mamba-1 mixer as in Jamba: in_proj -> (x, gate); causal conv1d on x; x_proj -> (dt, B, C)
+with RMSNorms; dt_proj; selective scan (with an initial state, so prefill can resume);
+out_proj. Channels are split across ranks; x_proj is row-parallel (its dt/B/C output is
+all-reduced, so every rank sees the full dt, B and C).
+
+States per sequence (this rank's shard): conv [d_inner_local, d_conv] in the model dtype,
+ssm [d_inner_local, d_state] in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from marconi_kernels import KernelSet
+from marconi_ray.engine.layers.linear import column, row
+from marconi_ray.engine.layers.norm import rms_norm
+from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.model_config import Mamba1Config
+from marconi_ray.engine.parallel import Segment, TPGroup
+
+
+class Mamba1Mixer(nn.Module):
+    """One Mamba-1 layer's shard; weights under the HF sub-module `prefix` (`mamba`)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        cfg: Mamba1Config,
+        eps: float,
+        prefix: str,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        kernels: KernelSet,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.eps = eps
+        self.prefix = prefix
+        self.kernels = kernels
+        self.d_inner = tp.local(cfg.d_inner)
+        inner = Segment(cfg.d_inner)
+        self.in_proj = column(
+            d_model, (inner, inner), cfg.proj_bias, f"{prefix}.in_proj", tp, dtype
+        )
+        self.x_proj = row(
+            (inner,), cfg.dt_rank + 2 * cfg.d_state, False, f"{prefix}.x_proj", tp, dtype
+        )
+        self.dt_proj = column(cfg.dt_rank, (inner,), True, f"{prefix}.dt_proj", tp, dtype)
+        self.out_proj = row((inner,), d_model, cfg.proj_bias, f"{prefix}.out_proj", tp, dtype)
+
+        def param(*shape: int, fill: float = 0.0) -> nn.Parameter:
+            return nn.Parameter(torch.full(shape, fill, dtype=dtype), requires_grad=False)
+
+        self.conv_weight = param(self.d_inner, 1, cfg.d_conv)
+        self.conv_bias = param(self.d_inner) if cfg.conv_bias else None
+        self.A_log = param(self.d_inner, cfg.d_state)
+        self.D = param(self.d_inner, fill=1.0)
+        self.dt_norm = param(cfg.dt_rank, fill=1.0)
+        self.b_norm = param(cfg.d_state, fill=1.0)
+        self.c_norm = param(cfg.d_state, fill=1.0)
+
+    def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        conv = torch.zeros(
+            self.d_inner, self.cfg.d_conv, dtype=self.conv_weight.dtype, device=device
+        )
+        return conv, torch.zeros(self.d_inner, self.cfg.d_state, dtype=torch.float32, device=device)
+
+    def _ssm_inputs(self, xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """xc [..., d_inner_local] -> delta [..., d_inner_local] (before bias), B, C [..., N]."""
+        n = self.cfg.d_state
+        dt, b, c = torch.split(self.x_proj(xc), [self.cfg.dt_rank, n, n], dim=-1)
+        if self.cfg.inner_norms:
+            dt, b, c = (
+                rms_norm(t, w, self.eps)
+                for t, w in ((dt, self.dt_norm), (b, self.b_norm), (c, self.c_norm))
+            )
+        return dt @ self.dt_proj.weight.t(), b, c
+
+    def prefill(
+        self,
+        x: torch.Tensor,
+        conv: torch.Tensor | None,
+        ssm: torch.Tensor | None,
+        emit_at: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Same contract as `Mamba2Mixer.prefill`; ssm states are [d_inner_local, N]."""
+        xs, gate = self.in_proj(x).chunk(2, dim=-1)
+        k = self.kernels
+        xc, conv_f, conv_e = k.causal_conv1d(
+            xs.t()[None],
+            self.conv_weight[:, 0],
+            self.conv_bias,
+            initial_state=None if conv is None else conv[None],
+            activation="silu",
+            emit_at=emit_at,
+        )
+        xc = xc[0].t()
+        delta, b, c = self._ssm_inputs(xc)
+        y, ssm_f, ssm_e = k.selective_scan(
+            xc.t()[None],
+            delta.t()[None],
+            -torch.exp(self.A_log.float()),
+            b.t()[None],
+            c.t()[None],
+            D=self.D,
+            z=gate.t()[None],
+            delta_bias=self.dt_proj.bias,
+            delta_softplus=True,
+            initial_state=None if ssm is None else ssm[None],
+            emit_at=emit_at,
+        )
+        return self.out_proj(y[0].t()), conv_f[0], ssm_f[0], conv_e[:, 0], ssm_e[:, 0]
+
+    def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+        """x [B, d_model]; conv [B, C, K] and ssm [B, D, N] updated in place."""
+        xs, gate = self.in_proj(x).chunk(2, dim=-1)
+        k = self.kernels
+        xc = k.causal_conv1d_update(
+            xs, conv, self.conv_weight[:, 0], self.conv_bias, activation="silu"
+        )
+        delta, b, c = self._ssm_inputs(xc)
+        y = k.mamba1_state_update(
+            ssm,
+            xc,
+            delta,
+            -torch.exp(self.A_log.float()),
+            b,
+            c,
+            D=self.D,
+            z=gate,
+            delta_bias=self.dt_proj.bias,
+            delta_softplus=True,
+        )
+        return self.out_proj(y)
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        p = self.prefix
+        inner = (Segment(self.cfg.d_inner),)
+        out: dict[str, WeightSpec] = {}
+        for name in ("in_proj", "x_proj", "dt_proj", "out_proj"):
+            mod = getattr(self, name)
+            out.update({f"{name}.{k}": v for k, v in mod.weight_specs().items()})
+        out["conv_weight"] = WeightSpec(f"{p}.conv1d.weight", 0, inner)
+        if self.conv_bias is not None:
+            out["conv_bias"] = WeightSpec(f"{p}.conv1d.bias", 0, inner)
+        out["A_log"] = WeightSpec(f"{p}.A_log", 0, inner)
+        out["D"] = WeightSpec(f"{p}.D", 0, inner)
+        out["dt_norm"] = WeightSpec(f"{p}.dt_layernorm.weight")
+        out["b_norm"] = WeightSpec(f"{p}.b_layernorm.weight")
+        out["c_norm"] = WeightSpec(f"{p}.c_layernorm.weight")
+        return out

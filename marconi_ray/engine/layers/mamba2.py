@@ -1,0 +1,194 @@
+"""Mamba-2 mixer: in_proj -> causal conv1d over (x, B, C) -> chunked SSD scan -> gated
+grouped RMSNorm -> out_proj, split across ranks by heads (and by groups when they divide).
+
+States per sequence (this rank's shard):
+- conv [conv_local, d_conv] in the model dtype (the last d_conv inputs of the conv),
+- ssm [heads_local, head_dim, d_state] in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from marconi_kernels import KernelSet
+from marconi_ray.engine.layers.linear import column, row
+from marconi_ray.engine.layers.norm import GatedGroupRMSNorm
+from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.model_config import Mamba2Config
+from marconi_ray.engine.parallel import Segment, TPGroup, local_size
+
+
+class Mamba2Mixer(nn.Module):
+    """One Mamba-2 layer's shard. `prefix` is the HF sub-module (`mixer` or `mamba`)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        cfg: Mamba2Config,
+        eps: float,
+        prefix: str,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        kernels: KernelSet,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.kernels = kernels
+        self.prefix = prefix
+        self.heads = tp.local(cfg.n_heads)
+        self.d_inner = tp.local(cfg.d_inner)
+        groups_split = cfg.n_groups % tp.world == 0
+        gn = cfg.n_groups * cfg.d_state
+        self.conv_segments = (
+            Segment(cfg.d_inner),
+            Segment(gn, groups_split),
+            Segment(gn, groups_split),
+        )
+        self.groups = tp.local(cfg.n_groups) if groups_split else cfg.n_groups
+        self.bc = self.groups * cfg.d_state
+        self.conv_dim = local_size(self.conv_segments, tp)
+        heads = Segment(cfg.n_heads)
+        self.in_proj = column(
+            d_model,
+            (Segment(cfg.d_inner), *self.conv_segments, heads),
+            cfg.proj_bias,
+            f"{prefix}.in_proj",
+            tp,
+            dtype,
+        )
+        self.conv_weight = nn.Parameter(
+            torch.empty(self.conv_dim, 1, cfg.d_conv, dtype=dtype), requires_grad=False
+        )
+        self.conv_bias = (
+            nn.Parameter(torch.zeros(self.conv_dim, dtype=dtype), requires_grad=False)
+            if cfg.conv_bias
+            else None
+        )
+        self.dt_bias = nn.Parameter(torch.zeros(self.heads, dtype=dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.heads, dtype=dtype), requires_grad=False)
+        self.D = nn.Parameter(torch.ones(self.heads, dtype=dtype), requires_grad=False)
+        self.norm = GatedGroupRMSNorm(cfg.d_inner, cfg.n_groups, eps, tp, dtype)
+        self.out_proj = row(
+            (Segment(cfg.d_inner),), d_model, cfg.proj_bias, f"{prefix}.out_proj", tp, dtype
+        )
+        head0, _ = tp.part(cfg.n_heads)
+        per_group = cfg.n_heads // cfg.n_groups
+        self.register_buffer(
+            "head_group", (torch.arange(self.heads) + head0) // per_group, persistent=False
+        )
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def dt_limit(self) -> tuple[float, float]:
+        return (self.cfg.dt_min, self.cfg.dt_max)
+
+    def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
+
+    def _bc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split conv output [..., conv_local] into x, B, C; B and C as [..., G', N] where
+        G' is the local group count, or the local head count when groups are replicated
+        (each local head then gets its own group's B and C)."""
+        x, b, c = torch.split(xbc, [self.d_inner, self.bc, self.bc], dim=-1)
+        n = self.cfg.d_state
+        b = b.reshape(*b.shape[:-1], self.groups, n)
+        c = c.reshape(*c.shape[:-1], self.groups, n)
+        if self.groups * (self.cfg.n_heads // self.cfg.n_groups) != self.heads:
+            b = b.index_select(-2, self.head_group)
+            c = c.index_select(-2, self.head_group)
+        return x, b, c
+
+    def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero conv [conv_local, d_conv] and ssm [heads_local, head_dim, d_state] states."""
+        conv = torch.zeros(
+            self.conv_dim, self.cfg.d_conv, dtype=self.conv_weight.dtype, device=device
+        )
+        ssm = torch.zeros(
+            self.heads, self.cfg.head_dim, self.cfg.d_state, dtype=torch.float32, device=device
+        )
+        return conv, ssm
+
+    # ------------------------------------------------------------------ forward
+    def prefill(
+        self,
+        x: torch.Tensor,
+        conv: torch.Tensor | None,
+        ssm: torch.Tensor | None,
+        emit_at: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run L new tokens from the given states.
+
+        Args:
+            x: [L, d_model]. conv, ssm: the states before these tokens, or None (zeros).
+            emit_at: positions p in 1..L (relative) whose states to return.
+        Returns:
+            y [L, d_model], final conv [C, K], final ssm [H, P, N],
+            emitted conv [len(emit_at), C, K], emitted ssm [len(emit_at), H, P, N].
+        """
+        seq = x.shape[0]
+        z, xbc, dt = self._split(self.in_proj(x))
+        k = self.kernels
+        xbc, conv_f, conv_e = k.causal_conv1d(
+            xbc.t()[None],
+            self.conv_weight[:, 0],
+            self.conv_bias,
+            initial_state=None if conv is None else conv[None],
+            activation="silu",
+            emit_at=emit_at,
+        )
+        xs, b, c = self._bc(xbc[0].t())
+        y, ssm_f, ssm_e = k.ssd_chunk_scan(
+            xs.reshape(1, seq, self.heads, self.cfg.head_dim),
+            dt[None],
+            -torch.exp(self.A_log.float()),
+            b[None],
+            c[None],
+            chunk_size=self.cfg.chunk_size,
+            D=self.D,
+            dt_bias=self.dt_bias,
+            dt_softplus=True,
+            dt_limit=self.dt_limit,
+            initial_state=None if ssm is None else ssm[None],
+            emit_at=emit_at,
+        )
+        out = self.out_proj(self.norm(y.reshape(seq, self.d_inner), z))
+        return out, conv_f[0], ssm_f[0], conv_e[:, 0], ssm_e[:, 0]
+
+    def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+        """One token per sequence. x [B, d_model]; conv [B, C, K] and ssm [B, H, P, N]
+        are updated in place. Returns [B, d_model]."""
+        z, xbc, dt = self._split(self.in_proj(x))
+        k = self.kernels
+        xbc = k.causal_conv1d_update(
+            xbc, conv, self.conv_weight[:, 0], self.conv_bias, activation="silu"
+        )
+        xs, b, c = self._bc(xbc)
+        y = k.mamba2_state_update(
+            ssm,
+            xs.reshape(x.shape[0], self.heads, self.cfg.head_dim),
+            dt,
+            -torch.exp(self.A_log.float()),
+            b,
+            c,
+            D=self.D,
+            dt_bias=self.dt_bias,
+            dt_softplus=True,
+            dt_limit=self.dt_limit,
+        )
+        return self.out_proj(self.norm(y.reshape(x.shape[0], self.d_inner), z))
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        p = self.prefix
+        heads = (Segment(self.cfg.n_heads),)
+        out = {f"in_proj.{k}": v for k, v in self.in_proj.weight_specs().items()}
+        out.update({f"out_proj.{k}": v for k, v in self.out_proj.weight_specs().items()})
+        out["conv_weight"] = WeightSpec(f"{p}.conv1d.weight", 0, self.conv_segments)
+        if self.conv_bias is not None:
+            out["conv_bias"] = WeightSpec(f"{p}.conv1d.bias", 0, self.conv_segments)
+        for name in ("dt_bias", "A_log", "D"):
+            out[name] = WeightSpec(f"{p}.{name}", 0, heads)
+        out["norm.weight"] = WeightSpec(f"{p}.norm.weight", 0, (Segment(self.cfg.d_inner),))
+        return out

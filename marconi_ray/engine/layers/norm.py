@@ -1,0 +1,76 @@
+"""RMSNorm and the gated, grouped RMSNorm of Mamba-2."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.parallel import TPGroup
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`weight * x / rms(x)` over the last dim, computed in fp32; returns x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * xf).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """Replicated RMSNorm over the full hidden size."""
+
+    def __init__(self, size: int, eps: float, key: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
+        self.eps = eps
+        self.key = key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        return {"weight": WeightSpec(self.key)}
+
+
+class GatedGroupRMSNorm(nn.Module):
+    """`weight * rmsnorm_g(x * silu(gate))` where the RMS is taken per group of
+    `d_inner / n_groups` channels (Mamba-2's norm, `norm_before_gate=False`).
+
+    Channels are split across ranks by heads. When a rank holds whole groups the norm is
+    local; when a group spans ranks (n_groups % world != 0) the sum of squares of each
+    group is all-reduced. Shapes: x, gate [..., d_inner_local] -> [..., d_inner_local].
+    """
+
+    def __init__(
+        self, d_inner: int, n_groups: int, eps: float, tp: TPGroup, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.eps = eps
+        self.d_inner = d_inner
+        self.local = tp.local(d_inner)
+        self.group_size = d_inner // n_groups
+        self.groups_local = n_groups % tp.world == 0
+        self.weight = nn.Parameter(torch.ones(self.local, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        h = x.float() * F.silu(gate.float())
+        if self.groups_local:
+            g = h.view(*h.shape[:-1], -1, self.group_size)
+            g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+            h = g.view_as(h)
+        else:
+            h = self._spanning(h)
+        return self.weight * h.to(x.dtype)
+
+    def _spanning(self, h: torch.Tensor) -> torch.Tensor:
+        """Groups that span ranks: all-reduce each group's sum of squares."""
+        start, _ = self.tp.part(self.d_inner)
+        n_groups = self.d_inner // self.group_size
+        group_of = (torch.arange(self.local, device=h.device) + start) // self.group_size
+        sq = torch.zeros(*h.shape[:-1], n_groups, dtype=h.dtype, device=h.device)
+        sq.index_add_(-1, group_of, h.pow(2))
+        self.tp.all_reduce(sq)
+        var = sq / self.group_size
+        return h * torch.rsqrt(var.index_select(-1, group_of) + self.eps)

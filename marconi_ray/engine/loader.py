@@ -1,0 +1,116 @@
+"""Load a Hugging Face checkpoint directory (`config.json` + safetensors) into a
+`HybridModel` rank: parse the config, build the shard, copy each weight's slice.
+
+Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
+or a checkpoint weight the model has no place for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from marconi_kernels import KernelSet
+from marconi_ray.engine.hf_families import hybrid_config
+from marconi_ray.engine.model import HybridModel
+from marconi_ray.engine.model_config import HybridConfig
+from marconi_ray.engine.parallel import Segment, TPGroup, shard
+
+_PREFIXES = ("model.", "backbone.", "")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_config(model_dir: str | Path) -> tuple[HybridConfig, dict[str, object]]:
+    """Parse `model_dir/config.json`; returns the engine config and the raw dict."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    try:
+        return hybrid_config(raw), raw
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {str(model_dir)!r}")
+    return files
+
+
+def _key_index(files: list[Path]) -> dict[str, Path]:
+    where: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                where[key] = f
+    return where
+
+
+def _prefix(where: dict[str, Path], anchor: str) -> str:
+    for p in _PREFIXES:
+        if p + anchor in where:
+            return p
+    files = sorted({str(f) for f in where.values()})
+    raise ValueError(f"{files}: missing weight {anchor!r} (tried prefixes {list(_PREFIXES)})")
+
+
+def load_model(
+    model_dir: str | Path,
+    tp: TPGroup | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    kernels: KernelSet | None = None,
+) -> HybridModel:
+    """Build this rank's `HybridModel` from `model_dir` and load its weight shards."""
+    cfg, _ = read_config(model_dir)
+    model = HybridModel(cfg, tp, dtype, device, kernels)
+    load_weights(model, model_dir)
+    return model.eval()
+
+
+def load_weights(model: HybridModel, model_dir: str | Path) -> None:
+    """Copy every local parameter's slice from the checkpoint in `model_dir`."""
+    files = _weight_files(Path(model_dir))
+    where = _key_index(files)
+    specs = model.weight_specs()
+    prefix = _prefix(where, specs["embed"].key)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    used: set[str] = set()
+    handles = {f: safe_open(str(f), framework="pt", device="cpu") for f in files}
+    for name, spec in specs.items():
+        key = spec.key if spec.key == "lm_head.weight" else prefix + spec.key
+        if key not in where:
+            raise ValueError(f"{[str(f) for f in files]}: missing weight {key!r} for {name}")
+        tensor = handles[where[key]].get_tensor(key)
+        if spec.dim is not None:
+            segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
+            tensor = shard(tensor, spec.dim, segments, model.tp)
+        target = params[name]
+        if tensor.shape != target.shape:
+            raise ValueError(
+                f"{where[key]}: weight {key!r} has shape {tuple(tensor.shape)} after sharding, "
+                f"the model expects {tuple(target.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(tensor.to(target.dtype))
+        used.add(key)
+    extra = sorted(k for k in where if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+    if extra:
+        raise ValueError(
+            f"{str(model_dir)!r}: checkpoint has weights the {model.cfg.family} engine model "
+            f"does not use: {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+        )

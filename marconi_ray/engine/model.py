@@ -1,0 +1,263 @@
+"""`HybridModel`: the engine's tensor-parallel-ready hybrid decoder (one rank's shard).
+
+Blocks follow `HybridConfig.blocks`; each is `x + mixer(norm(x))`. Embedding, final norm
+and LM head are replicated on every rank; mixers are sharded (see `layers/`).
+
+Contracts:
+- `prefill(ids, state, emit_at)` consumes L tokens after `state.length` and returns the
+  exact SSM states and logits after each absolute depth in `emit_at`, in one pass.
+- `decode(ids, states)` consumes one token for each of B sequences at once.
+Both update the given `SeqState`s in place (KV appended, SSM states replaced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from marconi_kernels import KernelSet, get_kernels
+from marconi_ray.engine.layers.attention import Attention
+from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
+from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.layers.mlp import MLP
+from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
+from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.model_config import HybridConfig
+from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
+
+
+@dataclass(frozen=True)
+class HFNames:
+    """Checkpoint key layout of one family (keys below the model prefix)."""
+
+    embed: str
+    final_norm: str
+    mixer_norm: str
+    mlp_norm: str
+    mixer: dict[str, str]
+    mlp: str
+
+
+HF_NAMES = {
+    "nemotron_h": HFNames(
+        "embeddings.weight",
+        "norm_f.weight",
+        "norm",
+        "norm",
+        {"mamba2": "mixer", "attention": "mixer"},
+        "mixer",
+    ),
+    "bamba": HFNames(
+        "embed_tokens.weight",
+        "final_layernorm.weight",
+        "input_layernorm",
+        "pre_ff_layernorm",
+        {"mamba2": "mamba", "attention": "self_attn"},
+        "feed_forward",
+    ),
+    "jamba": HFNames(
+        "embed_tokens.weight",
+        "final_layernorm.weight",
+        "input_layernorm",
+        "pre_ff_layernorm",
+        {"mamba1": "mamba", "attention": "self_attn"},
+        "feed_forward",
+    ),
+}
+
+
+class Block(nn.Module):
+    """`x + mixer(norm(x))` for one block kind."""
+
+    def __init__(
+        self, cfg: HybridConfig, index: int, tp: TPGroup, dtype: torch.dtype, kernels: KernelSet
+    ) -> None:
+        super().__init__()
+        self.kind = cfg.blocks[index]
+        names = HF_NAMES[cfg.family]
+        layer = f"layers.{cfg.hf_layer[index]}"
+        norm_key = names.mlp_norm if self.kind == "mlp" else names.mixer_norm
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, f"{layer}.{norm_key}.weight", dtype)
+        d = cfg.hidden_size
+        mixer: nn.Module
+        if self.kind == "mlp":
+            assert cfg.mlp is not None
+            mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
+        elif self.kind == "attention":
+            assert cfg.attention is not None
+            mixer = Attention(d, cfg.attention, f"{layer}.{names.mixer['attention']}", tp, dtype)
+        elif self.kind == "mamba2":
+            assert cfg.mamba2 is not None
+            mixer = Mamba2Mixer(
+                d, cfg.mamba2, cfg.norm_eps, f"{layer}.{names.mixer['mamba2']}", tp, dtype, kernels
+            )
+        else:
+            assert cfg.mamba1 is not None
+            mixer = Mamba1Mixer(
+                d, cfg.mamba1, cfg.norm_eps, f"{layer}.{names.mixer['mamba1']}", tp, dtype, kernels
+            )
+        self.mixer = mixer
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        out = {f"norm.{k}": v for k, v in self.norm.weight_specs().items()}
+        out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})  # type: ignore[operator]
+        return out
+
+
+class HybridModel(nn.Module):
+    """One tensor-parallel rank of a hybrid decoder. Parameters start uninitialised;
+    fill them with `engine.loader.load_weights`."""
+
+    def __init__(
+        self,
+        cfg: HybridConfig,
+        tp: TPGroup | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        kernels: KernelSet | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp or TPGroup()
+        cfg.check_tp(self.tp.world)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.kernels = kernels or get_kernels(self.device)
+        with torch.device(self.device):
+            self.embed = nn.Parameter(
+                torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype), requires_grad=False
+            )
+            self.blocks = nn.ModuleList(
+                Block(cfg, i, self.tp, dtype, self.kernels) for i in range(len(cfg.blocks))
+            )
+            self.final_norm = RMSNorm(
+                cfg.hidden_size, cfg.norm_eps, HF_NAMES[cfg.family].final_norm, dtype
+            )
+            self.lm_head = (
+                self.embed
+                if cfg.tie_embeddings
+                else nn.Parameter(
+                    torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype), requires_grad=False
+                )
+            )
+        self.ssm_blocks = [i for i, k in enumerate(cfg.blocks) if k in ("mamba2", "mamba1")]
+        self.attn_blocks = cfg.layers_of("attention")
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        """Local parameter name -> where it comes from in the HF checkpoint."""
+        out = {"embed": WeightSpec(HF_NAMES[self.cfg.family].embed)}
+        out.update({f"final_norm.{k}": v for k, v in self.final_norm.weight_specs().items()})
+        if not self.cfg.tie_embeddings:
+            out["lm_head"] = WeightSpec("lm_head.weight")
+        for i, block in enumerate(self.blocks):
+            out.update({f"blocks.{i}.{k}": v for k, v in block.weight_specs().items()})
+        return out
+
+    # ------------------------------------------------------------------ states
+    def new_state(self) -> SeqState:
+        """The empty state of a sequence that has consumed nothing."""
+        state = SeqState()
+        for i in self.attn_blocks:
+            state.kv[i] = self.blocks[i].mixer.empty_cache(self.device)
+        return state
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(hidden, self.final_norm.weight, self.final_norm.eps)
+        return F.linear(h, self.lm_head).float()
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def prefill(
+        self, ids: torch.Tensor, state: SeqState, emit_at: Sequence[int] = ()
+    ) -> list[StateCheckpoint]:
+        """Consume `ids` [L] after `state.length` tokens, updating `state` in place.
+
+        Args:
+            emit_at: absolute depths d with state.length < d <= state.length + L, sorted;
+                the SSM states and next-token logits after each are returned.
+        Returns:
+            one `StateCheckpoint` per depth in `emit_at`; `state.logits` is the last one.
+        """
+        n = ids.shape[0]
+        start = state.length
+        rel = [d - start for d in emit_at]
+        if any(not 0 < r <= n for r in rel) or rel != sorted(set(rel)):
+            raise ValueError(
+                f"emit_at {list(emit_at)} must be sorted, distinct, in ({start}, {start + n}]"
+            )
+        positions = torch.arange(start, start + n, device=self.device)
+        x = F.embedding(ids.to(self.device), self.embed)
+        conv_out: dict[int, torch.Tensor] = {}
+        ssm_out: dict[int, torch.Tensor] = {}
+        for i, block in enumerate(self.blocks):
+            h = block.norm(x)
+            if block.kind == "attention":
+                h = block.mixer.prefill(h, positions, state.kv[i])
+            elif block.kind in ("mamba2", "mamba1"):
+                h, conv, ssm, conv_e, ssm_e = block.mixer.prefill(
+                    h, state.conv.get(i), state.ssm.get(i), rel
+                )
+                state.conv[i], state.ssm[i] = conv, ssm
+                conv_out[i], ssm_out[i] = conv_e, ssm_e
+            else:
+                h = block.mixer(h)
+            x = x + h
+        rows = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
+        logits = self._logits(x.index_select(0, rows))
+        state.length = start + n
+        state.logits = logits[-1]
+        return [
+            StateCheckpoint(
+                d,
+                {i: conv_out[i][k] for i in self.ssm_blocks},
+                {i: ssm_out[i][k] for i in self.ssm_blocks},
+                logits[k],
+            )
+            for k, d in enumerate(emit_at)
+        ]
+
+    @torch.inference_mode()
+    def decode(self, ids: torch.Tensor, states: Sequence[SeqState]) -> torch.Tensor:
+        """Consume one token per sequence (ids [B]); returns next-token logits [B, V]."""
+        positions = torch.tensor([s.length for s in states], device=self.device)
+        x = F.embedding(ids.to(self.device), self.embed)
+        for i, block in enumerate(self.blocks):
+            h = block.norm(x)
+            if block.kind == "attention":
+                h = block.mixer.decode(h, positions, [s.kv[i] for s in states])
+            elif block.kind in ("mamba2", "mamba1"):
+                conv = torch.stack([s.conv[i] for s in states])
+                ssm = torch.stack([s.ssm[i] for s in states])
+                h = block.mixer.decode(h, conv, ssm)
+                for b, s in enumerate(states):
+                    s.conv[i], s.ssm[i] = conv[b], ssm[b]
+            else:
+                h = block.mixer(h)
+            x = x + h
+        logits = self._logits(x)
+        for b, s in enumerate(states):
+            s.length += 1
+            s.logits = logits[b]
+        return logits
+
+    @torch.inference_mode()
+    def forward_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [L, V] at every position of a fresh sequence (for validation)."""
+        x = F.embedding(ids.to(self.device), self.embed)
+        state = self.new_state()
+        positions = torch.arange(ids.shape[0], device=self.device)
+        for i, block in enumerate(self.blocks):
+            h = block.norm(x)
+            if block.kind == "attention":
+                h = block.mixer.prefill(h, positions, state.kv[i])
+            elif block.kind in ("mamba2", "mamba1"):
+                h = block.mixer.prefill(h, None, None)[0]
+            else:
+                h = block.mixer(h)
+            x = x + h
+        return self._logits(x)

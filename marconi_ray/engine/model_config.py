@@ -1,0 +1,147 @@
+"""`HybridConfig`: the engine's own description of a hybrid decoder, parsed from a HF config.
+
+The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
+mixer kind: `mamba2`, `mamba1`, `attention` or `mlp`. NemotronH maps one HF layer to one
+block (pattern string `M`, `*`, `-`); Bamba and Jamba map each HF decoder layer to two
+blocks (the mixer with `input_layernorm`, then the MLP with `pre_ff_layernorm`).
+
+Family parsers live in `marconi_ray.engine.hf_families` (a registry keyed by
+`model_type`); this file only holds the frozen dataclasses they produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCK_KINDS = ("mamba2", "mamba1", "attention", "mlp")
+PATTERN_CHARS = {"M": "mamba2", "S": "mamba1", "*": "attention", "-": "mlp"}
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """GQA attention. `rotary_dim` 0 means no positional encoding (NemotronH)."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rotary_dim: int = 0
+    rope_theta: float = 10000.0
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """`down(act(up(x)))`, or `down(act(gate(x)) * up(x))` when `gated`."""
+
+    intermediate_size: int
+    activation: str
+    gated: bool
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """Mamba-2 (SSD) mixer. d_inner = n_heads * head_dim; conv over x, B and C."""
+
+    n_heads: int
+    head_dim: int
+    n_groups: int
+    d_state: int
+    d_conv: int
+    chunk_size: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+
+@dataclass(frozen=True)
+class Mamba1Config:
+    """Mamba-1 (selective scan) mixer as in Jamba, with RMSNorms on dt, B and C."""
+
+    d_inner: int
+    d_state: int
+    d_conv: int
+    dt_rank: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    inner_norms: bool = True
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """Everything the engine needs to build and shard one hybrid model.
+
+    Attributes:
+        family: the HF `model_type` it came from (`nemotron_h`, `bamba`, `jamba`).
+        blocks: block kinds in execution order (values of `BLOCK_KINDS`).
+        hf_layer: for each block, the index of the HF decoder layer holding its weights.
+        max_position: the context limit in tokens.
+        eos_token_ids: token ids that end generation (unless `ignore_eos`).
+    """
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    blocks: tuple[str, ...]
+    hf_layer: tuple[int, ...]
+    norm_eps: float
+    attention: AttentionConfig | None
+    mlp: MLPConfig | None
+    mamba2: Mamba2Config | None
+    mamba1: Mamba1Config | None
+    tie_embeddings: bool = False
+    max_position: int = 4096
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for kind in self.blocks:
+            if kind not in BLOCK_KINDS:
+                raise ValueError(f"unknown block kind {kind!r}; known: {BLOCK_KINDS}")
+        if len(self.hf_layer) != len(self.blocks):
+            raise ValueError("hf_layer must give one HF layer index per block")
+        needs = {
+            "attention": self.attention,
+            "mlp": self.mlp,
+            "mamba2": self.mamba2,
+            "mamba1": self.mamba1,
+        }
+        for kind in set(self.blocks):
+            if needs[kind] is None:
+                raise ValueError(f"blocks use {kind!r} but its config is missing")
+
+    @property
+    def pattern(self) -> str:
+        """The blocks as a NemotronH-style pattern string (`S` marks Mamba-1)."""
+        char = {v: k for k, v in PATTERN_CHARS.items()}
+        return "".join(char[k] for k in self.blocks)
+
+    def layers_of(self, kind: str) -> list[int]:
+        """Block indices of one kind, in order."""
+        return [i for i, k in enumerate(self.blocks) if k == kind]
+
+    def check_tp(self, world: int) -> None:
+        """Raise ValueError naming the size that `world` tensor-parallel ranks cannot split."""
+        if world < 1:
+            raise ValueError(f"tensor-parallel world size must be >= 1, got {world}")
+        sizes: dict[str, int] = {}
+        if self.attention is not None and "attention" in self.blocks:
+            sizes["num_attention_heads"] = self.attention.n_heads
+            sizes["num_key_value_heads"] = self.attention.n_kv_heads
+        if self.mlp is not None and "mlp" in self.blocks:
+            sizes["intermediate_size"] = self.mlp.intermediate_size
+        if self.mamba2 is not None and "mamba2" in self.blocks:
+            sizes["mamba_num_heads"] = self.mamba2.n_heads
+        if self.mamba1 is not None and "mamba1" in self.blocks:
+            sizes["mamba_d_inner"] = self.mamba1.d_inner
+        for name, size in sizes.items():
+            if size % world:
+                raise ValueError(f"{name}={size} is not divisible by tensor-parallel size {world}")

@@ -1,0 +1,23 @@
+"""Model checkpoints shared by the engine tests (built once per session, random weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import make_jamba
+
+from marconi_ray.engine.factory import make_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """family -> a tiny checkpoint dir (nemotron_h and bamba from the factory, jamba by
+    hand: the factory does not make Mamba-1 models)."""
+    root = tmp_path_factory.mktemp("models")
+    out = {fam: make_model("tiny", fam, root / fam) for fam in ("nemotron_h", "bamba")}
+    out["jamba"] = make_jamba(root / "jamba")
+    return out
