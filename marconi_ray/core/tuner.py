@@ -99,8 +99,7 @@ class TuneJob:
         """
         n = len(self.grid) if n_tasks is None else max(1, min(n_tasks, len(self.grid)))
         return [
-            AlphaTask(self.snapshot, self.window, self.grid[i::n], self.objective)
-            for i in range(n)
+            AlphaTask(self.snapshot, self.window, self.grid[i::n], self.objective) for i in range(n)
         ]
 
 

@@ -222,6 +222,7 @@ class Engine:
         self._next_id += 1
         try:
             self._prefill(seq)
+            assert seq.state.logits is not None
             self._sample(seq, seq.state.logits[None])
         except Exception:
             self._fail(seq)

@@ -53,7 +53,9 @@ _JAMBA_EXTRA = {
 }
 
 
-def _reader(config: Mapping[str, object], family: str, *defaults: Mapping[str, object]):
+def _reader(
+    config: Mapping[str, object], family: str, *defaults: Mapping[str, object]
+) -> ConfigReader:
     merged: dict[str, object] = {}
     for d in defaults:
         merged.update(d)
@@ -85,7 +87,7 @@ def _eos(r: ConfigReader) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"config key 'eos_token_id' must be an int or list of ints, got {value!r}")
-    return tuple(int(v) for v in values)
+    return tuple(v for v in values if isinstance(v, int))
 
 
 def _attention(r: ConfigReader, d: int, rotary_factor: float, theta: float) -> AttentionConfig:

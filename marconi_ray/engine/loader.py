@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -95,10 +96,16 @@ def load_weights(model: HybridModel, model_dir: str | Path) -> None:
         key = spec.key if spec.key == "lm_head.weight" else prefix + spec.key
         if key not in where:
             raise ValueError(f"{[str(f) for f in files]}: missing weight {key!r} for {name}")
-        tensor = handles[where[key]].get_tensor(key)
+        handle: Any = handles[where[key]]
+        tensor: torch.Tensor = handle.get_tensor(key)
         if spec.dim is not None:
             segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
-            tensor = shard(tensor, spec.dim, segments, model.tp)
+            try:
+                tensor = shard(tensor, spec.dim, segments, model.tp)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{where[key]}: weight {key!r} of shape {tuple(tensor.shape)}: {exc}"
+                ) from None
         target = params[name]
         if tensor.shape != target.shape:
             raise ValueError(

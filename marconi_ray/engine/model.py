@@ -71,8 +71,14 @@ HF_NAMES = {
 }
 
 
+Mixer = Attention | Mamba2Mixer | Mamba1Mixer | MLP
+SSMMixer = Mamba2Mixer | Mamba1Mixer
+
+
 class Block(nn.Module):
     """`x + mixer(norm(x))` for one block kind."""
+
+    mixer: Mixer
 
     def __init__(
         self, cfg: HybridConfig, index: int, tp: TPGroup, dtype: torch.dtype, kernels: KernelSet
@@ -84,7 +90,7 @@ class Block(nn.Module):
         norm_key = names.mlp_norm if self.kind == "mlp" else names.mixer_norm
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, f"{layer}.{norm_key}.weight", dtype)
         d = cfg.hidden_size
-        mixer: nn.Module
+        mixer: Mixer
         if self.kind == "mlp":
             assert cfg.mlp is not None
             mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
@@ -105,7 +111,7 @@ class Block(nn.Module):
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         out = {f"norm.{k}": v for k, v in self.norm.weight_specs().items()}
-        out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})  # type: ignore[operator]
+        out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})
         return out
 
 
@@ -145,8 +151,21 @@ class HybridModel(nn.Module):
                     torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype), requires_grad=False
                 )
             )
-        self.ssm_blocks = [i for i, k in enumerate(cfg.blocks) if k in ("mamba2", "mamba1")]
-        self.attn_blocks = cfg.layers_of("attention")
+        self.layers: list[Block] = list(self.blocks)  # type: ignore[arg-type]
+        self.ssm_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, SSMMixer)]
+        self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, Attention)]
+
+    def attention(self, i: int) -> Attention:
+        """The attention mixer of block `i`."""
+        mixer = self.layers[i].mixer
+        assert isinstance(mixer, Attention)
+        return mixer
+
+    def ssm(self, i: int) -> SSMMixer:
+        """The Mamba mixer of block `i`."""
+        mixer = self.layers[i].mixer
+        assert isinstance(mixer, SSMMixer)
+        return mixer
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         """Local parameter name -> where it comes from in the HF checkpoint."""
@@ -154,7 +173,7 @@ class HybridModel(nn.Module):
         out.update({f"final_norm.{k}": v for k, v in self.final_norm.weight_specs().items()})
         if not self.cfg.tie_embeddings:
             out["lm_head"] = WeightSpec("lm_head.weight")
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.layers):
             out.update({f"blocks.{i}.{k}": v for k, v in block.weight_specs().items()})
         return out
 
@@ -163,7 +182,7 @@ class HybridModel(nn.Module):
         """The empty state of a sequence that has consumed nothing."""
         state = SeqState()
         for i in self.attn_blocks:
-            state.kv[i] = self.blocks[i].mixer.empty_cache(self.device)
+            state.kv[i] = self.attention(i).empty_cache(self.device)
         return state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -194,18 +213,19 @@ class HybridModel(nn.Module):
         x = F.embedding(ids.to(self.device), self.embed)
         conv_out: dict[int, torch.Tensor] = {}
         ssm_out: dict[int, torch.Tensor] = {}
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.layers):
             h = block.norm(x)
-            if block.kind == "attention":
-                h = block.mixer.prefill(h, positions, state.kv[i])
-            elif block.kind in ("mamba2", "mamba1"):
-                h, conv, ssm, conv_e, ssm_e = block.mixer.prefill(
+            mixer = block.mixer
+            if isinstance(mixer, Attention):
+                h = mixer.prefill(h, positions, state.kv[i])
+            elif isinstance(mixer, SSMMixer):
+                h, conv, ssm, conv_e, ssm_e = mixer.prefill(
                     h, state.conv.get(i), state.ssm.get(i), rel
                 )
                 state.conv[i], state.ssm[i] = conv, ssm
                 conv_out[i], ssm_out[i] = conv_e, ssm_e
             else:
-                h = block.mixer(h)
+                h = mixer(h)
             x = x + h
         rows = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
         logits = self._logits(x.index_select(0, rows))
@@ -226,18 +246,19 @@ class HybridModel(nn.Module):
         """Consume one token per sequence (ids [B]); returns next-token logits [B, V]."""
         positions = torch.tensor([s.length for s in states], device=self.device)
         x = F.embedding(ids.to(self.device), self.embed)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.layers):
             h = block.norm(x)
-            if block.kind == "attention":
-                h = block.mixer.decode(h, positions, [s.kv[i] for s in states])
-            elif block.kind in ("mamba2", "mamba1"):
+            mixer = block.mixer
+            if isinstance(mixer, Attention):
+                h = mixer.decode(h, positions, [s.kv[i] for s in states])
+            elif isinstance(mixer, SSMMixer):
                 conv = torch.stack([s.conv[i] for s in states])
                 ssm = torch.stack([s.ssm[i] for s in states])
-                h = block.mixer.decode(h, conv, ssm)
+                h = mixer.decode(h, conv, ssm)
                 for b, s in enumerate(states):
                     s.conv[i], s.ssm[i] = conv[b], ssm[b]
             else:
-                h = block.mixer(h)
+                h = mixer(h)
             x = x + h
         logits = self._logits(x)
         for b, s in enumerate(states):
@@ -251,13 +272,14 @@ class HybridModel(nn.Module):
         x = F.embedding(ids.to(self.device), self.embed)
         state = self.new_state()
         positions = torch.arange(ids.shape[0], device=self.device)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.layers):
             h = block.norm(x)
-            if block.kind == "attention":
-                h = block.mixer.prefill(h, positions, state.kv[i])
-            elif block.kind in ("mamba2", "mamba1"):
-                h = block.mixer.prefill(h, None, None)[0]
+            mixer = block.mixer
+            if isinstance(mixer, Attention):
+                h = mixer.prefill(h, positions, state.kv[i])
+            elif isinstance(mixer, SSMMixer):
+                h = mixer.prefill(h, None, None)[0]
             else:
-                h = block.mixer(h)
+                h = mixer(h)
             x = x + h
         return self._logits(x)

@@ -32,7 +32,7 @@ class TPGroup:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks in place (identity at world size 1); returns `x`."""
         if self.world > 1:
-            dist.all_reduce(x, group=self.group)  # type: ignore[arg-type]
+            dist.all_reduce(x, group=self.group)
         return x
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:

@@ -35,7 +35,7 @@ class StateStore:
         self._k: dict[int, torch.Tensor] = {}
         self._v: dict[int, torch.Tensor] = {}
         for i in model.attn_blocks:
-            attn = model.blocks[i].mixer
+            attn = model.attention(i)
             shape = (attn.n_kv, initial_slots, attn.cfg.head_dim)
             self._k[i] = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._v[i] = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -49,7 +49,7 @@ class StateStore:
         )
         self.state_bytes = sum(
             (c.numel() + s.numel()) * self._k_elem()
-            for c, s in (model.blocks[i].mixer.empty_state(self.device) for i in model.ssm_blocks)
+            for c, s in (model.ssm(i).empty_state(self.device) for i in model.ssm_blocks)
         )
 
     def _k_elem(self) -> int:

@@ -81,11 +81,16 @@ def encode_trace(trace: Trace, key: str) -> bytes:
     for r in trace.requests:
         last = prev.get(r.session_id, np.zeros(0, np.int32))
         shared = _shared_len(r.input_tokens, last)
-        rows.append([
-            r.session_id, r.turn_id, r.ts, shared,
-            r.input_tokens[shared:].astype(_I32).tobytes(),
-            r.output_tokens.astype(_I32).tobytes(),
-        ])
+        rows.append(
+            [
+                r.session_id,
+                r.turn_id,
+                r.ts,
+                shared,
+                r.input_tokens[shared:].astype(_I32).tobytes(),
+                r.output_tokens.astype(_I32).tobytes(),
+            ]
+        )
         prev[r.session_id] = r.tokens
     return msgpack.packb(
         {"format": FORMAT_VERSION, "key": key, "name": trace.name, "requests": rows},

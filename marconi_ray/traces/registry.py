@@ -34,11 +34,13 @@ class Builder:
 
 BUILDERS: dict[str, Builder] = {
     "sharegpt": Builder(
-        sharegpt.build_sharegpt, lambda d: sharegpt.default_path("artifact", d),
+        sharegpt.build_sharegpt,
+        lambda d: sharegpt.default_path("artifact", d),
         (("mode", "artifact"),),
     ),
     "sharegpt-rejoined": Builder(
-        sharegpt.build_sharegpt, lambda d: sharegpt.default_path("rejoined", d),
+        sharegpt.build_sharegpt,
+        lambda d: sharegpt.default_path("rejoined", d),
         (("mode", "rejoined"),),
     ),
     "swebench": Builder(swebench.build_swebench, swebench.default_path),
@@ -112,9 +114,7 @@ def load_trace(
         args["sessions_per_second"] = sessions_per_second
     if tokenizer is None and data_dir is not None:
         tokenizer = Path(data_dir) / LLAMA2_RELPATH
-    args["tokenizer"] = (
-        tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
-    )
+    args["tokenizer"] = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     if use_cache:
         return cached_build(spec, builder.fn, cache_dir=cache_dir, **args)
     return builder.fn(**args)

@@ -75,8 +75,13 @@ def prefix_session(
         (t for piece in pieces[:n_msgs] for t in piece), dtype=np.int32, count=offsets[n_msgs]
     )
     return [
-        Request(session_id, k, t.ts, buf[: offsets[t.input_end]],
-                buf[offsets[t.input_end]: offsets[t.input_end + 1]])
+        Request(
+            session_id,
+            k,
+            t.ts,
+            buf[: offsets[t.input_end]],
+            buf[offsets[t.input_end] : offsets[t.input_end + 1]],
+        )
         for k, t in enumerate(kept)
     ]
 

@@ -107,7 +107,8 @@ def _rejoined_sessions(records: list[tuple[str, list[Message]]]) -> Iterator[lis
 
 def _role_user_turns(messages: list[Message]) -> list[int]:
     return [
-        i for i in range(len(messages) - 1)
+        i
+        for i in range(len(messages) - 1)
         if messages[i].get("from") in USER_ROLES and messages[i + 1].get("from") in REPLY_ROLES
     ]
 

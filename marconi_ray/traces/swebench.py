@@ -80,7 +80,11 @@ def _created(message: Message) -> float | None:
 
 
 def _arrivals(
-    msgs: list[Message], asst: list[int], start: float, gaps: str, mean_gap: float,
+    msgs: list[Message],
+    asst: list[int],
+    start: float,
+    gaps: str,
+    mean_gap: float,
     rng: np.random.Generator,
 ) -> list[float]:
     times = [start]
@@ -93,8 +97,12 @@ def _arrivals(
 
 
 def _dropping_session(
-    sid: int, encode: Callable[[int], list[int]], asst: list[int], times: list[float],
-    max_tokens: int, max_turns: int | None,
+    sid: int,
+    encode: Callable[[int], list[int]],
+    asst: list[int],
+    times: list[float],
+    max_tokens: int,
+    max_turns: int | None,
 ) -> list[Request]:
     rounds: list[list[np.ndarray]] = []  # [observation tokens, reply tokens] per round
     out: list[Request] = []

@@ -45,6 +45,10 @@ class ParallelLinear(nn.Module):
             nn.Parameter(torch.zeros(n_out, dtype=dtype), requires_grad=False) if bias else None
         )
 
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = super().__call__(x)
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.row_parallel:
             return F.linear(x, self.weight, self.bias)

@@ -24,6 +24,8 @@ from marconi_ray.engine.parallel import Segment, TPGroup, local_size
 class Mamba2Mixer(nn.Module):
     """One Mamba-2 layer's shard. `prefix` is the HF sub-module (`mixer` or `mamba`)."""
 
+    head_group: torch.Tensor
+
     def __init__(
         self,
         d_model: int,
@@ -86,7 +88,8 @@ class Mamba2Mixer(nn.Module):
         return (self.cfg.dt_min, self.cfg.dt_max)
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
+        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.heads], dim=-1)
+        return z, xbc, dt
 
     def _bc(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split conv output [..., conv_local] into x, B, C; B and C as [..., G', N] where

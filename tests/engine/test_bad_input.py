@@ -1,0 +1,135 @@
+"""Bad input gets a ValueError naming the value and changes nothing (invariant 5)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from engine_helpers import GREEDY, prompts
+from safetensors.torch import load_file, save_file
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def warm_engine(model_dirs):
+    engine = Engine(model_dirs["nemotron_h"], system="marconi", cache_bytes=50_000_000)
+    for p in prompts(1, 3, 30, engine.config.vocab_size):
+        engine.generate(p, GREEDY)
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "empty"),
+        ([5, 10_000, 6], "10000"),
+        ([5, -1], "-1"),
+        ([[1, 2], [3, 4]], "one-dimensional"),
+        ([1.5, 2.0], "integers"),
+        ("hello", "string"),
+    ],
+)
+def test_bad_prompt_changes_nothing(warm_engine, prompt, message):
+    before = (warm_engine.cache.snapshot(), warm_engine.store.bytes_used)
+    with pytest.raises(ValueError, match=message):
+        warm_engine.generate(prompt, GREEDY)
+    assert (warm_engine.cache.snapshot(), warm_engine.store.bytes_used) == before
+    assert warm_engine.num_running == 0
+
+
+def test_prompt_over_context_limit(warm_engine):
+    limit = warm_engine.config.max_position
+    before = warm_engine.cache.snapshot()
+    with pytest.raises(ValueError, match=str(limit)):
+        warm_engine.generate([7] * limit, GREEDY)
+    assert warm_engine.cache.snapshot() == before
+
+
+def test_generation_stops_at_context_limit(model_dirs):
+    engine = Engine(model_dirs["nemotron_h"], system="marconi", cache_bytes=50_000_000)
+    limit = engine.config.max_position
+    out = engine.generate(
+        [7] * (limit - 3), SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+    )
+    assert len(out.tokens) == 3 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"seed": -5}, "seed"),
+    ],
+)
+def test_bad_sampling_values(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_bad_params_object_and_stop_ids(warm_engine):
+    before = warm_engine.cache.snapshot()
+    with pytest.raises(ValueError, match="SamplingParams"):
+        warm_engine.generate([7, 8, 9], {"max_tokens": 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="99999"):
+        warm_engine.generate([7, 8, 9], SamplingParams(stop_token_ids=(99999,)))
+    with pytest.raises(ValueError, match="2 sampling params"):
+        warm_engine.generate_many([[7, 8], [9, 10], [11]], [GREEDY, GREEDY])
+    assert warm_engine.cache.snapshot() == before
+
+
+def test_unknown_system_and_dtype(model_dirs):
+    with pytest.raises(ValueError, match="lru-only"):
+        Engine(model_dirs["nemotron_h"], system="lru-only")
+    with pytest.raises(ValueError, match="float8"):
+        Engine(model_dirs["nemotron_h"], dtype="float8")
+
+
+def test_unknown_architecture_names_the_file(model_dirs, tmp_path):
+    bad = tmp_path / "llama"
+    shutil.copytree(model_dirs["nemotron_h"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config\.json.*'llama'"):
+        load_model(bad)
+
+
+def test_missing_weight_names_file_and_key(model_dirs, tmp_path):
+    bad = tmp_path / "missing"
+    shutil.copytree(model_dirs["bamba"], bad)
+    weights = load_file(str(bad / "model.safetensors"))
+    key = "model.layers.0.mamba.A_log"
+    del weights[key]
+    save_file(weights, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"model\.safetensors.*{key}"):
+        load_model(bad)
+
+
+def test_mis_shaped_and_unused_weights(model_dirs, tmp_path):
+    bad = tmp_path / "shape"
+    shutil.copytree(model_dirs["nemotron_h"], bad)
+    weights = load_file(str(bad / "model.safetensors"))
+    key = next(k for k in weights if k.endswith("in_proj.weight"))
+    weights[key] = weights[key][:-1]
+    save_file(weights, str(bad / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"model\.safetensors.*{key}.*shape"):
+        load_model(bad)
+    extra = tmp_path / "extra"
+    shutil.copytree(model_dirs["nemotron_h"], extra)
+    weights = load_file(str(extra / "model.safetensors"))
+    weights["backbone.layers.99.mixer.foo"] = weights[key][:1].clone()
+    save_file(weights, str(extra / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"layers\.99"):
+        load_model(extra)
+
+
+def test_missing_model_dir(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_model(tmp_path / "nowhere")
