@@ -17,10 +17,17 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## The main job (until the service exists): replay the packaged ShareGPT sample through
-## the four systems at four cache sizes; writes $(OUT)/results.json and a PNG.
+## the four systems at four cache sizes ($(OUT)/results.json and a PNG), then chat with a
+## freshly made tiny hybrid model through the engine and its prefix cache.
+MODEL   ?= runs/tiny-nemotron_h
+
 run: $(STAMP)
 	$(VENV)/bin/marconi-ray replay --trace sample --cache-bytes 2e8,5e8,1e9,2e9 \
 		--systems vanilla,vllm+,sglang+,marconi --out $(OUT)
+	$(VENV)/bin/marconi-ray make-model --preset tiny --family nemotron_h --out $(MODEL)
+	$(VENV)/bin/marconi-ray generate --model $(MODEL) --max-tokens 16 \
+		--prompt "Hello! What is a hybrid LLM?" --prompt "And why cache its SSM states?" \
+		--prompt "Thanks."
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check marconi_ray tests scripts benchmarks kernels

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from marconi_ray import __version__
-from marconi_ray.cli import make_model, replay, trace_cmd
+from marconi_ray.cli import generate, make_model, replay, trace_cmd
 
 PROG = "marconi-ray"
 EXIT_USAGE = 2
@@ -39,10 +39,13 @@ def build_parser() -> CliParser:
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {__version__}", help="print version"
     )
-    sub = parser.add_subparsers(dest="command", metavar="{replay,trace,make-model}", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="{replay,trace,make-model,generate}", required=True
+    )
     replay.add_parser(sub)
     trace_cmd.add_parser(sub)
     make_model.add_parser(sub)
+    generate.add_parser(sub)
     return parser
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marconi_kernels import get_kernels
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.hf_config import spec_from_hf_config
 from marconi_ray.core.prefix_cache import CommitResult, PrefixCache
@@ -72,6 +73,8 @@ class Engine:
         tuner: bootstrap tuner settings for tuned systems.
         tp: tensor-parallel rank; None for a single process.
         max_batch: most requests decoded together in one step.
+        kernels: `auto` (mamba-ssm kernels on CUDA when installed, else the pure-torch
+            references), `ref` or `cuda`.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class Engine:
         tuner: TunerConfig | None = None,
         tp: TPGroup | None = None,
         max_batch: int = 8,
+        kernels: str = "auto",
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -95,7 +99,9 @@ class Engine:
         cfg, raw = read_config(model_dir)
         self.config = cfg
         self.tp = tp or TPGroup()
-        self.model = load_model(model_dir, self.tp, torch_dtype, device)
+        self.model = load_model(
+            model_dir, self.tp, torch_dtype, device, get_kernels(device, prefer=kernels)
+        )
         self.store = StateStore(self.model)
         elem = torch.empty((), dtype=torch_dtype).element_size()
         self.spec = spec_from_hf_config(raw, dtype_bytes=elem)
