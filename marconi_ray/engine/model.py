@@ -209,24 +209,7 @@ class HybridModel(nn.Module):
             raise ValueError(
                 f"emit_at {list(emit_at)} must be sorted, distinct, in ({start}, {start + n}]"
             )
-        positions = torch.arange(start, start + n, device=self.device)
-        x = F.embedding(ids.to(self.device), self.embed)
-        conv_out: dict[int, torch.Tensor] = {}
-        ssm_out: dict[int, torch.Tensor] = {}
-        for i, block in enumerate(self.layers):
-            h = block.norm(x)
-            mixer = block.mixer
-            if isinstance(mixer, Attention):
-                h = mixer.prefill(h, positions, state.kv[i])
-            elif isinstance(mixer, SSMMixer):
-                h, conv, ssm, conv_e, ssm_e = mixer.prefill(
-                    h, state.conv.get(i), state.ssm.get(i), rel
-                )
-                state.conv[i], state.ssm[i] = conv, ssm
-                conv_out[i], ssm_out[i] = conv_e, ssm_e
-            else:
-                h = mixer(h)
-            x = x + h
+        x, conv_out, ssm_out = self._prefill_hidden(ids, state, rel)
         rows = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
         logits = self._logits(x.index_select(0, rows))
         state.length = start + n
@@ -266,20 +249,35 @@ class HybridModel(nn.Module):
             s.logits = logits[b]
         return logits
 
-    @torch.inference_mode()
-    def forward_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Logits [L, V] at every position of a fresh sequence (for validation)."""
+    def _prefill_hidden(
+        self, ids: torch.Tensor, state: SeqState, rel: Sequence[int]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Run the blocks over `ids` after `state.length` tokens (updating `state`'s KV and
+        SSM states). Returns the final hidden states [L, D] and, per SSM block, the conv
+        and ssm states emitted at the relative positions `rel`."""
+        start = state.length
+        positions = torch.arange(start, start + ids.shape[0], device=self.device)
         x = F.embedding(ids.to(self.device), self.embed)
-        state = self.new_state()
-        positions = torch.arange(ids.shape[0], device=self.device)
+        conv_out: dict[int, torch.Tensor] = {}
+        ssm_out: dict[int, torch.Tensor] = {}
         for i, block in enumerate(self.layers):
             h = block.norm(x)
             mixer = block.mixer
             if isinstance(mixer, Attention):
                 h = mixer.prefill(h, positions, state.kv[i])
             elif isinstance(mixer, SSMMixer):
-                h = mixer.prefill(h, None, None)[0]
+                h, conv, ssm, conv_e, ssm_e = mixer.prefill(
+                    h, state.conv.get(i), state.ssm.get(i), rel
+                )
+                state.conv[i], state.ssm[i] = conv, ssm
+                conv_out[i], ssm_out[i] = conv_e, ssm_e
             else:
                 h = mixer(h)
             x = x + h
+        return x, conv_out, ssm_out
+
+    @torch.inference_mode()
+    def forward_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [L, V] at every position of a fresh sequence (for validation)."""
+        x, _, _ = self._prefill_hidden(ids, self.new_state(), ())
         return self._logits(x)
