@@ -71,6 +71,6 @@ class GatedGroupRMSNorm(nn.Module):
         group_of = (torch.arange(self.local, device=h.device) + start) // self.group_size
         sq = torch.zeros(*h.shape[:-1], n_groups, dtype=h.dtype, device=h.device)
         sq.index_add_(-1, group_of, h.pow(2))
-        pass  # self.tp.all_reduce(sq)
+        self.tp.all_reduce(sq)
         var = sq / self.group_size
         return h * torch.rsqrt(var.index_select(-1, group_of) + self.eps)

@@ -1,0 +1,326 @@
+"""Tensor parallelism at world size 2 on CPU: two spawned processes joined by gloo, each
+running one `TPGroup` rank, compared with world size 1 computed in the test process.
+
+One spawn serves the whole module (a module-scoped fixture): the children run every job
+in the same order (they must: each job's collectives pair up across ranks), put each
+job's result, or their traceback on the first error, on a queue, and exit. The parent
+fails the test with a child's traceback, a child's exit code, or a timeout; it never
+waits on a child without a deadline.
+
+Cache byte accounting at TP > 1: the prefix cache (`engine.cache`) budgets the *whole*
+model's bytes (its `ModelSpec` comes from the HF config), identically on every rank,
+while each rank's `engine.store` holds only its shard: `n_kv_heads / world` KV heads per
+attention block, and per Mamba-2 block `heads / world` recurrent states plus a conv state
+over `d_inner / world + 2 * (n_groups / world or n_groups) * d_state` channels (Mamba-1:
+`d_inner / world` channels of both). Every rank holds the same slots and state ids (the
+ranks run in lockstep), so after every request:
+- when everything splits evenly (n_groups % world == 0, and always for Mamba-1),
+  `sum over ranks of store.bytes_used == cache.bytes_used` and each rank holds exactly
+  `cache.bytes_used / world`;
+- when B/C groups are replicated (n_groups % world != 0) the sum exceeds the cache's
+  figure by `(world - 1) * 2 * n_groups * d_state * d_conv * dtype_bytes` per live state
+  per Mamba-2 block: each rank keeps the full B/C conv channels.
+So `cache_bytes` is a budget for the sum over ranks (per rank about 1/world of it), not
+for one rank's memory, and it undercounts replicated B/C conv channels.
+"""
+
+from __future__ import annotations
+
+import queue as queue_mod
+import socket
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from engine_helpers import GREEDY, prompts
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.loader import load_model, read_config
+from marconi_ray.engine.model import HybridModel
+from marconi_ray.engine.parallel import TPGroup
+
+pytestmark = pytest.mark.slow
+
+WORLD = 2
+TOL = 1e-4
+PROMPT_LEN = 45
+DEADLINE_S = 120.0
+LOGIT_MODELS = ("nemotron_h", "bamba", "jamba", "nemotron_h_g1")
+# Budgets (bytes, as the cache counts them) that force evictions in the conversation
+# below yet keep the last turn's final state (so the last prompt is fully cached): about
+# 3/4 to 9/10 of what the conversation would hold with no eviction.
+CACHE_BYTES = {
+    "nemotron_h": 250_000,
+    "bamba": 250_000,
+    "jamba": 160_000,
+    "nemotron_h_g1": 240_000,
+}
+ENGINE_MODELS = tuple(CACHE_BYTES)
+
+
+# ---------------------------------------------------------------------- models
+@pytest.fixture(scope="module")
+def nemotron_g1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny NemotronH shape with n_groups=1: at TP=2 the B/C conv channels are
+    replicated and the gated norm's single group spans both ranks."""
+    from transformers import NemotronHForCausalLM
+
+    from marconi_ray.engine.factory import _separate_logits, check_logit_separation
+    from marconi_ray.engine.model_presets import preset_config
+
+    cfg = preset_config("tiny", "nemotron_h")
+    cfg.n_groups = 1
+    out = tmp_path_factory.mktemp("nemotron_h_g1")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = NemotronHForCausalLM(cfg).eval()
+        _separate_logits(model, cfg.hidden_size)
+        check_logit_separation(model)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dirs(model_dirs: dict[str, Path], nemotron_g1_dir: Path) -> dict[str, Path]:
+    return {**model_dirs, "nemotron_h_g1": nemotron_g1_dir}
+
+
+# ---------------------------------------------------------------------- jobs (any rank)
+def _prompt(name: str, vocab: int) -> list[int]:
+    return prompts(LOGIT_MODELS.index(name) + 11, 1, PROMPT_LEN, vocab)[0]
+
+
+def _logits_job(model_dir: str, ids: list[int], tp: TPGroup) -> np.ndarray:
+    model = load_model(model_dir, tp=tp)
+    return model.forward_logits(torch.tensor(ids)).numpy()
+
+
+def _conversation_segments(seed: int) -> dict[str, list[list[int]]]:
+    """New tokens for each turn of a conversation and for two branches off its start."""
+    rng = np.random.default_rng(seed)
+
+    def new(n: int) -> list[int]:
+        return rng.integers(3, 259, n).tolist()
+
+    return {"turns": [new(50), new(20), new(20), new(20)], "branches": [new(30), new(30)]}
+
+
+def _run_conversation(engine: Engine, seed: int) -> list[dict[str, Any]]:
+    """Turns (prompt = previous prompt + previous output + new tokens), two branches
+    sharing the first 40 tokens, then the whole last turn (prompt + output) again: a
+    prompt that is fully cached when its final state survived eviction. Returns, per
+    request, the prompt, the tokens, the hit and the byte counts after it."""
+    seg = _conversation_segments(seed)
+    requests: list[list[int]] = []
+    out: list[dict[str, Any]] = []
+
+    def run(prompt: list[int]) -> list[int]:
+        result = engine.generate(prompt, GREEDY)
+        out.append(
+            {
+                "prompt": list(prompt),
+                "tokens": list(result.tokens),
+                "cached": result.usage.cached_tokens,
+                "store_bytes": engine.store.bytes_used,
+                "cache_bytes": engine.cache.bytes_used,
+                "live_states": engine.store.live_states,
+                "evictions": engine.cache.stats.evictions,
+            }
+        )
+        return list(result.tokens)
+
+    prompt: list[int] = []
+    output: list[int] = []
+    for new in seg["turns"]:
+        prompt = prompt + output + new
+        requests.append(prompt)
+        output = run(prompt)
+    for new in seg["branches"]:
+        run(requests[0][:40] + new)
+    run(prompt + output)
+    return out
+
+
+def _engine_job(model_dir: str, cache_bytes: int, seed: int, tp: TPGroup) -> dict[str, Any]:
+    engine = Engine(model_dir, system="marconi", cache_bytes=cache_bytes, tp=tp)
+    return {
+        "requests": _run_conversation(engine, seed),
+        "kv_bytes_per_token": engine.store.kv_bytes_per_token,
+        "state_bytes": engine.store.state_bytes,
+    }
+
+
+# ---------------------------------------------------------------------- spawning
+def _worker(rank: int, port: int, jobs: list[tuple[str, Any, tuple]], results: Any) -> None:
+    """One rank: run `jobs` in order, putting (rank, name, "ok", result) per job, then
+    (rank, None, "done", None); on any error (rank, name, "error", traceback)."""
+    name = "init_process_group"
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=WORLD,
+            timeout=timedelta(seconds=60),
+        )
+        tp = TPGroup(rank, WORLD, None)
+        for name, fn, args in jobs:
+            results.put((rank, name, "ok", fn(*args, tp)))
+        name = "destroy_process_group"
+        dist.destroy_process_group()
+        results.put((rank, None, "done", None))
+    except BaseException:
+        results.put((rank, name, "error", traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_tp2(jobs: list[tuple[str, Any, tuple]], deadline_s: float = DEADLINE_S) -> dict:
+    """Run `jobs` on WORLD spawned ranks; returns {job name: [result of each rank]}.
+
+    Fails (pytest.fail) with a child's traceback, a child that died without reporting,
+    or the deadline; every child still alive is killed on the way out."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, port, jobs, results), daemon=True)
+        for r in range(WORLD)
+    ]
+    out: dict[str, list[Any]] = {}
+    done: set[int] = set()
+    end = time.monotonic() + deadline_s
+    try:
+        for p in procs:
+            p.start()
+        while len(done) < WORLD:
+            left = end - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"TP={WORLD} ranks timed out after {deadline_s}s; got {sorted(out)}")
+            try:
+                rank, name, status, payload = results.get(timeout=min(left, 0.5))
+            except queue_mod.Empty:
+                for r, p in enumerate(procs):
+                    if r not in done and p.exitcode is not None:
+                        pytest.fail(f"rank {r} exited with code {p.exitcode} without reporting")
+                continue
+            if status == "error":
+                pytest.fail(f"rank {rank} failed in {name}:\n{payload}")
+            if status == "done":
+                done.add(rank)
+            else:
+                out.setdefault(name, [None] * WORLD)[rank] = payload
+        for r, p in enumerate(procs):
+            p.join(timeout=max(end - time.monotonic(), 5.0))
+            assert p.exitcode == 0, f"rank {r} exit code {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        results.close()
+        results.join_thread()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp2(dirs: dict[str, Path]) -> dict[str, list[Any]]:
+    """Every TP=2 job of the module, run by one spawn of two ranks."""
+    jobs: list[tuple[str, Any, tuple]] = []
+    for name in LOGIT_MODELS:
+        vocab = read_config(dirs[name])[0].vocab_size
+        jobs.append((f"logits:{name}", _logits_job, (str(dirs[name]), _prompt(name, vocab))))
+    for i, name in enumerate(ENGINE_MODELS):
+        jobs.append((f"engine:{name}", _engine_job, (str(dirs[name]), CACHE_BYTES[name], i)))
+    return run_tp2(jobs)
+
+
+# ---------------------------------------------------------------------- tests
+@pytest.mark.parametrize("name", LOGIT_MODELS)
+def test_tp2_logits_match_tp1(tp2, dirs, name):
+    model = load_model(dirs[name])
+    ref = model.forward_logits(torch.tensor(_prompt(name, model.cfg.vocab_size)))
+    assert ref.shape[0] == PROMPT_LEN
+    assert ref.std() > 0.5, "weights should give separated logits"
+    for rank, got in enumerate(tp2[f"logits:{name}"]):
+        diff = (torch.from_numpy(got) - ref).abs().max().item()
+        assert diff <= TOL, f"rank {rank}: max abs diff {diff:.2e}"
+
+
+@pytest.mark.parametrize(("name", "groups_split"), [("nemotron_h", True), ("nemotron_h_g1", False)])
+def test_tp2_mamba2_shard_layout(dirs, name, groups_split):
+    """A rank-0-of-2 shard (built without a process group: nothing communicates before a
+    forward) splits B/C by groups when n_groups is even, else replicates them and makes
+    the gated norm all-reduce across ranks; so the logits test above covers both paths."""
+    cfg = read_config(dirs[name])[0]
+    m = cfg.mamba2
+    assert m is not None
+    shard = HybridModel(cfg, TPGroup(0, WORLD))
+    mixer = shard.blocks[shard.ssm_blocks[0]].mixer
+    groups = m.n_groups // WORLD if groups_split else m.n_groups
+    assert mixer.groups == groups
+    assert mixer.conv_dim == m.d_inner // WORLD + 2 * groups * m.d_state
+    assert mixer.heads == m.n_heads // WORLD
+    assert mixer.norm.groups_local is groups_split
+
+
+@pytest.mark.parametrize("name", ENGINE_MODELS)
+def test_tp2_engine_matches_vanilla_tp1(tp2, dirs, name):
+    """Marconi at TP=2 under a budget that evicts gives the tokens of an uncached TP=1
+    engine on every request: cache hits (partial, at the branch point, and a fully cached
+    prompt) resume exactly, and both ranks agree."""
+    rank0, rank1 = (r["requests"] for r in tp2[f"engine:{name}"])
+    assert [(r["tokens"], r["cached"]) for r in rank0] == [
+        (r["tokens"], r["cached"]) for r in rank1
+    ], "ranks diverged"
+    vanilla = Engine(dirs[name], system="vanilla")
+    for i, req in enumerate(rank0):
+        ref = vanilla.generate(req["prompt"], GREEDY)
+        assert list(ref.tokens) == req["tokens"], f"request {i}: TP=2 cached != TP=1 vanilla"
+    hits = [r["cached"] for r in rank0]
+    assert any(0 < h < len(r["prompt"]) for h, r in zip(hits, rank0, strict=True)), hits
+    assert hits[-1] == len(rank0[-1]["prompt"]), "the last prompt should be fully cached"
+    assert rank0[-1]["evictions"] > 0, "the budget should force evictions"
+
+
+@pytest.mark.parametrize("name", ENGINE_MODELS)
+def test_tp2_store_bytes_vs_cache_accounting(tp2, dirs, name):
+    """See the module docstring: per-rank store bytes sum to the cache's figure when every
+    state splits evenly; replicated B/C groups add their conv channels on every rank."""
+    per_rank = tp2[f"engine:{name}"]
+    cfg = read_config(dirs[name])[0]
+    elem = 4  # float32
+    excess_per_state = 0
+    if cfg.mamba2 is not None and cfg.mamba2.n_groups % WORLD:
+        m = cfg.mamba2
+        n_mamba2 = len(cfg.layers_of("mamba2"))
+        excess_per_state = (WORLD - 1) * 2 * m.n_groups * m.d_state * m.d_conv * elem * n_mamba2
+    assert per_rank[0]["kv_bytes_per_token"] == per_rank[1]["kv_bytes_per_token"]
+    assert per_rank[0]["state_bytes"] == per_rank[1]["state_bytes"]
+    for i, reqs in enumerate(zip(*(r["requests"] for r in per_rank), strict=True)):
+        cache = reqs[0]["cache_bytes"]
+        assert all(r["cache_bytes"] == cache for r in reqs), f"request {i}"
+        stores = [r["store_bytes"] for r in reqs]
+        assert stores[0] == stores[1], f"request {i}: ranks hold different bytes {stores}"
+        live = reqs[0]["live_states"]
+        assert sum(stores) == cache + live * excess_per_state, (
+            f"request {i}: store bytes {stores} (sum {sum(stores)}), cache {cache}, "
+            f"{live} live states"
+        )
+        if excess_per_state == 0:
+            assert stores[0] * WORLD == cache
+    if excess_per_state:
+        assert any(r["live_states"] for r in per_rank[0]["requests"])
