@@ -67,7 +67,8 @@ class Engine:
         model_dir: HF checkpoint directory (config.json, safetensors, tokenizer files).
         system: caching system from `core.systems` (`vanilla`, `vllm+`, `sglang+`,
             `marconi`).
-        cache_bytes: budget of KV + SSM bytes the prefix cache may hold (per rank sums).
+        cache_bytes: budget of KV + SSM bytes the prefix cache may hold on this device
+            (under tensor parallelism: on each rank, which holds its shard of every state).
         dtype: model and cache dtype (`float32`, `bfloat16`, `float16`).
         alpha: fixed FLOP-aware eviction weight; None lets a tuned system bootstrap it.
         tuner: bootstrap tuner settings for tuned systems.
@@ -105,7 +106,10 @@ class Engine:
         self.store = StateStore(self.model)
         elem = torch.empty((), dtype=torch_dtype).element_size()
         self.spec = spec_from_hf_config(raw, dtype_bytes=elem)
-        cost = CostModel.from_spec(self.spec)
+        linear, quadratic = self.spec.flops_coeffs()
+        # bytes as this rank's store really holds them (== the spec's at world size 1;
+        # 1/world of it under TP, plus any replicated B/C conv channels)
+        cost = CostModel(linear, quadratic, self.store.kv_bytes_per_token, self.store.state_bytes)
         self.cache = PrefixCache(
             cost, spec_system.cache_config(int(cache_bytes), 0.0 if alpha is None else alpha)
         )
