@@ -33,7 +33,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.replay import RunConfig, run_replay
 from marconi_ray.core.trace import Request, Trace
 from marconi_ray.engine.engine import Engine
@@ -185,7 +184,7 @@ def simulate(engine: Engine, records: list[dict], cache_bytes: int) -> dict[str,
         Request(r["session_id"], r["turn"] - 1, float(i), r["input"], r["output"])
         for i, r in enumerate(records)
     ]
-    cost = CostModel.from_spec(engine.spec)
+    cost = engine.cache.cost
     sim = run_replay(reqs, cost, RunConfig("marconi", cache_bytes))
     unbounded = run_replay(reqs, cost, RunConfig("marconi", 10**15))
     stats = engine.cache.stats
