@@ -49,9 +49,9 @@ TOL = 1e-4
 PROMPT_LEN = 45
 DEADLINE_S = 120.0
 LOGIT_MODELS = ("nemotron_h", "bamba", "jamba", "nemotron_h_g1")
-# Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the conversation
-# below yet keep the last turn's final state (so the last prompt is fully cached): about
-# 3/4 to 9/10 of what the conversation would hold with no eviction.
+# Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
+# conversation below yet keep the last turn's final state (so the last prompt is fully
+# cached): about 3/4 to 9/10 of what one rank would hold with no eviction.
 CACHE_BYTES = {
     "nemotron_h": 125_000,
     "bamba": 125_000,
