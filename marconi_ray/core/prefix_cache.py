@@ -180,6 +180,10 @@ class PrefixCache:
         self._open[plan.plan_id] = plan
         return plan
 
+    def is_open(self, plan: Plan) -> bool:
+        """True until `plan` is committed or aborted."""
+        return plan.plan_id in self._open
+
     def abort(self, plan: Plan) -> Freed:
         """Release a plan without caching anything."""
         self._close(plan)

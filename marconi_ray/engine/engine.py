@@ -39,6 +39,7 @@ from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.results import GenerationResult, Timings, Usage
 from marconi_ray.engine.sampling import Sampler, SamplingParams, make_generator
+from marconi_ray.engine.seq_state import StateCheckpoint
 from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.state_store import StateStore
 from marconi_ray.engine.validation import validate_prompt
@@ -152,16 +153,21 @@ class Engine:
         results in input order. Bad input raises before any request starts."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        checked = [self._validate(p, s) for p, s in zip(prompts, params, strict=True)]
+        submitted = time.perf_counter()
+        pending = [self._validate(p, s) for p, s in zip(prompts, params, strict=True)]
         done: dict[int, GenerationResult] = {}
         ids: list[int] = []
-        pending = list(checked)
-        while pending or self._running or self._finished:
-            while pending and len(self._running) < self.max_batch:
-                prompt, sp = pending.pop(0)
-                ids.append(self._start(prompt, sp))
-            for result in self.step():
-                done[result.request_id] = result
+        try:
+            while pending or self._running or self._finished:
+                while pending and len(self._running) < self.max_batch:
+                    prompt, sp = pending.pop(0)
+                    ids.append(self._start(prompt, sp, submitted))
+                for result in self.step():
+                    done[result.request_id] = result
+        except BaseException:
+            for seq in [s for s in self._running if s.request_id in ids]:
+                self._fail(seq)
+            raise
         return [done[i] for i in ids]
 
     def add_request(self, prompt_tokens: Seq[int], params: SamplingParams | None = None) -> int:
@@ -213,7 +219,9 @@ class Engine:
                 )
         return arr, params
 
-    def _start(self, prompt: np.ndarray, params: SamplingParams) -> int:
+    def _start(
+        self, prompt: np.ndarray, params: SamplingParams, submitted: float | None = None
+    ) -> int:
         plan = self.cache.plan(prompt)
         n = len(prompt)
         max_new = min(params.max_tokens, self.config.max_position - n)
@@ -228,6 +236,7 @@ class Engine:
             capture=set(self.cache.decode_capture_depths(n, n + max_new))
             if self.caching
             else set(),
+            started=time.perf_counter() if submitted is None else submitted,
         )
         self._next_id += 1
         try:
@@ -280,8 +289,6 @@ class Engine:
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:
         if depth in seq.state_ids:
             return
-        from marconi_ray.engine.seq_state import StateCheckpoint
-
         st = seq.state
         ckpt = StateCheckpoint(depth, dict(st.conv), dict(st.ssm), logits)
         seq.state_ids[depth] = self.store.put_state(ckpt)
@@ -291,7 +298,7 @@ class Engine:
         try:
             self._commit(seq)
         except Exception:
-            self._free_states(seq.state_ids.values())
+            self._fail(seq)
             raise
         if self.tuner is not None:
             job = self.tuner.after_request(self.cache, _Served(seq))
@@ -340,8 +347,10 @@ class Engine:
                 self.store.free_state(sid)
 
     def _fail(self, seq: Sequence) -> None:
-        """Undo a request that raised: abort its plan, drop its states."""
+        """Undo a request that raised: drop its states and abort its plan (unless the
+        commit already closed it)."""
         if seq in self._running:
             self._running.remove(seq)
         self._free_states(seq.state_ids.values())
-        self._release(self.cache.abort(seq.plan))
+        if self.cache.is_open(seq.plan):
+            self._release(self.cache.abort(seq.plan))

@@ -133,3 +133,33 @@ def test_mis_shaped_and_unused_weights(model_dirs, tmp_path):
 def test_missing_model_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(tmp_path / "nowhere")
+
+
+def test_failure_mid_request_releases_everything(model_dirs, monkeypatch):
+    """A model error during decode (injected) aborts the plan, frees the request's states
+    and leaves no lock: the cache and store agree and later requests are still exact."""
+    engine = Engine(model_dirs["nemotron_h"], system="marconi", cache_bytes=50_000_000)
+    prompt = prompts(21, 1, 40, engine.config.vocab_size)[0]
+    first = engine.generate(prompt, GREEDY)
+    before = (engine.cache.bytes_used, engine.store.bytes_used)
+    real_decode = engine.model.decode
+    calls = {"n": 0}
+
+    def flaky(ids, states):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected device error")
+        return real_decode(ids, states)
+
+    monkeypatch.setattr(engine.model, "decode", flaky)
+    follow_up = prompt + list(first.tokens) + [9, 10, 11]
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate(follow_up, GREEDY)
+    assert engine.cache.open_plans == 0 and engine.num_running == 0
+    assert all(n.lock == 0 for n in engine.cache.tree.iter_nodes())
+    assert (engine.cache.bytes_used, engine.store.bytes_used) == before
+    monkeypatch.setattr(engine.model, "decode", real_decode)
+    again = engine.generate(follow_up, GREEDY)
+    assert again.usage.cached_tokens == len(prompt) + len(first.tokens)
+    reference = Engine(model_dirs["nemotron_h"], system="vanilla")
+    assert again.tokens == reference.generate(follow_up, GREEDY).tokens
