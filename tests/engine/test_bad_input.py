@@ -101,33 +101,35 @@ def test_unknown_architecture_names_the_file(model_dirs, tmp_path):
         load_model(bad)
 
 
+def _with_weights(src, dst, edit):
+    """Copy checkpoint `src` to `dst` with its safetensors passed through `edit(dict)`."""
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    edit(weights)
+    save_file(weights, str(dst / "model.safetensors"))
+    return dst
+
+
 def test_missing_weight_names_file_and_key(model_dirs, tmp_path):
-    bad = tmp_path / "missing"
-    shutil.copytree(model_dirs["bamba"], bad)
-    weights = load_file(str(bad / "model.safetensors"))
     key = "model.layers.0.mamba.A_log"
-    del weights[key]
-    save_file(weights, str(bad / "model.safetensors"))
+    bad = _with_weights(model_dirs["bamba"], tmp_path / "missing", lambda w: w.pop(key))
     with pytest.raises(ValueError, match=rf"model\.safetensors.*{key}"):
         load_model(bad)
 
 
 def test_mis_shaped_and_unused_weights(model_dirs, tmp_path):
-    bad = tmp_path / "shape"
-    shutil.copytree(model_dirs["nemotron_h"], bad)
-    weights = load_file(str(bad / "model.safetensors"))
-    key = next(k for k in weights if k.endswith("in_proj.weight"))
-    weights[key] = weights[key][:-1]
-    save_file(weights, str(bad / "model.safetensors"))
+    key = "backbone.layers.0.mixer.in_proj.weight"
+
+    def shorten(w):
+        w[key] = w[key][:-1]
+
+    def add(w):
+        w["backbone.layers.99.mixer.foo"] = w[key][:1].clone()
+
     with pytest.raises(ValueError, match=rf"model\.safetensors.*{key}.*shape"):
-        load_model(bad)
-    extra = tmp_path / "extra"
-    shutil.copytree(model_dirs["nemotron_h"], extra)
-    weights = load_file(str(extra / "model.safetensors"))
-    weights["backbone.layers.99.mixer.foo"] = weights[key][:1].clone()
-    save_file(weights, str(extra / "model.safetensors"))
+        load_model(_with_weights(model_dirs["nemotron_h"], tmp_path / "shape", shorten))
     with pytest.raises(ValueError, match=r"layers\.99"):
-        load_model(extra)
+        load_model(_with_weights(model_dirs["nemotron_h"], tmp_path / "extra", add))
 
 
 def test_missing_model_dir(tmp_path):
