@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,13 +53,19 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class Plan:
-    """What `plan` decided for one request (valid until its commit or abort)."""
+    """What `plan` decided for one request (valid until its commit or abort).
+
+    `reserved`: bytes held back for this request's states and KV until it commits or
+    aborts. `freed`: what planning evicted to make that room (the caller frees it).
+    """
 
     plan_id: int
     tokens: Tokens
     hit_len: int
     hit_node: Node
     checkpoints: tuple[Checkpoint, ...]
+    reserved: int = 0
+    freed: Freed = field(default_factory=Freed)
 
     @property
     def hit_state(self) -> int:
@@ -102,6 +108,7 @@ class PrefixCache:
         self._next_plan = 0
         self._next_state = 0
         self._open: dict[int, Plan] = {}
+        self.reserved = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -131,6 +138,7 @@ class PrefixCache:
         """Pickle for snapshots: open plans are dropped (their locks stay in the tree)."""
         state = dict(self.__dict__)
         state["_open"] = {}
+        state["reserved"] = 0
         return state
 
     def snapshot(self) -> bytes:
@@ -168,24 +176,64 @@ class PrefixCache:
         """Reusable length for `tokens`, without side effects."""
         return self.tree.match(as_tokens(tokens)).hit_len
 
-    def plan(self, tokens: object) -> Plan:
+    def plan(self, tokens: object, max_output: int | None = None) -> Plan:
+        """Match `tokens`, lock the hit and choose the prefill checkpoints.
+
+        With `max_output`, also reserve an upper bound of the bytes the request may admit
+        (KV of every token past the hit, up to `max_output` generated ones, and each state
+        the policy may keep), evicting unlocked entries to make room, so that what live
+        requests hold before they commit is budgeted too: `bytes_used + reserved <=
+        capacity` always. When even evicting everything unlocked leaves too little room,
+        the reservation is what fits (the commit then drops states as usual).
+        """
         arr = as_tokens(tokens, "input tokens")
         now = self._tick()
         match = self.tree.match(arr)
         self.eviction.on_hit(self.tree, match, now)
         self.tree.lock(match.hit_node)
         ckpts = tuple(self.admission.prefill_checkpoints(match, len(arr)))
-        plan = Plan(self._next_plan, arr, match.hit_len, match.hit_node, ckpts)
+        freed = Freed()
+        granted = 0
+        if max_output is not None and max_output < 0:
+            self.tree.unlock(match.hit_node)
+            raise ValueError(f"max_output must be >= 0, got {max_output}")
+        if max_output is not None:
+            granted = self._reserve(
+                self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now
+            )
+        plan = Plan(self._next_plan, arr, match.hit_len, match.hit_node, ckpts, granted, freed)
         self._next_plan += 1
         self._open[plan.plan_id] = plan
         return plan
+
+    def _upper_bound(
+        self, n_input: int, hit_len: int, ckpts: tuple[Checkpoint, ...], max_output: int
+    ) -> int:
+        """Most bytes a request can admit: KV past the hit plus every state it may keep."""
+        n_max = n_input + max_output
+        states = len(ckpts) + len(self.admission.decode_checkpoints(n_input, n_max))
+        if states == 0:
+            return 0
+        return self.cost.kv_bytes(n_max - hit_len) + states * self.cost.state_bytes
+
+    def _reserve(self, want: int, freed: Freed, now: float) -> int:
+        """Hold back up to `want` bytes, evicting unlocked entries; returns what was held."""
+        while want > self.capacity - self.bytes_used - self.reserved:
+            victim = self.eviction.choose(self.tree, now)
+            if victim is None:
+                break
+            freed.extend(self.tree.evict(victim))
+            self.stats.evictions += 1
+        granted = max(0, min(want, self.capacity - self.bytes_used - self.reserved))
+        self.reserved += granted
+        return granted
 
     def is_open(self, plan: Plan) -> bool:
         """True until `plan` is committed or aborted."""
         return plan.plan_id in self._open
 
     def abort(self, plan: Plan) -> Freed:
-        """Release a plan without caching anything."""
+        """Release a plan (and its reservation) without caching anything."""
         self._close(plan)
         return self.tree.unlock(plan.hit_node)
 
@@ -272,6 +320,7 @@ class PrefixCache:
     def _close(self, plan: Plan) -> None:
         self._require_open(plan)
         del self._open[plan.plan_id]
+        self.reserved -= plan.reserved
 
     def checkpoints(self, plan: Plan, n_total: int) -> list[Checkpoint]:
         """Every (depth, reason) `commit` will ask a state id for, when the request ends
@@ -313,14 +362,14 @@ class PrefixCache:
         """
         while True:
             needed = self._needed(tokens, depths)
-            deficit = needed[-1] - (self.capacity - self.bytes_used)
+            deficit = needed[-1] - (self.capacity - self.bytes_used - self.reserved)
             if deficit <= 0:
                 return len(depths)
             target = self.bytes_used - deficit
             while self.bytes_used > target:
                 victim = self.eviction.choose(self.tree, now)
                 if victim is None:
-                    room = self.capacity - self.bytes_used
+                    room = self.capacity - self.bytes_used - self.reserved
                     return sum(1 for b in self._needed(tokens, depths) if b <= room)
                 freed.extend(self.tree.evict(victim))
                 self.stats.evictions += 1
