@@ -160,6 +160,12 @@ class PrefixCache:
             if n_input < d < max_total
         ]
 
+    def keeps_final(self, n_input: int) -> bool:
+        """Does the admission policy keep the state after a request's last token?"""
+        return any(
+            d == n_input + 1 for d, _ in self.admission.decode_checkpoints(n_input, n_input + 1)
+        )
+
     def hit_kv(self, tokens: object, hit_len: int) -> list[KVHandle]:
         """The KV handles of the nodes covering `tokens[:hit_len]`, root first (the last
         may extend past `hit_len`). Call while the plan holding the hit is open."""

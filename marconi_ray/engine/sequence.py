@@ -1,39 +1,29 @@
-"""`Sequence`: one in-flight request inside the engine (prompt, plan, model state, output)."""
+"""`Sequence`: one in-flight request inside a worker (its order, model state, output)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
-from marconi_ray.core.prefix_cache import Plan
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.engine.orders import PrefillOrder
 from marconi_ray.engine.seq_state import SeqState
 
 
 @dataclass
 class Sequence:
-    """Engine-internal bookkeeping of one request, from plan to commit.
+    """Worker-side bookkeeping of one request, from its prefill order to `Finished`.
 
     Attributes:
         state_ids: depth -> store state id of every checkpoint captured so far.
-        capture: decode depths whose state the admission policy wants if reached.
         finishing: the last token is sampled; one more decode step consumes it so the
-            state after the whole sequence can be checkpointed.
+            state after the whole sequence can be checkpointed (`order.keep_final`).
     """
 
-    request_id: int
-    prompt: npt.NDArray[np.int32]
-    params: SamplingParams
-    plan: Plan
+    order: PrefillOrder
     state: SeqState
     generator: torch.Generator | None
-    max_new: int
-    capture: set[int]
-    started: float = field(default_factory=time.perf_counter)
     output: list[int] = field(default_factory=list)
     state_ids: dict[int, int] = field(default_factory=dict)
     first_token_at: float | None = None
@@ -43,9 +33,9 @@ class Sequence:
     finishing: bool = False
 
     @property
-    def n_total(self) -> int:
-        return len(self.prompt) + len(self.output)
+    def request_id(self) -> int:
+        return self.order.request_id
 
-    def tokens(self) -> npt.NDArray[np.int32]:
-        """Prompt + output so far."""
-        return np.concatenate([self.prompt, np.asarray(self.output, dtype=np.int32)])
+    @property
+    def started(self) -> float:
+        return self.order.submitted or time.perf_counter()

@@ -1,0 +1,84 @@
+"""The messages between the cache side (planner / coordinator) and the tensor side
+(worker / TP shards). Plain frozen dataclasses of numpy arrays and ints: they pickle for
+Ray and carry no torch tensors, so tensors never leave the worker that made them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from marconi_ray.engine.results import Timings
+from marconi_ray.engine.sampling import SamplingParams
+
+Slots = npt.NDArray[np.int64]
+
+
+def no_slots() -> Slots:
+    return np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class PrefillOrder:
+    """What the cache decided for one request: everything a worker needs to run it.
+
+    Attributes:
+        hit_len: prompt tokens served from the cache; `hit_state` is the state id at that
+            depth (-1 when 0) and `hit_slots` the KV slot ids of `prompt[:hit_len]`.
+        checkpoints: prefill depths in (hit_len, len(prompt)] whose states to keep.
+        capture: decode depths whose states to keep if decoding reaches them.
+        keep_final: keep the state after the whole sequence (prompt + output); the worker
+            then consumes the last sampled token in one more decode step.
+        max_new: tokens to generate at most (already capped by the context limit).
+        submitted: `time.perf_counter()` when the request arrived (for TTFT).
+    """
+
+    request_id: int
+    prompt: npt.NDArray[np.int32]
+    params: SamplingParams
+    max_new: int
+    hit_len: int = 0
+    hit_state: int = -1
+    hit_slots: Slots = field(default_factory=no_slots)
+    checkpoints: tuple[int, ...] = ()
+    capture: tuple[int, ...] = ()
+    keep_final: bool = False
+    submitted: float = 0.0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of a request; `finished` on its last one."""
+
+    request_id: int
+    token: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request the worker has finished, ready for the cache's commit.
+
+    Attributes:
+        state_ids: depth -> worker state id of every state captured for it.
+        kv_slots: slot ids now holding the KV of positions [hit_len, hit_len + len).
+    """
+
+    request_id: int
+    tokens: tuple[int, ...]
+    finish_reason: str
+    state_ids: dict[int, int]
+    kv_slots: Slots
+    timings: Timings
+
+
+@dataclass(frozen=True)
+class Release:
+    """State ids and KV slots the worker should free (evicted, rejected or unused)."""
+
+    states: tuple[int, ...] = ()
+    slots: Slots = field(default_factory=no_slots)
+
+    def __add__(self, other: Release) -> Release:
+        return Release(self.states + other.states, np.concatenate([self.slots, other.slots]))

@@ -1,0 +1,138 @@
+"""`Planner`: the cache side of one replica. Turns requests into `PrefillOrder`s with a
+`core.PrefixCache` (match, checkpoint depths, byte reservation, lock), and finished
+requests into commits, returning what the worker must free as `Release`s.
+
+The in-process `Engine` drives one planner; the serve layer's coordinator actor holds
+one per replica. Planning is pure bookkeeping: no tensors, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from marconi_ray.core.prefix_cache import Plan, PrefixCache
+from marconi_ray.core.tree_types import Freed, KVHandle
+from marconi_ray.core.tuner import BootstrapTuner, MapFn, TuneJob, run_grid
+from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, no_slots
+from marconi_ray.engine.sampling import SamplingParams
+
+
+def _slots(handles: Iterable[KVHandle]) -> Slots:
+    arrays = [np.asarray(h, dtype=np.int64) for h in handles if h is not None]
+    return np.concatenate(arrays) if arrays else no_slots()
+
+
+def release_of(freed: Freed) -> Release:
+    """What the store must free after a cache mutation."""
+    return Release(tuple(freed.states), _slots(freed.kv))
+
+
+class _Served:
+    """A finished request as the tuner's `RequestLike`."""
+
+    def __init__(self, prompt: npt.NDArray[np.int32], output: tuple[int, ...]) -> None:
+        self.input_tokens = prompt
+        self.output_tokens = np.asarray(output, dtype=np.int32)
+
+
+class Planner:
+    """One replica's prefix cache, plus bootstrap alpha tuning when `tuner` is given.
+
+    Args:
+        max_position: the model's context limit (generation is capped to fit it).
+        tune_map: how a tuner job's alpha shares are evaluated (serial `map` by default;
+            the serve layer's tuner actor fans them out instead and calls `adopt`).
+    """
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        max_position: int,
+        tuner: BootstrapTuner | None = None,
+        tune_map: MapFn = map,
+    ) -> None:
+        self.cache = cache
+        self.max_position = max_position
+        self.tuner = tuner
+        self.tune_map = tune_map
+        self.caching = cache.config.admission != "none"
+        self._plans: dict[int, Plan] = {}
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._plans)
+
+    def order(
+        self,
+        request_id: int,
+        prompt: npt.NDArray[np.int32],
+        params: SamplingParams,
+        submitted: float = 0.0,
+    ) -> tuple[PrefillOrder, Release]:
+        """Plan one validated request; returns its order and what planning evicted."""
+        if request_id in self._plans:
+            raise ValueError(f"request id {request_id} is already planned")
+        n = len(prompt)
+        max_new = max(1, min(params.max_tokens, self.max_position - n))
+        plan = self.cache.plan(prompt, max_output=max_new)
+        self._plans[request_id] = plan
+        h = plan.hit_len
+        hit_slots = _slots(self.cache.hit_kv(prompt, h))[:h] if h else no_slots()
+        caching = self.caching
+        order = PrefillOrder(
+            request_id=request_id,
+            prompt=prompt,
+            params=params,
+            max_new=max_new,
+            hit_len=h,
+            hit_state=plan.hit_state if h else -1,
+            hit_slots=hit_slots,
+            checkpoints=tuple(d for d, _ in plan.checkpoints if h < d <= n),
+            capture=tuple(self.cache.decode_capture_depths(n, n + max_new)) if caching else (),
+            keep_final=caching and self.cache.keeps_final(n),
+            submitted=submitted,
+        )
+        return order, release_of(plan.freed)
+
+    def commit(self, done: Finished) -> Release:
+        """Admit what the cache keeps of a finished request; returns what to free."""
+        plan = self._plans.pop(done.request_id)
+        prompt = plan.tokens
+        full = np.concatenate([prompt, np.asarray(done.tokens, dtype=np.int32)])
+        wanted = self.cache.checkpoints(plan, len(full))
+        missing = [d for d, _ in wanted if d not in done.state_ids]
+        if missing:
+            self._plans[done.request_id] = plan
+            raise RuntimeError(f"request {done.request_id}: no state captured at depths {missing}")
+        ids = {d: done.state_ids[d] for d, _ in wanted}
+        extra = tuple(sid for d, sid in done.state_ids.items() if d not in ids)
+        result = self.cache.commit(plan, full, ids, kv=done.kv_slots, kv_start=plan.hit_len)
+        referenced = _slots(self.cache.hit_kv(full, len(full)))
+        unused = done.kv_slots[~np.isin(done.kv_slots, referenced)]
+        release = release_of(result.freed) + Release(tuple(result.rejected_states) + extra, unused)
+        self._after_request(prompt, done.tokens)
+        return release
+
+    def abort(self, request_id: int, done: Finished | None = None) -> Release:
+        """Release a request's plan (and whatever it stored, if it got that far)."""
+        plan = self._plans.pop(request_id, None)
+        release = Release() if plan is None else release_of(self.cache.abort(plan))
+        if done is not None:
+            release = release + Release(tuple(done.state_ids.values()), done.kv_slots)
+        return release
+
+    # ------------------------------------------------------------------ tuning
+    def _after_request(self, prompt: npt.NDArray[np.int32], output: tuple[int, ...]) -> None:
+        if self.tuner is None:
+            return
+        job = self.tuner.after_request(self.cache, _Served(prompt, output))
+        if job is not None:
+            self.run_job(job)
+
+    def run_job(self, job: TuneJob) -> None:
+        """Evaluate a tuning job with `tune_map` and adopt the winner."""
+        assert self.tuner is not None
+        self.tuner.adopt(run_grid(job, self.tune_map), self.cache)

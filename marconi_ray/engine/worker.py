@@ -1,0 +1,179 @@
+"""`Worker`: the tensor side of serving. Runs prefill orders and batched decode steps on
+one model rank, keeps the request's states in the store, and hands finished requests back
+for the cache's commit. It makes no caching decision: those come in `PrefillOrder`s and
+`Release`s from the cache side (an in-process `Planner` or the coordinator actor).
+
+Under tensor parallelism every rank's worker receives the same calls in the same order;
+the model's collectives keep them in lockstep and rank 0's sampled tokens are broadcast.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from marconi_ray.engine.model import HybridModel
+from marconi_ray.engine.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.engine.results import Timings
+from marconi_ray.engine.sampling import Sampler, make_generator
+from marconi_ray.engine.seq_state import StateCheckpoint
+from marconi_ray.engine.sequence import Sequence
+from marconi_ray.engine.state_store import StateStore
+
+
+class Worker:
+    """Model + state store + sampler of one rank; continuous batching over `step`.
+
+    Args:
+        max_batch: most sequences decoded together in one step (the rest wait their turn).
+    """
+
+    def __init__(self, model: HybridModel, max_batch: int = 8) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model = model
+        self.store = StateStore(model)
+        self.tp = model.tp
+        self.max_batch = max_batch
+        self.sampler = Sampler()
+        self._running: list[Sequence] = []
+        self._finished: list[Finished] = []
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def running_ids(self) -> list[int]:
+        return [s.request_id for s in self._running]
+
+    # ------------------------------------------------------------------ requests
+    def start(self, order: PrefillOrder) -> list[TokenEvent]:
+        """Load the hit, prefill the rest capturing the ordered states, sample the first
+        token. On error everything the request stored is freed and the error re-raised."""
+        seq = Sequence(
+            order, self.model.new_state(), make_generator(order.params.seed, self.model.device)
+        )
+        try:
+            self._prefill(seq)
+            assert seq.state.logits is not None
+            event = self._sample(seq, seq.state.logits[None])
+        except Exception:
+            self._drop(seq)
+            raise
+        self._running.append(seq)
+        if seq.finish_reason is not None and not seq.finishing:
+            self._finish(seq)
+        return [event]
+
+    def step(self) -> list[TokenEvent]:
+        """One decode step for up to `max_batch` running sequences (oldest first)."""
+        batch = [s for s in self._running[: self.max_batch]]
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        ids = torch.tensor([s.output[-1] for s in batch], dtype=torch.long)
+        try:
+            logits = self.model.decode(ids, [s.state for s in batch])
+        except Exception:
+            for s in batch:
+                self._drop(s)
+            raise
+        elapsed = time.perf_counter() - t0
+        events: list[TokenEvent] = []
+        for row, seq in enumerate(batch):
+            seq.decode_s += elapsed
+            depth = seq.state.length
+            if depth in seq.order.capture or seq.finishing:
+                self._capture(seq, depth, logits[row])
+            if seq.finishing:
+                self._finish(seq)
+                continue
+            events.append(self._sample(seq, logits[row : row + 1]))
+            if seq.finish_reason is not None and not seq.finishing:
+                self._finish(seq)
+        return events
+
+    def take_finished(self) -> list[Finished]:
+        """Requests finished since the last call, each with its states and KV slots."""
+        out, self._finished = self._finished, []
+        return out
+
+    def cancel(self, request_id: int) -> bool:
+        """Stop a running request and free everything it stored; False if not running."""
+        for seq in self._running:
+            if seq.request_id == request_id:
+                self._drop(seq)
+                return True
+        return False
+
+    def release(self, release: Release) -> None:
+        """Free states and slots the cache side no longer references."""
+        for sid in release.states:
+            if self.store.has_state(sid):
+                self.store.free_state(sid)
+        self.store.free_slots(release.slots)
+
+    # ------------------------------------------------------------------ stages
+    def _prefill(self, seq: Sequence) -> None:
+        t0 = time.perf_counter()
+        order = seq.order
+        h, n = order.hit_len, len(order.prompt)
+        if h > 0:
+            seq.state = self.store.load(order.hit_slots[:h], order.hit_state, h)
+        if h < n:
+            ids = torch.as_tensor(order.prompt[h:], dtype=torch.long)
+            for ckpt in self.model.prefill(ids, seq.state, list(order.checkpoints)):
+                seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
+        seq.prefill_s = time.perf_counter() - t0
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
+        token = self.sampler.sample(logits, [seq.order.params], [seq.generator])
+        t = int(self.tp.broadcast(token.to(torch.long))[0])
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
+        seq.output.append(t)
+        p = seq.order.params
+        if t in p.stop_token_ids or (not p.ignore_eos and t in self.model.cfg.eos_token_ids):
+            seq.finish_reason = "stop"
+        elif len(seq.output) >= seq.order.max_new:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            seq.finishing = seq.order.keep_final
+        return TokenEvent(seq.request_id, t, seq.finish_reason is not None)
+
+    def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:
+        if depth in seq.state_ids:
+            return
+        st = seq.state
+        seq.state_ids[depth] = self.store.put_state(
+            StateCheckpoint(depth, dict(st.conv), dict(st.ssm), logits)
+        )
+
+    def _finish(self, seq: Sequence) -> None:
+        """Write the KV the cache may keep into slots and queue the request for commit."""
+        self._running.remove(seq)
+        h = seq.order.hit_len
+        deepest = max(seq.state_ids, default=h)
+        slots = self.store.alloc_slots(max(0, deepest - h))
+        self.store.write_kv(slots, seq.state, h)
+        now = time.perf_counter()
+        first = seq.first_token_at or now
+        self._finished.append(
+            Finished(
+                request_id=seq.request_id,
+                tokens=tuple(seq.output),
+                finish_reason=seq.finish_reason or "length",
+                state_ids=dict(seq.state_ids),
+                kv_slots=slots,
+                timings=Timings(
+                    first - seq.started, seq.prefill_s, seq.decode_s, now - seq.started
+                ),
+            )
+        )
+
+    def _drop(self, seq: Sequence) -> None:
+        if seq in self._running:
+            self._running.remove(seq)
+        self.release(Release(tuple(seq.state_ids.values()), np.empty(0, dtype=np.int64)))
