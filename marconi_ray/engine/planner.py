@@ -8,14 +8,14 @@ one per replica. Planning is pure bookkeeping: no tensors, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core.prefix_cache import Plan, PrefixCache
 from marconi_ray.core.tree_types import Freed, KVHandle
-from marconi_ray.core.tuner import BootstrapTuner, MapFn, TuneJob, run_grid
+from marconi_ray.core.tuner import BootstrapTuner, MapFn, TuneJob, TuneResult, run_grid
 from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, no_slots
 from marconi_ray.engine.sampling import SamplingParams
 
@@ -43,8 +43,10 @@ class Planner:
 
     Args:
         max_position: the model's context limit (generation is capped to fit it).
-        tune_map: how a tuner job's alpha shares are evaluated (serial `map` by default;
-            the serve layer's tuner actor fans them out instead and calls `adopt`).
+        tune_map: how a tuner job's alpha shares are evaluated in-process (serial `map`).
+        on_tune_job: when given, a finished window's job is handed to it instead of being
+            evaluated here (the serve layer sends it to the tuner actor, which later
+            calls `adopt` with the result).
     """
 
     def __init__(
@@ -53,11 +55,13 @@ class Planner:
         max_position: int,
         tuner: BootstrapTuner | None = None,
         tune_map: MapFn = map,
+        on_tune_job: Callable[[TuneJob], None] | None = None,
     ) -> None:
         self.cache = cache
         self.max_position = max_position
         self.tuner = tuner
         self.tune_map = tune_map
+        self.on_tune_job = on_tune_job
         self.caching = cache.config.admission != "none"
         self._plans: dict[int, Plan] = {}
 
@@ -129,10 +133,15 @@ class Planner:
         if self.tuner is None:
             return
         job = self.tuner.after_request(self.cache, _Served(prompt, output))
-        if job is not None:
-            self.run_job(job)
+        if job is None:
+            return
+        if self.on_tune_job is not None:
+            self.on_tune_job(job)
+        else:
+            self.adopt(run_grid(job, self.tune_map))
 
-    def run_job(self, job: TuneJob) -> None:
-        """Evaluate a tuning job with `tune_map` and adopt the winner."""
-        assert self.tuner is not None
-        self.tuner.adopt(run_grid(job, self.tune_map), self.cache)
+    def adopt(self, result: TuneResult) -> None:
+        """Apply a finished alpha search to the cache and arm the tuner's next window."""
+        if self.tuner is None:
+            raise ValueError("this planner's system does not tune alpha")
+        self.tuner.adopt(result, self.cache)

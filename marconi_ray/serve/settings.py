@@ -1,0 +1,59 @@
+"""Frozen settings of a deployment (built once from the pydantic `ServeConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from marconi_ray.core.tuner import default_grid
+
+COORDINATOR_NAME = "marconi-coordinator"
+TUNER_NAME = "marconi-tuner"
+NAMESPACE = "marconi"
+
+
+@dataclass(frozen=True)
+class TunerSettings:
+    """Bootstrap alpha tuning (see `core.tuner.TunerConfig`) and its parallelism.
+
+    Attributes:
+        workers: Ray tasks (one CPU each) the alpha grid is split across.
+    """
+
+    multiplier: int = 5
+    grid: tuple[float, ...] = field(default_factory=default_grid)
+    retune_every: int | None = None
+    workers: int = 2
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """One deployment.
+
+    Attributes:
+        model_dir: resolved model folder (config.json, safetensors, tokenizer).
+        model_name: the name clients pass as `model` (and `/v1/models` lists).
+        tp: tensor-parallel ranks per replica; replicas: model replicas.
+        cache_bytes: prefix cache budget per replica, per device (KV + SSM bytes).
+        system: `marconi`, `sglang+`, `vllm+` or `vanilla`.
+        alpha: fixed eviction alpha, or None to tune it (`auto`).
+        device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
+        max_batch: most requests one replica decodes together.
+        route_load_weight: tokens of cached prefix one queued request is worth when
+            routing (higher spreads load, lower follows the cache).
+    """
+
+    model_dir: str
+    model_name: str
+    tp: int = 1
+    replicas: int = 1
+    cache_bytes: int = 1 << 30
+    system: str = "marconi"
+    alpha: float | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_batch: int = 8
+    route_load_weight: float = 256.0
+    tuner: TunerSettings = field(default_factory=TunerSettings)
+    app_name: str = "marconi"
