@@ -108,6 +108,18 @@ class Worker:
                 return True
         return False
 
+    def stop(self, request_id: int) -> bool:
+        """Finish a running request early (the client went away or hit a stop string):
+        it ends as `stop` and is committed like any other. False if not running."""
+        for seq in self._running:
+            if seq.request_id == request_id and seq.finish_reason is None:
+                seq.finish_reason = "stop"
+                seq.finishing = seq.order.keep_final
+                if not seq.finishing:
+                    self._finish(seq)
+                return True
+        return False
+
     def release(self, release: Release) -> None:
         """Free states and slots the cache side no longer references."""
         for sid in release.states:

@@ -1,0 +1,81 @@
+"""Assemble and run the service: coordinator and tuner actors, the model-replica
+deployment and the OpenAI ingress in front of it.
+
+- `run_app(settings)`: start everything on the connected Ray instance; returns when the
+  application is serving on `settings.host:settings.port`.
+- `shutdown_app(settings)`: tear it all down (Serve app, coordinator, tuner).
+- `app_builder(args)`: the `import_path` target of a Serve config file
+  (`marconi_ray.serve.app:app_builder`), with `args` = the `ServeConfig` keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import ray
+from ray import serve
+
+from marconi_ray.serve.coordinator import CacheCoordinator
+from marconi_ray.serve.replica import replica_deployment
+from marconi_ray.serve.settings import COORDINATOR_NAME, NAMESPACE, TUNER_NAME, ServeSettings
+
+
+def start_coordinator(settings: ServeSettings) -> Any:
+    """The named coordinator actor (created if absent; detached so it outlives drivers)."""
+    return (
+        ray.remote(CacheCoordinator)
+        .options(
+            name=COORDINATOR_NAME,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+        )
+        .remote(settings)
+    )
+
+
+def build_app(settings: ServeSettings) -> Any:
+    """The Serve application graph: ingress -> pinned-routed model replicas. The
+    coordinator and tuner actors must exist (see `start_actors`)."""
+    from marconi_ray.serve.ingress import OpenAIIngress
+
+    replicas = replica_deployment(settings).bind(settings)
+    return OpenAIIngress.options(ray_actor_options={"num_cpus": 1}).bind(settings, replicas)
+
+
+def start_actors(settings: ServeSettings) -> None:
+    """Create the coordinator and the tuner actor and wait until the coordinator answers."""
+    from marconi_ray.serve.tuner_actor import start_tuner
+
+    coordinator = start_coordinator(settings)
+    start_tuner(settings.tuner)
+    ray.get(coordinator.replicas.remote())
+
+
+def run_app(settings: ServeSettings) -> None:
+    """Deploy everything and return once it serves HTTP on host:port."""
+    start_actors(settings)
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.run(build_app(settings), name=settings.app_name, route_prefix="/")
+
+
+def shutdown_app(settings: ServeSettings) -> None:
+    """Delete the application and kill the coordinator and tuner actors."""
+    try:
+        serve.delete(settings.app_name)
+    finally:
+        for name in (COORDINATOR_NAME, TUNER_NAME):
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Serve config entry point: `import_path: marconi_ray.serve.app:app_builder` with
+    `args:` holding `ServeConfig` keys (unknown keys are an error naming the key)."""
+    from marconi_ray.serve.config import ServeConfig
+
+    settings = ServeConfig(**args).to_settings()
+    start_actors(settings)
+    return build_app(settings)

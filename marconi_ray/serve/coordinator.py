@@ -1,0 +1,169 @@
+"""`CacheCoordinator`: the named Ray actor that owns every replica's prefix cache.
+
+It is the only writer of tree metadata. Ray runs one method at a time on it (a plain,
+synchronous actor), so concurrent requests for the same prefix are serialised: two plans
+can never both admit the same node or corrupt one. Tensors never come here: replicas
+report what they stored (state ids, KV slot ids) and receive what to free.
+
+Routing (`plan`): each replica's usable hit (the longest state-backed cached prefix) is
+weighed against its queue: score = hit_tokens - route_load_weight * in_flight; the best
+score wins (ties: fewer in flight, then registration order).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import ray
+
+from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.hf_config import spec_from_hf_config
+from marconi_ray.core.prefix_cache import PrefixCache
+from marconi_ray.core.systems import get_system
+from marconi_ray.core.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult
+from marconi_ray.engine.loader import read_config
+from marconi_ray.engine.orders import Finished, Release
+from marconi_ray.engine.planner import Planner
+from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.serve.messages import Dispatch, ReplicaStats
+from marconi_ray.serve.settings import NAMESPACE, TUNER_NAME, ServeSettings
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class CacheCoordinator:
+    """One `Planner` (prefix cache + bootstrap tuner) per registered replica."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        cfg, raw = read_config(settings.model_dir)
+        self.max_position = cfg.max_position
+        spec = spec_from_hf_config(raw, dtype_bytes=DTYPE_BYTES[settings.dtype])
+        self.flops = spec.flops_coeffs()
+        self.planners: dict[str, Planner] = {}
+        self._next_request = 0
+        self._tuner: Any = None
+
+    # ------------------------------------------------------------------ replicas
+    def register_replica(self, replica_id: str, kv_bytes_per_token: int, state_bytes: int) -> None:
+        """Give a replica its own empty cache; its bytes are priced as its rank-0 shard's
+        store holds them (every rank of a replica holds the same amount)."""
+        if replica_id in self.planners:
+            return
+        system = get_system(self.settings.system)
+        cost = CostModel(self.flops[0], self.flops[1], kv_bytes_per_token, state_bytes)
+        alpha = self.settings.alpha
+        cache = PrefixCache(
+            cost, system.cache_config(self.settings.cache_bytes, 0.0 if alpha is None else alpha)
+        )
+        tuned = system.tuned and alpha is None
+        t = self.settings.tuner
+        tuner = (
+            BootstrapTuner(TunerConfig(t.multiplier, t.grid, retune_every=t.retune_every))
+            if tuned
+            else None
+        )
+        self.planners[replica_id] = Planner(
+            cache,
+            self.max_position,
+            tuner,
+            on_tune_job=functools.partial(self._send_job, replica_id),
+        )
+
+    def unregister_replica(self, replica_id: str) -> None:
+        """Forget a replica and its cache (its tensors died with it)."""
+        self.planners.pop(replica_id, None)
+
+    def replicas(self) -> list[str]:
+        return list(self.planners)
+
+    # ------------------------------------------------------------------ requests
+    def route(self, prompt: npt.NDArray[np.int32]) -> str:
+        """The replica whose usable cached prefix, net of its queue, is the best."""
+        if not self.planners:
+            raise RuntimeError("no model replica is registered yet")
+        weight = self.settings.route_load_weight
+        best: tuple[float, int, int] | None = None
+        chosen = ""
+        for order, (rid, planner) in enumerate(self.planners.items()):
+            hit = planner.cache.lookup(prompt)
+            load = planner.open_requests
+            key = (hit - weight * load, -load, -order)
+            if best is None or key > best:
+                best, chosen = key, rid
+        return chosen
+
+    def plan(
+        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float = 0.0
+    ) -> Dispatch:
+        """Route and plan one validated request (match, checkpoints, reservation, lock)."""
+        prompt = np.asarray(prompt, dtype=np.int32)
+        replica_id = self.route(prompt)
+        rid = self._next_request
+        self._next_request += 1
+        order, release = self.planners[replica_id].order(rid, prompt, params, submitted)
+        return Dispatch(replica_id, order, release)
+
+    def commit(self, replica_id: str, done: Finished) -> Release:
+        """Admit what the cache keeps of a finished request; returns what to free. A
+        commit that cannot be applied aborts the request instead (nothing is cached)."""
+        planner = self.planners.get(replica_id)
+        if planner is None:
+            return Release(tuple(done.state_ids.values()), done.kv_slots)
+        try:
+            return planner.commit(done)
+        except (RuntimeError, ValueError):
+            return planner.abort(done.request_id, done)
+
+    def abort(self, replica_id: str, request_id: int, done: Finished | None = None) -> Release:
+        """Release a request's plan (and what it stored, if it finished)."""
+        planner = self.planners.get(replica_id)
+        if planner is None:
+            return (
+                Release()
+                if done is None
+                else Release(tuple(done.state_ids.values()), done.kv_slots)
+            )
+        return planner.abort(request_id, done)
+
+    # ------------------------------------------------------------------ tuning
+    def _send_job(self, replica_id: str, job: TuneJob) -> None:
+        if self._tuner is None:
+            self._tuner = ray.get_actor(TUNER_NAME, namespace=NAMESPACE)
+        self._tuner.tune.remote(replica_id, job)
+
+    def adopt(self, replica_id: str, result: TuneResult) -> None:
+        """Apply the tuner actor's winning alpha to a replica's cache."""
+        planner = self.planners.get(replica_id)
+        if planner is not None and planner.tuner is not None:
+            planner.adopt(result)
+
+    def tuner_runs(self) -> int:
+        return sum(len(p.tuner.history) for p in self.planners.values() if p.tuner is not None)
+
+    # ------------------------------------------------------------------ views
+    def stats(self) -> list[ReplicaStats]:
+        out = []
+        for rid, planner in self.planners.items():
+            cache = planner.cache
+            out.append(
+                ReplicaStats(
+                    replica_id=rid,
+                    capacity=cache.capacity,
+                    bytes_used=cache.bytes_used,
+                    reserved=cache.reserved,
+                    bytes_by_kind=cache.bytes_by_kind(),
+                    alpha=cache.alpha,
+                    in_flight=planner.open_requests,
+                    tuner_runs=0 if planner.tuner is None else len(planner.tuner.history),
+                    stats=cache.stats.to_dict(),
+                )
+            )
+        return out
+
+    def locked_nodes(self, replica_id: str) -> int:
+        """Nodes of a replica's tree held by a lock (0 when no request is in flight)."""
+        return sum(n.lock > 0 for n in self.planners[replica_id].cache.tree.iter_nodes())

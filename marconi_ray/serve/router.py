@@ -1,0 +1,39 @@
+"""`PinnedReplicaRouter`: a Ray Serve request router that sends each `Dispatch` to the
+replica the coordinator chose for it (the one holding its cached prefix).
+
+The coordinator's decision travels in the request's first argument. Calls without one
+(e.g. stats) and dispatches whose replica is gone are routed to any replica; a replica
+refuses a dispatch planned for another one, and the ingress then re-plans.
+"""
+
+from __future__ import annotations
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from marconi_ray.serve.messages import Dispatch
+
+
+def target_replica(pending: PendingRequest | None) -> str | None:
+    """The replica id a pending request was planned for, if it carries a `Dispatch`."""
+    if pending is None:
+        return None
+    for arg in (*pending.args, *pending.kwargs.values()):
+        if isinstance(arg, Dispatch):
+            return arg.replica_id
+    return None
+
+
+class PinnedReplicaRouter(RequestRouter):
+    """Route a dispatch to its planned replica; anything else to every candidate."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        target = target_replica(pending_request)
+        if target is not None:
+            pinned = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            if pinned:
+                return [pinned]
+        return [candidate_replicas]

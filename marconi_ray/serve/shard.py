@@ -1,0 +1,109 @@
+"""`ShardActor`: one tensor-parallel rank of a model replica, as a Ray actor.
+
+It holds this rank's slice of the model and of the state store (a `Worker`). The replica
+drives all its shards in lockstep: every shard receives the same calls in the same order,
+and the model's all-reduces (gloo on CPU, NCCL on GPU) keep their computations in step.
+Only rank 0's return values are used by the replica (all ranks return the same).
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from marconi_ray.engine.engine import torch_dtype
+from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.worker import Worker
+
+DIST_TIMEOUT = timedelta(seconds=120)
+
+
+def free_address() -> str:
+    """A tcp:// rendezvous address on this node with a free port."""
+    host = socket.gethostbyname(socket.gethostname())
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"tcp://{host}:{port}"
+
+
+class ShardActor:
+    """Rank `rank` of `world`; call `setup` on every rank (concurrently) before use."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        torch.set_num_threads(1)
+        self.rank = rank
+        self.world = world
+        self.worker: Worker | None = None
+
+    def address(self) -> str:
+        """Rank 0 picks the process group's rendezvous address."""
+        return free_address()
+
+    def setup(
+        self, model_dir: str, address: str, dtype: str, device: str, max_batch: int
+    ) -> dict[str, int]:
+        """Join the process group (world > 1), load this rank's shard; returns the store's
+        per-token KV bytes and per-state bytes and the model's limits."""
+        if self.world > 1:
+            dist.init_process_group(
+                backend="nccl" if device == "cuda" else "gloo",
+                init_method=address,
+                rank=self.rank,
+                world_size=self.world,
+                timeout=DIST_TIMEOUT,
+            )
+        tp = TPGroup(self.rank, self.world)
+        model = load_model(model_dir, tp, torch_dtype(dtype), device)
+        self.worker = Worker(model, max_batch)
+        return {
+            "kv_bytes_per_token": self.worker.store.kv_bytes_per_token,
+            "state_bytes": self.worker.store.state_bytes,
+            "max_position": model.cfg.max_position,
+            "vocab_size": model.cfg.vocab_size,
+        }
+
+    def _w(self) -> Worker:
+        if self.worker is None:
+            raise RuntimeError("shard used before setup")
+        return self.worker
+
+    # ------------------------------------------------------------------ lockstep calls
+    def start(self, order: PrefillOrder, release: Release) -> list[TokenEvent]:
+        worker = self._w()
+        worker.release(release)
+        return worker.start(order)
+
+    def step(self) -> list[TokenEvent]:
+        return self._w().step()
+
+    def take_finished(self) -> list[Finished]:
+        return self._w().take_finished()
+
+    def release(self, release: Release) -> None:
+        self._w().release(release)
+
+    def stop(self, request_id: int) -> bool:
+        return self._w().stop(request_id)
+
+    def cancel(self, request_id: int) -> bool:
+        return self._w().cancel(request_id)
+
+    # ------------------------------------------------------------------ views
+    def store_stats(self) -> dict[str, Any]:
+        worker = self._w()
+        return {
+            "bytes_used": worker.store.bytes_used,
+            "live_states": worker.store.live_states,
+            "running": worker.num_running,
+        }
+
+    def shutdown(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
