@@ -18,7 +18,7 @@ from ray import serve
 
 from marconi_ray.serve.coordinator import CacheCoordinator
 from marconi_ray.serve.replica import replica_deployment
-from marconi_ray.serve.settings import COORDINATOR_NAME, NAMESPACE, TUNER_NAME, ServeSettings
+from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 
 def start_coordinator(settings: ServeSettings) -> Any:
@@ -26,7 +26,7 @@ def start_coordinator(settings: ServeSettings) -> Any:
     return (
         ray.remote(CacheCoordinator)
         .options(
-            name=COORDINATOR_NAME,
+            name=settings.coordinator_name,
             namespace=NAMESPACE,
             lifetime="detached",
             get_if_exists=True,
@@ -50,7 +50,7 @@ def start_actors(settings: ServeSettings) -> None:
     from marconi_ray.serve.tuner_actor import start_tuner
 
     coordinator = start_coordinator(settings)
-    start_tuner(settings.tuner)
+    start_tuner(settings.tuner, settings.coordinator_name, name=settings.tuner_name)
     ray.get(coordinator.replicas.remote())
 
 
@@ -66,7 +66,7 @@ def shutdown_app(settings: ServeSettings) -> None:
     try:
         serve.delete(settings.app_name)
     finally:
-        for name in (COORDINATOR_NAME, TUNER_NAME):
+        for name in (settings.coordinator_name, settings.tuner_name):
             with contextlib.suppress(ValueError):
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE))
 

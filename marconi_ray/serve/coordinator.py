@@ -29,7 +29,7 @@ from marconi_ray.engine.orders import Finished, Release
 from marconi_ray.engine.planner import Planner
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.serve.messages import Dispatch, ReplicaStats
-from marconi_ray.serve.settings import NAMESPACE, TUNER_NAME, ServeSettings
+from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -132,7 +132,7 @@ class CacheCoordinator:
     # ------------------------------------------------------------------ tuning
     def _send_job(self, replica_id: str, job: TuneJob) -> None:
         if self._tuner is None:
-            self._tuner = ray.get_actor(TUNER_NAME, namespace=NAMESPACE)
+            self._tuner = ray.get_actor(self.settings.tuner_name, namespace=NAMESPACE)
         self._tuner.tune.remote(replica_id, job)
 
     def adopt(self, replica_id: str, result: TuneResult) -> None:

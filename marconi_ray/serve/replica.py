@@ -24,7 +24,7 @@ from ray import serve
 from marconi_ray.engine.orders import Finished, Release, TokenEvent
 from marconi_ray.engine.results import Usage
 from marconi_ray.serve.messages import Completed, Dispatch
-from marconi_ray.serve.settings import COORDINATOR_NAME, NAMESPACE, ServeSettings
+from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard import ShardActor
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class ModelReplica:
             ]
         )
         self.info = infos[0]
-        self.coordinator = ray.get_actor(COORDINATOR_NAME, namespace=NAMESPACE)
+        self.coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
         ray.get(
             self.coordinator.register_replica.remote(
                 self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]

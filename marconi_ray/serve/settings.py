@@ -38,6 +38,8 @@ class ServeSettings:
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
         max_batch: most requests one replica decodes together.
+        app_name: the Serve application's name; the coordinator and tuner actors are
+            named after it, so several applications can share one Ray cluster.
         route_load_weight: tokens of cached prefix one queued request is worth when
             routing (higher spreads load, lower follows the cache).
     """
@@ -57,3 +59,13 @@ class ServeSettings:
     route_load_weight: float = 256.0
     tuner: TunerSettings = field(default_factory=TunerSettings)
     app_name: str = "marconi"
+
+    @property
+    def coordinator_name(self) -> str:
+        """The coordinator actor's name (one per application)."""
+        return f"{COORDINATOR_NAME}-{self.app_name}"
+
+    @property
+    def tuner_name(self) -> str:
+        """The tuner actor's name (one per application)."""
+        return f"{TUNER_NAME}-{self.app_name}"
