@@ -164,6 +164,10 @@ class CacheCoordinator:
             )
         return out
 
+    def cost(self, replica_id: str) -> CostModel:
+        """The cost model a replica's cache prices FLOPs and bytes with."""
+        return self.planners[replica_id].cache.cost
+
     def locked_nodes(self, replica_id: str) -> int:
         """Nodes of a replica's tree held by a lock (0 when no request is in flight)."""
         return sum(n.lock > 0 for n in self.planners[replica_id].cache.tree.iter_nodes())

@@ -1,0 +1,189 @@
+"""`marconi-ray serve`: deploy the OpenAI-compatible service on Ray Serve and block.
+
+Settings come from an optional YAML file (`serve.config.ServeConfig`; no file: every
+default), with the flags here applied on top. A bad key or value ends the command with
+one line and exit code 2 before Ray starts. Otherwise it connects to Ray (the cluster
+`ray start` made, or `RAY_ADDRESS`; else a local instance declaring enough logical CPUs
+for the deployment), deploys with `serve.app.run_app`, prints the URL and ready-to-paste
+client examples, and serves until SIGINT/SIGTERM, then tears the deployment down
+(`serve.app.shutdown_app`) and disconnects. Ray and torch are imported only in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from marconi_ray.core.systems import SYSTEMS
+from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
+from marconi_ray.serve.settings import NAMESPACE, ServeSettings
+
+_FLAG_KEYS = ("model", "port", "host", "tp", "replicas", "system", "cache_bytes")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the `serve` subcommand."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a hybrid model with Marconi prefix caching (OpenAI API on Ray Serve)",
+        description="Deploy an OpenAI-compatible endpoint (/v1/chat/completions, "
+        "/v1/completions, /v1/models) on Ray Serve: a cache coordinator, an alpha tuner "
+        "and model replicas of tensor-parallel shards. Flags override the config file; "
+        "without a file every setting has its default (see configs/serve-tiny.yaml). "
+        "Stop with Ctrl-C.",
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG.yaml",
+        help="serve config file (YAML; see configs/serve-tiny.yaml for every key)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="M",
+        help="model folder (with config.json) or preset: tiny, small, or preset:family "
+        "such as tiny:bamba, built on first use (default: tiny)",
+    )
+    p.add_argument("--port", type=int, metavar="P", help="HTTP port (default: 8000)")
+    p.add_argument("--host", metavar="H", help="HTTP bind address (default: 127.0.0.1)")
+    p.add_argument(
+        "--tp", type=int, metavar="N", help="tensor-parallel ranks per replica (default: 1)"
+    )
+    p.add_argument("--replicas", type=int, metavar="N", help="model replicas (default: 1)")
+    p.add_argument(
+        "--system",
+        choices=sorted(SYSTEMS),
+        help="caching system (default: marconi)",
+    )
+    p.add_argument(
+        "--cache-bytes",
+        metavar="B",
+        help="prefix-cache budget per replica in bytes, e.g. 1e9 (default: 1e9)",
+    )
+    p.set_defaults(func=run)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: getattr(args, key) for key in _FLAG_KEYS if getattr(args, key) is not None}
+
+
+def load_config(args: argparse.Namespace) -> ServeConfig:
+    """The `ServeConfig` of the file (if any) with the flags applied (ValueError /
+    FileNotFoundError naming the bad key or file)."""
+    overrides = _overrides(args)
+    if args.config is None:
+        return config_from_mapping({}, "defaults and flags", overrides)
+    return load_serve_config(args.config, overrides)
+
+
+def cpus_needed(settings: ServeSettings) -> int:
+    """Logical CPUs the deployment asks for: ingress, one per replica and per shard,
+    the coordinator and the tuner's workers."""
+    return 1 + settings.replicas * (1 + settings.tp) + 1 + settings.tuner.workers
+
+
+def client_examples(settings: ServeSettings) -> str:
+    """The base URL plus a `curl` and an `openai` client example, ready to paste."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    base = f"http://{host}:{settings.port}/v1"
+    body = {
+        "model": settings.model_name,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 32,
+    }
+    curl = (
+        f"curl {base}/chat/completions -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(json.dumps(body))}"
+    )
+    script = (
+        "from openai import OpenAI\n"
+        f'client = OpenAI(base_url="{base}", api_key="unused")\n'
+        "reply = client.chat.completions.create(\n"
+        f'    model="{settings.model_name}",\n'
+        '    messages=[{"role": "user", "content": "Hello!"}],\n'
+        "    max_tokens=32,\n"
+        ")\n"
+        "print(reply.choices[0].message.content)"
+    )
+    return (
+        f"serving {settings.model_name!r} at {base}\n\n"
+        f"curl:\n  {curl}\n\n"
+        f"openai client (python):\n{script}\n\n"
+        "Ctrl-C to stop."
+    )
+
+
+def _starts_local_ray() -> bool:
+    """True when `ray.init()` would start a new local instance (no `RAY_ADDRESS`, no
+    cluster started with `ray start`)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # private API moved: assume a local start
+        return not os.environ.get("RAY_ADDRESS")
+    address: Any = None  # "find one": RAY_ADDRESS, then the `ray start` cluster file
+    try:
+        return canonicalize_bootstrap_address(address) is None
+    except Exception:  # unreadable cluster file etc.: let ray.init report it
+        return False
+
+
+def _init_ray(settings: ServeSettings) -> bool:
+    """Connect to Ray unless connected; True when this call connected."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "ignore_reinit_error": True}
+    if _starts_local_ray():
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, cpus_needed(settings))
+    ray.init(**kwargs)
+    return True
+
+
+def _wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM, restoring the previous handlers afterwards."""
+    stop = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    try:
+        for sig in previous:
+            signal.signal(sig, handler)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Validate the config, deploy, print how to call it, serve until a signal; 0."""
+    config = load_config(args)
+    settings = config.to_settings()  # builds a preset model on first use (torch)
+    import ray
+
+    from marconi_ray.serve.app import run_app, shutdown_app
+
+    connected = _init_ray(settings)
+    try:
+        run_app(settings)
+        print(client_examples(settings), flush=True)
+        _wait_for_signal()
+        print("stopping...", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C while deploying
+        print("interrupted; stopping...", flush=True)
+    finally:
+        try:
+            shutdown_app(settings)
+        finally:
+            if connected:
+                ray.shutdown()
+    return 0

@@ -1,0 +1,246 @@
+"""The serve configuration users write (YAML / CLI flags): pydantic `ServeConfig`.
+
+It is validated once at the boundary and converted to the frozen `ServeSettings` with
+`ServeConfig.to_settings()`. Unknown keys are errors (`extra="forbid"`), at the top level
+and under `tuner`. `load_serve_config` and `config_from_mapping` turn pydantic's errors
+into one `ValueError` whose message names every bad key, e.g.
+`invalid serve config (serve.yaml): tp: Input should be greater than or equal to 1 (got 0)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from marconi_ray.core.systems import SYSTEMS, get_system
+from marconi_ray.core.tuner import default_grid
+from marconi_ray.serve.model_source import default_model_name, resolve_model
+from marconi_ray.serve.settings import ServeSettings, TunerSettings
+
+AUTO: Final = "auto"
+
+
+class TunerConfig(BaseModel):
+    """Bootstrap alpha tuning of the `marconi` system (see `core.tuner`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    multiplier: int = Field(
+        default=5,
+        ge=1,
+        description="Tuning window = multiplier x requests served before the first eviction.",
+    )
+    grid: list[float] = Field(
+        default_factory=lambda: list(default_grid()),
+        min_length=1,
+        description="Candidate alphas (each finite and >= 0) replayed on the window.",
+    )
+    retune_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Re-tune on every following window of this many requests (null: once).",
+    )
+    workers: int = Field(
+        default=2,
+        ge=1,
+        description="Ray tasks (one CPU each) the alpha grid is split across.",
+    )
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_values(cls, grid: list[float]) -> list[float]:
+        bad = [a for a in grid if not math.isfinite(a) or a < 0]
+        if bad:
+            raise ValueError(f"alphas must be finite and >= 0, got {bad}")
+        return grid
+
+    def to_settings(self) -> TunerSettings:
+        """The frozen `TunerSettings` of this section."""
+        return TunerSettings(
+            multiplier=self.multiplier,
+            grid=tuple(self.grid),
+            retune_every=self.retune_every,
+            workers=self.workers,
+        )
+
+
+class ServeConfig(BaseModel):
+    """One deployment, as the user writes it; `to_settings()` resolves it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(
+        default="tiny",
+        min_length=1,
+        description="A model folder (with config.json) or a preset: tiny, small, "
+        "optionally preset:family (e.g. tiny:bamba), built on first use.",
+    )
+    model_name: str = Field(
+        default="",
+        description="The name clients pass as `model` (default: the preset spec as written, "
+        "or the model folder's name).",
+    )
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel ranks per replica.")
+    replicas: int = Field(default=1, ge=1, description="Model replicas.")
+    cache_bytes: int = Field(
+        default=10**9,
+        gt=0,
+        description="Prefix-cache budget per replica in bytes (KV + SSM states); an int, "
+        "a float or a numeric string such as '1e9'.",
+    )
+    system: str = Field(
+        default="marconi",
+        description=f"Caching system, one of {sorted(SYSTEMS)}.",
+    )
+    alpha: Literal["auto"] | float = Field(
+        default=AUTO,
+        description="FLOP-aware eviction weight: 'auto' (bootstrap tuning) or a number >= 0.",
+    )
+    host: str = Field(default="127.0.0.1", min_length=1, description="HTTP bind address.")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Weight and activation dtype."
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="Where shards run (cuda: one GPU per shard)."
+    )
+    max_batch: int = Field(default=8, ge=1, description="Most requests a replica decodes together.")
+    route_load_weight: float = Field(
+        default=256.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Tokens of cached prefix one queued request is worth when routing "
+        "(higher spreads load, lower follows the cache).",
+    )
+    tuner: TunerConfig = Field(
+        default_factory=TunerConfig, description="Bootstrap alpha tuning settings."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_model_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("model_name"):
+            model = data.get("model", "tiny")
+            if isinstance(model, str) and model:
+                return {**data, "model_name": default_model_name(model)}
+        return data
+
+    @field_validator("cache_bytes", mode="before")
+    @classmethod
+    def _bytes_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number of bytes, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ValueError(f"must be a number of bytes, got {value!r}") from None
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"must be a finite number of bytes, got {value!r}")
+            return round(value)
+        return value
+
+    @field_validator("system")
+    @classmethod
+    def _known_system(cls, value: str) -> str:
+        return get_system(value).name
+
+    @field_validator("alpha", mode="before")
+    @classmethod
+    def _alpha_value(cls, value: Any) -> Any:
+        if value == AUTO:
+            return value
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value < 0:
+            raise ValueError(f"must be 'auto' or a number >= 0, got {value!r}")
+        return float(value)
+
+    def to_settings(self, models_root: Path | None = None) -> ServeSettings:
+        """Resolve the model (building a preset under `models_root` if needed, see
+        `model_source.resolve_model`) and return the frozen `ServeSettings`;
+        alpha 'auto' becomes None (tune it)."""
+        model_dir = resolve_model(self.model, models_root)
+        return ServeSettings(
+            model_dir=str(model_dir),
+            model_name=self.model_name,
+            tp=self.tp,
+            replicas=self.replicas,
+            cache_bytes=self.cache_bytes,
+            system=self.system,
+            alpha=None if self.alpha == AUTO else float(self.alpha),
+            host=self.host,
+            port=self.port,
+            dtype=self.dtype,
+            device=self.device,
+            max_batch=self.max_batch,
+            route_load_weight=self.route_load_weight,
+            tuner=self.tuner.to_settings(),
+        )
+
+
+def default_config() -> ServeConfig:
+    """Every setting at its default (what `marconi-ray serve` uses without a file)."""
+    return ServeConfig()
+
+
+def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
+    section: type[BaseModel] = TunerConfig if loc[:1] == ("tuner",) else ServeConfig
+    return sorted(section.model_fields)
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    key = ".".join(str(part) for part in loc) or "<config>"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {key!r} (valid keys: {', '.join(_valid_keys(loc))})"
+    if error["type"] == "value_error":  # our validators name the value themselves
+        return f"{key}: {str(error['msg']).removeprefix('Value error, ')}"
+    return f"{key}: {error['msg']} (got {error['input']!r})"
+
+
+def config_from_mapping(
+    data: Mapping[str, Any],
+    source: str = "<mapping>",
+    overrides: Mapping[str, Any] | None = None,
+) -> ServeConfig:
+    """Validate `data` with `overrides` (e.g. CLI flags) applied on top.
+
+    Raises:
+        ValueError: one line naming `source` and every bad or unknown key.
+    """
+    merged = {**data, **(overrides or {})}
+    try:
+        return ServeConfig.model_validate(merged)
+    except ValidationError as exc:
+        details = "; ".join(_describe(e) for e in exc.errors())
+        raise ValueError(f"invalid serve config ({source}): {details}") from None
+
+
+def load_serve_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ServeConfig:
+    """Read a YAML serve config (an empty file means all defaults), then apply `overrides`.
+
+    Raises:
+        FileNotFoundError: naming `path` when it is not a file.
+        ValueError: naming `path` for malformed YAML or a document that is not a mapping,
+            and naming every bad or unknown key (see `config_from_mapping`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"serve config not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"serve config {path} is not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"serve config {path} must be a mapping of keys to values, got {type(data).__name__}"
+        )
+    return config_from_mapping(data, str(path), overrides)

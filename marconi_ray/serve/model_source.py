@@ -1,0 +1,143 @@
+"""Where a deployment's model comes from: a model folder, or a preset built on first use.
+
+A model spec is either
+- a folder holding `config.json` (a checkpoint, e.g. one written by `make-model`), or
+- a preset name, optionally with a family: `tiny`, `small`, `tiny:bamba`
+  (family default `nemotron_h`). A preset resolves to `<root>/<preset>-<family>`, built
+  with `engine.factory.make_model` the first time (seed 0, float32). A folder whose
+  `marconi.json` (written last by `make_model`) is missing or names another preset is
+  rebuilt; a complete one is reused untouched. Builds go to a temporary sibling folder
+  that is renamed into place, so a crash never leaves a folder that looks complete.
+
+The root is `MARCONI_MODELS_DIR` when set, else `~/.cache/marconi_ray/models`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from marconi_ray.engine.model_presets import FAMILIES, PRESETS
+
+MODELS_DIR_ENV: Final = "MARCONI_MODELS_DIR"
+"""Environment variable overriding the folder presets are built in."""
+
+DEFAULT_FAMILY: Final = "nemotron_h"
+RECORD_FILE: Final = "marconi.json"
+_CONFIG_FILE: Final = "config.json"
+
+
+def default_models_root() -> Path:
+    """`$MARCONI_MODELS_DIR` when set and non-empty, else `~/.cache/marconi_ray/models`."""
+    env = os.environ.get(MODELS_DIR_ENV, "")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "marconi_ray" / "models"
+
+
+def buildable_presets() -> list[str]:
+    """Preset names `resolve_model` builds on the fly (large presets excluded)."""
+    return sorted(name for name, p in PRESETS.items() if not p.large)
+
+
+def parse_preset_spec(spec: str) -> tuple[str, str] | None:
+    """`(preset, family)` when `spec` names a preset (`preset` or `preset:family`), else None.
+
+    ValueError naming the family when the preset is known but the family is not, and
+    naming the preset when it is too large to build on the fly (`paper-7b-shape`).
+    """
+    name, sep, family = spec.partition(":")
+    if name not in PRESETS:
+        return None
+    family = family if sep else DEFAULT_FAMILY
+    if family not in FAMILIES:
+        raise ValueError(
+            f"unknown model family {family!r} in model {spec!r}; valid families: {list(FAMILIES)}"
+        )
+    if PRESETS[name].large:
+        raise ValueError(
+            f"preset {name!r} is too large to build on the fly; build it once with "
+            f"`marconi-ray make-model --preset {name} --family {family} --out DIR "
+            "--allow-large` and pass DIR as the model"
+        )
+    return name, family
+
+
+def default_model_name(spec: str) -> str:
+    """The name clients pass as `model` by default: the preset spec as written
+    (`tiny`, `tiny:bamba`), or the model folder's name."""
+    name, _, _ = spec.partition(":")
+    if name in PRESETS:
+        return spec
+    return Path(spec).expanduser().resolve().name or spec
+
+
+def resolve_model(spec: str, root: Path | None = None) -> Path:
+    """The model folder of `spec` (see the module docstring), building a preset if needed.
+
+    Args:
+        spec: a folder with `config.json`, or `preset[:family]`.
+        root: where presets are built (default `default_models_root()`).
+
+    Returns:
+        An absolute folder path holding `config.json`.
+
+    Raises:
+        ValueError: naming `spec` when it is neither (listing the presets), when a folder
+            lacks `config.json`, or when the preset is too large / the family unknown.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"model must be a folder or a preset name, got {spec!r}")
+    path = Path(spec).expanduser()
+    if (path / _CONFIG_FILE).is_file():
+        return path.resolve()
+    preset = parse_preset_spec(spec)
+    if preset is not None:
+        return _ensure_preset(*preset, root if root is not None else default_models_root())
+    if path.is_dir():
+        raise ValueError(f"model folder {str(path)!r} has no {_CONFIG_FILE}")
+    raise ValueError(
+        f"model {spec!r} is neither a model folder (with {_CONFIG_FILE}) nor a preset; "
+        f"presets: {buildable_presets()} (optionally 'preset:family', families: "
+        f"{list(FAMILIES)})"
+    )
+
+
+def _is_complete(folder: Path, preset: str, family: str) -> bool:
+    record = folder / RECORD_FILE
+    if not (record.is_file() and (folder / _CONFIG_FILE).is_file()):
+        return False
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and (data.get("preset"), data.get("family")) == (
+        preset,
+        family,
+    )
+
+
+def _ensure_preset(preset: str, family: str, root: Path) -> Path:
+    """`root/<preset>-<family>`, built by `make_model` unless already complete."""
+    target = (root / f"{preset}-{family}").resolve()
+    if _is_complete(target, preset, family):
+        return target
+    from marconi_ray.engine.factory import make_model  # torch: imported only to build
+
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        make_model(preset, family, staging, overwrite=True)
+        if _is_complete(target, preset, family):  # another process finished first
+            return target
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

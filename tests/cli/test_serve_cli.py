@@ -1,0 +1,121 @@
+"""`marconi-ray serve`: parsing and validation paths (exit 2 before Ray starts), help text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from marconi_ray.cli import serve as serve_cmd
+from marconi_ray.cli.main import build_parser, main
+from marconi_ray.serve.config import default_config
+from marconi_ray.serve.settings import ServeSettings, TunerSettings
+
+
+def _fail(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marconi-ray: error: ") and err.count("\n") == 1
+    return err
+
+
+def test_bad_config_key_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("model: tiny\nreplicaz: 2\n")
+    err = _fail([str(path)], capsys)
+    assert "replicaz" in err and str(path) in err
+
+
+def test_bad_nested_key_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("tuner:\n  workerz: 2\n")
+    assert "tuner.workerz" in _fail([str(path)], capsys)
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "missing.yaml" in _fail([str(tmp_path / "missing.yaml")], capsys)
+
+
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [
+        (["--port", "70000"], "port"),
+        (["--tp", "0"], "tp"),
+        (["--replicas", "0"], "replicas"),
+        (["--cache-bytes", "-5"], "cache_bytes"),
+        (["--cache-bytes", "lots"], "cache_bytes"),
+        (["--system", "foo"], "--system"),
+        (["--port", "eighty"], "--port"),
+        (["--model", "no-such-model"], "no-such-model"),
+    ],
+)
+def test_bad_flags_exit_2(
+    flags: list[str], key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert key in _fail(flags, capsys)
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("port: 9000\nreplicas: 3\nmodel: small\n")
+    args = build_parser().parse_args(
+        ["serve", str(path), "--port", "9100", "--cache-bytes", "2e9", "--model", "tiny:bamba"]
+    )
+    config = serve_cmd.load_config(args)
+    assert (config.port, config.replicas, config.cache_bytes) == (9100, 3, 2 * 10**9)
+    assert (config.model, config.model_name) == ("tiny:bamba", "tiny:bamba")
+    defaults = serve_cmd.load_config(
+        argparse.Namespace(
+            config=None,
+            **dict.fromkeys(("model", "port", "host", "tp", "replicas", "system", "cache_bytes")),
+        )
+    )
+    assert defaults == default_config()
+
+
+def test_help_mentions_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in (
+        "CONFIG.yaml",
+        "--model",
+        "--port",
+        "--host",
+        "--tp",
+        "--replicas",
+        "--system",
+        "--cache-bytes",
+    ):
+        assert option in out
+    assert main(["--help"]) == 0
+    assert "serve" in capsys.readouterr().out
+
+
+def test_help_does_not_import_torch_or_ray() -> None:
+    import subprocess
+
+    code = (
+        "import sys; from marconi_ray.cli.main import main; main(['serve', '--help']); "
+        "sys.exit(bool({'torch', 'ray'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_client_examples_and_cpu_count() -> None:
+    settings = ServeSettings(
+        model_dir="/m",
+        model_name="tiny",
+        host="0.0.0.0",
+        port=8123,
+        replicas=2,
+        tp=2,
+        tuner=TunerSettings(workers=3),
+    )
+    text = serve_cmd.client_examples(settings)
+    assert "http://127.0.0.1:8123/v1" in text
+    assert "curl http://127.0.0.1:8123/v1/chat/completions" in text
+    assert '"model": "tiny"' in text and "OpenAI(base_url=" in text
+    assert serve_cmd.cpus_needed(settings) == 1 + 2 * 3 + 1 + 3

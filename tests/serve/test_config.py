@@ -1,0 +1,217 @@
+"""Serve config: defaults, YAML, errors naming the key, model resolution (presets, folders)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from marconi_ray.core.tuner import default_grid
+from marconi_ray.serve.config import (
+    ServeConfig,
+    config_from_mapping,
+    default_config,
+    load_serve_config,
+)
+from marconi_ray.serve.model_source import MODELS_DIR_ENV, default_models_root, resolve_model
+from marconi_ray.serve.settings import ServeSettings, TunerSettings
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "configs" / "serve-tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One preset root shared by the tests of this module (the tiny model builds once)."""
+    return tmp_path_factory.mktemp("models")
+
+
+def test_defaults() -> None:
+    c = default_config()
+    assert (c.model, c.model_name, c.tp, c.replicas) == ("tiny", "tiny", 1, 1)
+    assert (c.cache_bytes, c.system, c.alpha) == (10**9, "marconi", "auto")
+    assert (c.host, c.port, c.dtype, c.device, c.max_batch) == (
+        "127.0.0.1",
+        8000,
+        "float32",
+        "cpu",
+        8,
+    )
+    assert c.tuner.grid == list(default_grid()) and c.tuner.workers >= 1
+    assert c.tuner.retune_every is None
+    with pytest.raises(ValueError):
+        c.tp = 2  # type: ignore[misc]  # frozen
+
+
+def test_every_field_has_a_description() -> None:
+    for model in (ServeConfig, ServeConfig.model_fields["tuner"].annotation):
+        assert model is not None
+        for name, field in model.model_fields.items():  # type: ignore[union-attr]
+            assert field.description, name
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    c = config_from_mapping(
+        {"model": "tiny:bamba", "tp": 2, "replicas": 3, "alpha": 0.5, "system": "sglang+"}
+    )
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(c.model_dump()))
+    assert load_serve_config(path) == c
+    assert c.model_name == "tiny:bamba"
+
+
+def test_example_config_loads_and_lists_every_key() -> None:
+    c = load_serve_config(EXAMPLE)
+    assert c == default_config()
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    assert set(raw) == set(ServeConfig.model_fields)
+    assert set(raw["tuner"]) == set(type(c.tuner).model_fields)
+
+
+def test_empty_file_means_defaults_and_overrides_apply(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_serve_config(path) == default_config()
+    c = load_serve_config(path, {"port": 9000, "model": "small"})
+    assert (c.port, c.model_name) == (9000, "small")
+
+
+def test_cache_bytes_accepts_floats_and_numeric_strings() -> None:
+    assert config_from_mapping({"cache_bytes": "1e9"}).cache_bytes == 10**9
+    assert config_from_mapping({"cache_bytes": 2.5e8}).cache_bytes == 250_000_000
+    assert config_from_mapping({"cache_bytes": 12345}).cache_bytes == 12345
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"tuner": {"bogus_knob": 1}}, "tuner.bogus_knob"),
+        ({"tp": 0}, "tp"),
+        ({"replicas": 0}, "replicas"),
+        ({"port": 70000}, "port"),
+        ({"alpha": "fast"}, "alpha"),
+        ({"alpha": -1}, "alpha"),
+        ({"system": "foo"}, "system"),
+        ({"cache_bytes": -1}, "cache_bytes"),
+        ({"cache_bytes": "lots"}, "cache_bytes"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"device": "tpu"}, "device"),
+        ({"max_batch": 0}, "max_batch"),
+        ({"route_load_weight": -1}, "route_load_weight"),
+        ({"tuner": {"grid": []}}, "tuner.grid"),
+        ({"tuner": {"grid": [0.1, -0.5]}}, "tuner.grid"),
+        ({"tuner": {"workers": 0}}, "tuner.workers"),
+        ({"tuner": {"multiplier": 0}}, "tuner.multiplier"),
+        ({"tuner": {"retune_every": 0}}, "tuner.retune_every"),
+    ],
+)
+def test_bad_values_name_the_key(data: dict[str, Any], key: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=rf"(^|[ ']){key}[:']") as direct:
+        config_from_mapping(data)
+    assert "\n" not in str(direct.value)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=re.escape(str(path))) as loaded:
+        load_serve_config(path)
+    assert key in str(loaded.value)
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(ValueError, match=r"unknown key 'tuner\.bogus'.*workers"):
+        config_from_mapping({"tuner": {"bogus": 1}})
+    with pytest.raises(ValueError, match=r"unknown key 'modle'.*model"):
+        config_from_mapping({"modle": "tiny"})
+
+
+def test_missing_file_and_non_mapping_yaml(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
+        load_serve_config(missing)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- model\n- tiny\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_serve_config(listing)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [tiny\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml"):
+        load_serve_config(broken)
+
+
+def test_preset_builds_once_then_is_reused(models_root: Path) -> None:
+    folder = resolve_model("tiny", models_root)
+    assert folder == (models_root / "tiny-nemotron_h").resolve()
+    assert (folder / "config.json").is_file() and (folder / "marconi.json").is_file()
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny:nemotron_h", models_root) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not [p for p in models_root.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_half_written_preset_is_rebuilt(tmp_path: Path, models_root: Path) -> None:
+    built = resolve_model("tiny", models_root)
+    half = tmp_path / "tiny-nemotron_h"
+    shutil.copytree(built, half)
+    (half / "marconi.json").unlink()
+    (half / "model.safetensors").write_bytes(b"truncated")
+    folder = resolve_model("tiny", tmp_path)
+    assert folder == half.resolve()
+    assert json.loads((folder / "marconi.json").read_text())["preset"] == "tiny"
+    assert (folder / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+
+
+def test_tiny_bamba(models_root: Path) -> None:
+    folder = resolve_model("tiny:bamba", models_root)
+    assert folder.name == "tiny-bamba"
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "bamba"
+
+
+def test_existing_folder_is_used_as_is(models_root: Path) -> None:
+    built = resolve_model("tiny", models_root)
+    assert resolve_model(str(built)) == built
+    c = config_from_mapping({"model": str(built)})
+    assert c.model_name == "tiny-nemotron_h"
+    assert c.to_settings().model_dir == str(built)
+
+
+def test_to_settings(models_root: Path) -> None:
+    c = config_from_mapping({"replicas": 2, "tuner": {"grid": [0, 1], "workers": 3}})
+    s = c.to_settings(models_root)
+    assert isinstance(s, ServeSettings)
+    assert s.model_dir == str(resolve_model("tiny", models_root))
+    assert (s.model_name, s.replicas, s.alpha, s.cache_bytes) == ("tiny", 2, None, 10**9)
+    assert s.tuner == TunerSettings(multiplier=5, grid=(0.0, 1.0), retune_every=None, workers=3)
+    fixed = config_from_mapping({"alpha": 0.7, "model_name": "my-model"}).to_settings(models_root)
+    assert (fixed.alpha, fixed.model_name) == (0.7, "my-model")
+
+
+def test_models_root_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert default_models_root() == tmp_path / "elsewhere"
+    monkeypatch.delenv(MODELS_DIR_ENV)
+    assert default_models_root() == Path.home() / ".cache" / "marconi_ray" / "models"
+
+
+def test_unknown_spec_lists_presets(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'huge-model'.*\['small', 'tiny'\]"):
+        resolve_model("huge-model", tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"config\.json"):
+        resolve_model(str(empty), tmp_path)
+    with pytest.raises(ValueError, match="'jamba'"):
+        resolve_model("tiny:jamba", tmp_path)
+    assert list(tmp_path.iterdir()) == [empty]
+
+
+def test_paper_7b_shape_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"paper-7b-shape.*too large"):
+        resolve_model("paper-7b-shape", tmp_path)
+    with pytest.raises(ValueError, match="paper-7b-shape"):
+        config_from_mapping({"model": "paper-7b-shape:bamba"}).to_settings(tmp_path)
+    assert list(tmp_path.iterdir()) == []
