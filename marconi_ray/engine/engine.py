@@ -171,7 +171,7 @@ class Engine:
         results in input order. Bad input raises before any request starts."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        submitted = time.perf_counter()
+        submitted = time.time()
         pending = [self.validate(p, s) for p, s in zip(prompts, params, strict=True)]
         done: dict[int, GenerationResult] = {}
         ids: list[int] = []
@@ -194,7 +194,7 @@ class Engine:
     ) -> int:
         """Validate, plan and prefill one request; it then decodes in `step`. Returns its id."""
         prompt, sp = self.validate(prompt_tokens, params or SamplingParams())
-        return self._start(prompt, sp, time.perf_counter())
+        return self._start(prompt, sp, time.time())
 
     def step(self) -> list[GenerationResult]:
         """One batched decode step over the running requests; returns every request that

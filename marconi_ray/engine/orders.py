@@ -31,7 +31,8 @@ class PrefillOrder:
         keep_final: keep the state after the whole sequence (prompt + output); the worker
             then consumes the last sampled token in one more decode step.
         max_new: tokens to generate at most (already capped by the context limit).
-        submitted: `time.perf_counter()` when the request arrived (for TTFT).
+        submitted: wall-clock `time.time()` when the request arrived (TTFT is measured
+            from it, also by a worker in another process).
     """
 
     request_id: int

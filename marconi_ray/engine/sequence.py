@@ -38,4 +38,4 @@ class Sequence:
 
     @property
     def started(self) -> float:
-        return self.order.submitted or time.perf_counter()
+        return self.order.submitted or time.time()

@@ -144,7 +144,7 @@ class Worker:
         token = self.sampler.sample(logits, [seq.order.params], [seq.generator])
         t = int(self.tp.broadcast(token.to(torch.long))[0])
         if seq.first_token_at is None:
-            seq.first_token_at = time.perf_counter()
+            seq.first_token_at = time.time()
         seq.output.append(t)
         p = seq.order.params
         if t in p.stop_token_ids or (not p.ignore_eos and t in self.model.cfg.eos_token_ids):
@@ -170,7 +170,7 @@ class Worker:
         deepest = max(seq.state_ids, default=h)
         slots = self.store.alloc_slots(max(0, deepest - h))
         self.store.write_kv(slots, seq.state, h)
-        now = time.perf_counter()
+        now = time.time()
         first = seq.first_token_at or now
         self._finished.append(
             Finished(

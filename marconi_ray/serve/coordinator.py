@@ -46,6 +46,7 @@ class CacheCoordinator:
         self.planners: dict[str, Planner] = {}
         self._next_request = 0
         self._tuner: Any = None
+        self._queued: dict[str, Release] = {}
 
     # ------------------------------------------------------------------ replicas
     def register_replica(self, replica_id: str, kv_bytes_per_token: int, state_bytes: int) -> None:
@@ -114,9 +115,10 @@ class CacheCoordinator:
         if planner is None:
             return Release(tuple(done.state_ids.values()), done.kv_slots)
         try:
-            return planner.commit(done)
+            release = planner.commit(done)
         except (RuntimeError, ValueError):
-            return planner.abort(done.request_id, done)
+            release = planner.abort(done.request_id, done)
+        return release + self.drain(replica_id)
 
     def abort(self, replica_id: str, request_id: int, done: Finished | None = None) -> Release:
         """Release a request's plan (and what it stored, if it finished)."""
@@ -128,6 +130,19 @@ class CacheCoordinator:
                 else Release(tuple(done.state_ids.values()), done.kv_slots)
             )
         return planner.abort(request_id, done)
+
+    def abandon(self, dispatch: Dispatch) -> None:
+        """A dispatch never reached its replica: release its plan, and queue what the
+        replica must free (what planning evicted, what the abort tidied) for its next
+        `commit` or `drain`."""
+        rid = dispatch.replica_id
+        release = self.abort(rid, dispatch.order.request_id) + dispatch.release
+        if rid in self.planners:
+            self._queued[rid] = self._queued.get(rid, Release()) + release
+
+    def drain(self, replica_id: str) -> Release:
+        """What was released on a replica's behalf since its last commit or drain."""
+        return self._queued.pop(replica_id, Release())
 
     # ------------------------------------------------------------------ tuning
     def _send_job(self, replica_id: str, job: TuneJob) -> None:

@@ -19,6 +19,10 @@ class Dispatch:
     release: Release = field(default_factory=Release)
 
 
+class MisroutedDispatch(RuntimeError):
+    """A replica was handed a dispatch planned for another replica (which has gone)."""
+
+
 @dataclass(frozen=True)
 class Completed:
     """The last event of a request's stream: its usage, finish reason and timings."""

@@ -23,7 +23,7 @@ from ray import serve
 
 from marconi_ray.engine.orders import Finished, Release, TokenEvent
 from marconi_ray.engine.results import Usage
-from marconi_ray.serve.messages import Completed, Dispatch
+from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard import ShardActor
 
@@ -72,7 +72,7 @@ class ModelReplica:
     async def generate(self, dispatch: Dispatch) -> AsyncIterator[TokenEvent | Completed]:
         """Run one planned request; stream its tokens, then its `Completed`."""
         if dispatch.replica_id != self.replica_id:
-            raise ValueError(
+            raise MisroutedDispatch(
                 f"dispatch planned for replica {dispatch.replica_id!r} reached {self.replica_id!r}"
             )
         rid = dispatch.order.request_id
@@ -120,6 +120,7 @@ class ModelReplica:
     async def _run(self) -> None:
         while True:
             if not self._pending and not self._orders and not self._stops:
+                await self._drain()
                 self._wake.clear()
                 await self._wake.wait()
             try:
@@ -132,6 +133,15 @@ class ModelReplica:
                 log.exception("replica %s: step failed", self.replica_id)
                 await self._fail_all(exc)
             await asyncio.sleep(0)
+
+    async def _drain(self) -> None:
+        """Free what the coordinator released on this replica's behalf (plans abandoned
+        by the ingress) while the replica was busy."""
+        try:
+            release: Release = await self.coordinator.drain.remote(self.replica_id)
+            await self._all("release", release)
+        except Exception:
+            log.exception("replica %s: draining releases failed", self.replica_id)
 
     async def _admit(self) -> None:
         while self._pending:

@@ -61,7 +61,7 @@ async def run_request(
 ) -> tuple[str, list[int], Completed]:
     """Plan at the coordinator, stream from the chosen replica; (replica, tokens, done)."""
     dispatch = await coordinator.plan.remote(
-        np.asarray(prompt, np.int32), params, time.perf_counter()
+        np.asarray(prompt, np.int32), params, time.time()
     )
     tokens: list[int] = []
     done: Completed | None = None

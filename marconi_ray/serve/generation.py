@@ -1,0 +1,227 @@
+"""From a planned request's event stream to OpenAI output: the `Backend` contract the
+ingress calls, incremental detokenisation with stop strings, and the two response formats
+(text completions and chat completions), streamed or whole.
+
+Streamed and whole answers are built from the same `Piece`s, so their texts are equal.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel
+
+from marconi_ray.engine.orders import TokenEvent
+from marconi_ray.engine.results import Usage
+from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
+from marconi_ray.serve.metrics import IngressMetrics
+from marconi_ray.serve.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    UsageInfo,
+)
+
+REPLACEMENT = "\ufffd"
+
+
+class EventStream(Protocol):
+    """A request's events: a `TokenEvent` per sampled token, then one `Completed`.
+    `cancel()` stops the request early (the stream then ends or raises)."""
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent | Completed]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Backend(Protocol):
+    """What the ingress needs from the serving side (Ray actors, or an in-process engine).
+
+    `plan` validates and plans a request, raising ValueError naming a bad value (nothing
+    is planned then); every planned request must then be started with `generate`, whose
+    stream the ingress iterates to the end or cancels.
+    """
+
+    async def plan(
+        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
+    ) -> Dispatch: ...
+
+    def generate(self, dispatch: Dispatch) -> EventStream: ...
+
+    async def stats(self) -> list[ReplicaStats]: ...
+
+    async def tuner_runs(self) -> int: ...
+
+
+class Detokenizer:
+    """Text of a growing output, released incrementally.
+
+    Each `add` decodes the whole output so far (`skip_special_tokens`) and releases the
+    new text, holding back a trailing U+FFFD (an incomplete UTF-8 sequence) and the last
+    `len(longest stop) - 1` characters (a stop string may be arriving). When a stop string
+    appears, the text is cut before it and `add` reports the stop. `finish` releases the rest.
+    """
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0
+
+    def add(self, token: int) -> tuple[str, bool]:
+        """(newly released text, whether a stop string ended the output)."""
+        self.ids.append(token)
+        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        cuts = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            self.text = self.text[: min(cuts)]
+            return self._take(len(self.text)), True
+        stable = len(self.text.rstrip(REPLACEMENT))
+        return self._take(min(stable, len(self.text) - self.hold)), False
+
+    def finish(self) -> str:
+        """Everything not yet released."""
+        return self._take(len(self.text))
+
+    def _take(self, end: int) -> str:
+        if end <= self.sent:
+            return ""
+        out, self.sent = self.text[self.sent : end], end
+        return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of output text; the last one has the finish reason and the usage."""
+
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+async def run_request(
+    stream: EventStream,
+    dispatch: Dispatch,
+    detok: Detokenizer,
+    arrival: float,
+    metrics: IngressMetrics,
+) -> AsyncGenerator[Piece, None]:
+    """The pieces of one started request, observing TTFT and end-to-end latency.
+
+    A stop string cancels the stream (usage then counts the tokens received and the
+    planned hit). If the consumer stops early, the stream is cancelled. RuntimeError when
+    the stream ends without `Completed`.
+    """
+    order = dispatch.order
+    count = 0
+    finished = False
+    try:
+        async for event in stream:
+            if isinstance(event, Completed):
+                finished = True
+                metrics.e2e.observe(time.perf_counter() - arrival)
+                yield Piece(detok.finish(), event.finish_reason, event.usage)
+                return
+            if count == 0:
+                metrics.ttft.observe(time.perf_counter() - arrival)
+            count += 1
+            text, stopped = detok.add(event.token)
+            if stopped:
+                stream.cancel()
+                finished = True
+                metrics.e2e.observe(time.perf_counter() - arrival)
+                yield Piece(text, "stop", Usage(len(order.prompt), count, order.hit_len))
+                return
+            if text:
+                yield Piece(text)
+        finished = True
+        raise RuntimeError(f"request {order.request_id}: the stream ended without completing")
+    finally:
+        if not finished:
+            stream.cancel()
+
+
+def _usage(usage: Usage) -> UsageInfo:
+    return UsageInfo.of(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+
+class Formatter(Protocol):
+    """Builds one endpoint's OpenAI objects from pieces."""
+
+    def whole(self, model: str, created: int, text: str, last: Piece) -> BaseModel: ...
+
+    def chunks(
+        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
+    ) -> AsyncGenerator[BaseModel, None]: ...
+
+
+class CompletionFormat:
+    """`text_completion` objects."""
+
+    def __init__(self) -> None:
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+
+    def whole(self, model: str, created: int, text: str, last: Piece) -> Completion:
+        choice = CompletionChoice(text=text, finish_reason=last.finish_reason)
+        usage = None if last.usage is None else _usage(last.usage)
+        return Completion(id=self.id, created=created, model=model, choices=[choice], usage=usage)
+
+    async def chunks(
+        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
+    ) -> AsyncGenerator[BaseModel, None]:
+        last = Piece("")
+        async for last in pieces:
+            choice = CompletionChoice(text=last.text, finish_reason=last.finish_reason)
+            yield Completion(id=self.id, created=created, model=model, choices=[choice])
+        if usage and last.usage is not None:
+            info = _usage(last.usage)
+            yield Completion(id=self.id, created=created, model=model, choices=[], usage=info)
+
+
+class ChatFormat:
+    """`chat.completion` and `chat.completion.chunk` objects."""
+
+    def __init__(self) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+
+    def whole(self, model: str, created: int, text: str, last: Piece) -> ChatCompletion:
+        assert last.usage is not None, "the last piece carries the usage"
+        choice = ChatChoice(
+            message=AssistantMessage(content=text), finish_reason=last.finish_reason
+        )
+        return ChatCompletion(
+            id=self.id, created=created, model=model, choices=[choice], usage=_usage(last.usage)
+        )
+
+    async def chunks(
+        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
+    ) -> AsyncGenerator[BaseModel, None]:
+        yield self._chunk(model, created, ChatDelta(role="assistant", content=""))
+        last = Piece("")
+        async for last in pieces:
+            delta = ChatDelta(content=last.text) if last.text else ChatDelta()
+            yield self._chunk(model, created, delta, last.finish_reason)
+        if usage and last.usage is not None:
+            yield ChatCompletionChunk(
+                id=self.id, created=created, model=model, choices=[], usage=_usage(last.usage)
+            )
+
+    def _chunk(
+        self, model: str, created: int, delta: ChatDelta, finish: str | None = None
+    ) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(delta=delta, finish_reason=finish)
+        return ChatCompletionChunk(id=self.id, created=created, model=model, choices=[choice])

@@ -1,0 +1,281 @@
+"""The OpenAI-compatible HTTP front door: `build_app` (a FastAPI app over any `Backend`)
+and the Ray Serve deployment `OpenAIIngress` that serves it over the coordinator actor
+and the replica deployment (`RayBackend`).
+
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both stream as SSE with
+`stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`. Every request is fully
+validated first (`prepare`: JSON, types, model name, prompt tokens, context limit, sampling)
+before the backend sees it; every error is OpenAI's error JSON (`protocol.ErrorResponse`):
+400 bad input, 404 unknown model (`model_not_found`) or route, 500 internal failure,
+503 coordinator unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+import ray
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException
+
+from marconi_ray.serve.generation import (
+    Backend,
+    ChatFormat,
+    CompletionFormat,
+    Detokenizer,
+    EventStream,
+    Formatter,
+    Piece,
+    run_request,
+)
+from marconi_ray.serve.messages import Dispatch, ReplicaStats
+from marconi_ray.serve.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
+from marconi_ray.serve.prepare import Prepared, ServedModel, prepare_chat, prepare_completion
+from marconi_ray.serve.protocol import (
+    APIError,
+    ModelCard,
+    ModelList,
+)
+from marconi_ray.serve.ray_backend import RayBackend, ReplicaUnavailable
+from marconi_ray.serve.settings import NAMESPACE, ServeSettings
+
+__all__ = ["Backend", "EventStream", "IngressServer", "OpenAIIngress", "RayBackend", "build_app"]
+
+logger = logging.getLogger(__name__)
+HEALTH_TIMEOUT_S = 5.0
+COORDINATOR_WAIT_S = 30.0
+
+
+def _cause(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)  # a RayTaskError wraps the actor's exception
+    return str(cause if isinstance(cause, BaseException) else exc)
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+# ---------------------------------------------------------------------- the app
+class _Server:
+    """Request handling shared by the two generation endpoints."""
+
+    def __init__(self, backend: Backend, model: ServedModel, metrics: IngressMetrics) -> None:
+        self.backend = backend
+        self.model = model
+        self.metrics = metrics
+        self._orphans: set[asyncio.Task[None]] = set()
+
+    async def plan(self, prepared: Prepared, arrival: float) -> Dispatch:
+        """Plan via the backend; a plan whose caller went away is still started and
+        cancelled at once, so the backend releases it."""
+        task = asyncio.ensure_future(self.backend.plan(prepared.prompt, prepared.params, arrival))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._release_orphan)
+            raise
+        except ValueError as exc:
+            raise APIError(400, _cause(exc)) from None
+        except Exception as exc:
+            logger.exception("planning failed")
+            raise APIError(
+                503, f"the coordinator could not plan the request: {_cause(exc)}"
+            ) from None
+
+    def _release_orphan(self, task: asyncio.Future[Dispatch]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        orphan = asyncio.ensure_future(self._drain(self.backend.generate(task.result())))
+        self._orphans.add(orphan)
+        orphan.add_done_callback(self._orphans.discard)
+
+    @staticmethod
+    async def _drain(stream: EventStream) -> None:
+        try:
+            async for _ in stream:
+                break
+        finally:
+            stream.cancel()
+
+    async def handle(
+        self, request: Request, prepare: Callable[[object, ServedModel], Prepared], fmt: Formatter
+    ) -> Response:
+        arrival, created = time.perf_counter(), int(time.time())
+        try:
+            try:
+                body = json.loads(await request.body())
+            except ValueError as exc:
+                raise APIError(400, f"request body is not valid JSON: {exc}") from None
+            prepared = prepare(body, self.model)
+            dispatch = await self.plan(prepared, time.time())
+        except APIError as exc:
+            self.metrics.count(exc.status)
+            return error_response(exc)
+        req = prepared.request
+        detok = Detokenizer(self.model.tokenizer, req.stop_strings())
+        pieces = run_request(
+            self.backend.generate(dispatch), dispatch, detok, arrival, self.metrics
+        )
+        if req.stream:
+            chunks = fmt.chunks(self.model.name, created, pieces, req.include_usage)
+            return StreamingResponse(self._sse(chunks, pieces), media_type="text/event-stream")
+        text, last = [], Piece("")
+        try:
+            async for last in pieces:
+                text.append(last.text)
+        except ReplicaUnavailable as exc:
+            self.metrics.count(503)
+            return error_response(APIError(503, f"no replica could take the request: {exc}"))
+        except Exception as exc:
+            logger.exception("generation failed")
+            self.metrics.count(500)
+            return error_response(APIError(500, f"generation failed: {_cause(exc)}"))
+        finally:
+            await pieces.aclose()
+        self.metrics.count(200)
+        return JSONResponse(fmt.whole(self.model.name, created, "".join(text), last).model_dump())
+
+    async def _sse(
+        self, chunks: AsyncGenerator[BaseModel, None], pieces: AsyncGenerator[Piece, None]
+    ) -> AsyncIterator[str]:
+        status = 499  # the client went away unless we get to the end
+        try:
+            try:
+                async for chunk in chunks:
+                    yield f"data: {chunk.model_dump_json()}\n\n"
+                status = 200
+            except Exception as exc:
+                logger.exception("generation failed mid-stream")
+                status = 500
+                body = APIError(500, f"generation failed: {_cause(exc)}").body()
+                yield f"data: {json.dumps(body)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            await chunks.aclose()
+            await pieces.aclose()
+            self.metrics.count(status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def invalid(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        return error_response(APIError(400, f"invalid value for {param}: {err['msg']}", param))
+
+    async def bad_json(_: Request, exc: Exception) -> Response:
+        return error_response(APIError(400, f"request body is not valid JSON: {exc}"))
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = "not_found" if exc.status_code == 404 else None
+        return error_response(APIError(exc.status_code, str(exc.detail), None, code))
+
+    async def internal(_: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error", exc_info=exc)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(json.JSONDecodeError, bad_json)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, internal)
+
+
+def build_app(
+    backend: Backend, model: ServedModel, metrics: IngressMetrics | None = None
+) -> FastAPI:
+    """The OpenAI API over `backend` for `model` (a fresh `IngressMetrics` unless given)."""
+    server = _Server(backend, model, metrics or IngressMetrics())
+    app = FastAPI(title="marconi-ray", docs_url=None, redoc_url=None)
+    _install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await server.handle(request, prepare_completion, CompletionFormat())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await server.handle(request, prepare_chat, ChatFormat())
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        card = ModelCard(id=model.name, created=model.created)
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            stats = await asyncio.wait_for(backend.stats(), HEALTH_TIMEOUT_S)
+        except Exception as exc:
+            return error_response(APIError(503, f"coordinator unavailable: {_cause(exc)}"))
+        if not stats:
+            return error_response(APIError(503, "no model replica is up"))
+        return JSONResponse({"status": "ok", "replicas": len(stats)})
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        stats: list[ReplicaStats] | None
+        try:
+            stats, runs = await backend.stats(), await backend.tuner_runs()
+        except Exception:
+            logger.warning("metrics: coordinator unavailable; cache figures left out")
+            stats, runs = None, 0
+        body = render_metrics(server.metrics, stats, runs)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    return app
+
+
+# ---------------------------------------------------------------------- Ray Serve
+async def find_coordinator(name: str, timeout_s: float = COORDINATOR_WAIT_S) -> Any:
+    """The coordinator actor `name` (namespace `NAMESPACE`), waiting up to `timeout_s`
+    for it to come up; RuntimeError naming it when it does not."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"coordinator actor {name!r} (namespace {NAMESPACE!r}) "
+                    f"not found after {timeout_s:.0f} s"
+                ) from None
+            await asyncio.sleep(0.5)
+
+
+class IngressServer:
+    """The HTTP ingress replica (deployed as `OpenAIIngress`).
+
+    The app is built at replica start (`__serve_build_asgi_app__`, awaited by Serve): it
+    waits for the coordinator, loads the tokenizer and model config from
+    `settings.model_dir`, and serves `build_app` over a `RayBackend`.
+    """
+
+    def __init__(self, settings: ServeSettings, replicas: DeploymentHandle[Any]) -> None:
+        self.settings = settings
+        self.replicas = replicas
+
+    async def __serve_build_asgi_app__(self) -> FastAPI:
+        coordinator = await find_coordinator(self.settings.coordinator_name)
+        model = ServedModel.load(self.settings.model_dir, self.settings.model_name)
+        return build_app(RayBackend(coordinator, self.replicas), model)
+
+
+OpenAIIngress = serve.deployment(name="OpenAIIngress")(serve.ingress()(IngressServer))
+"""The ingress deployment: `OpenAIIngress.bind(settings: ServeSettings, replicas)`."""

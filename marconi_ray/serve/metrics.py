@@ -1,0 +1,165 @@
+"""Prometheus metrics of the OpenAI ingress: its own latency histograms and request counter
+(in a per-ingress `CollectorRegistry`, never the global one), plus the replicas' cache
+figures, rendered at scrape time from the `ReplicaStats` the coordinator reports.
+
+Cache metrics (label `replica`; `kind` and `reason` where noted):
+`marconi_cache_token_hit_rate`, `marconi_cache_request_hit_rate`,
+`marconi_cache_requests_total`, `marconi_cache_hit_requests_total`,
+`marconi_cache_input_tokens_total`, `marconi_cache_hit_tokens_total`,
+`marconi_cache_flops_total`, `marconi_cache_flops_saved_total`,
+`marconi_cache_bytes{kind}`, `marconi_cache_used_bytes`, `marconi_cache_capacity_bytes`,
+`marconi_cache_reserved_bytes`, `marconi_cache_peak_bytes`,
+`marconi_cache_states_admitted_total{reason}`, `marconi_cache_states_dropped_total`,
+`marconi_cache_evictions_total`, `marconi_cache_alpha`, `marconi_replica_in_flight`,
+`marconi_replica_tuner_runs_total`; and `marconi_tuner_runs_total` (all replicas).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from marconi_ray.serve.messages import ReplicaStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# (metric name without _total, key in CacheStats.to_dict(), help)
+_COUNTERS = (
+    ("marconi_cache_requests", "requests", "Requests committed to the cache."),
+    ("marconi_cache_hit_requests", "hit_requests", "Committed requests with a cache hit."),
+    ("marconi_cache_input_tokens", "input_tokens", "Input (prompt) tokens committed."),
+    ("marconi_cache_hit_tokens", "hit_tokens", "Input tokens served from the cache."),
+    ("marconi_cache_flops", "flops_total", "Prefill FLOPs of the committed inputs."),
+    ("marconi_cache_flops_saved", "flops_saved", "Prefill FLOPs the cache hits saved."),
+    ("marconi_cache_evictions", "evictions", "Cache nodes evicted."),
+    ("marconi_cache_states_dropped", "states_dropped", "States that did not fit and were dropped."),
+)
+_GAUGES = (
+    ("marconi_cache_token_hit_rate", "token_hit_rate", "Hit tokens / input tokens."),
+    ("marconi_cache_request_hit_rate", "request_hit_rate", "Hit requests / requests."),
+    ("marconi_cache_peak_bytes", "peak_bytes", "Most bytes the cache has held."),
+)
+
+
+def _number(stats: Mapping[str, object], key: str) -> float:
+    value = stats.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"replica stats field {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+class CacheCollector(Collector):
+    """The cache figures of one scrape (a snapshot: built per scrape, never mutated)."""
+
+    def __init__(self, stats: Sequence[ReplicaStats], tuner_runs: int) -> None:
+        self.stats = tuple(stats)
+        self.tuner_runs = tuner_runs
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def _families(self) -> Iterator[Metric]:
+        label = ["replica"]
+        for name, key, doc in _COUNTERS:
+            fam = CounterMetricFamily(name, doc, labels=label)
+            for r in self.stats:
+                fam.add_metric([r.replica_id], _number(r.stats, key))
+            yield fam
+        for name, key, doc in _GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=label)
+            for r in self.stats:
+                gauge.add_metric([r.replica_id], _number(r.stats, key))
+            yield gauge
+        plain = (
+            ("marconi_cache_used_bytes", "Bytes the cache holds now.", "bytes_used"),
+            ("marconi_cache_capacity_bytes", "The cache's byte budget.", "capacity"),
+            ("marconi_cache_reserved_bytes", "Bytes reserved by requests in flight.", "reserved"),
+            ("marconi_cache_alpha", "Current FLOP-aware eviction alpha.", "alpha"),
+            ("marconi_replica_in_flight", "Requests planned and not yet committed.", "in_flight"),
+        )
+        for name, doc, attr in plain:
+            gauge = GaugeMetricFamily(name, doc, labels=label)
+            for r in self.stats:
+                gauge.add_metric([r.replica_id], float(getattr(r, attr)))
+            yield gauge
+        by_kind = GaugeMetricFamily(
+            "marconi_cache_bytes", "Bytes the cache holds now, by kind.", labels=["replica", "kind"]
+        )
+        for r in self.stats:
+            for kind, value in sorted(r.bytes_by_kind.items()):
+                by_kind.add_metric([r.replica_id, kind], float(value))
+        yield by_kind
+        admitted = CounterMetricFamily(
+            "marconi_cache_states_admitted",
+            "SSM states admitted, by admission reason.",
+            labels=["replica", "reason"],
+        )
+        for r in self.stats:
+            reasons = r.stats.get("states_admitted", {})
+            if not isinstance(reasons, Mapping):
+                raise ValueError(f"states_admitted must be a mapping, got {reasons!r}")
+            for reason in sorted(reasons):
+                admitted.add_metric([r.replica_id, str(reason)], _number(reasons, reason))
+        yield admitted
+        runs = CounterMetricFamily(
+            "marconi_replica_tuner_runs", "Alpha searches adopted, by replica.", labels=label
+        )
+        for r in self.stats:
+            runs.add_metric([r.replica_id], float(r.tuner_runs))
+        yield runs
+        yield CounterMetricFamily(
+            "marconi_tuner_runs", "Alpha searches adopted, all replicas.", value=self.tuner_runs
+        )
+
+
+class IngressMetrics:
+    """One ingress's own metrics, in its own registry.
+
+    Attributes:
+        ttft: seconds from a request's arrival at the ingress to its first token.
+        e2e: seconds from arrival to the last byte of the answer.
+        requests: completion requests by final HTTP status (`status` label, e.g. "200").
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.ttft = Histogram(
+            "marconi_ttft_seconds",
+            "Time to first token, from arrival at the ingress.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "marconi_e2e_latency_seconds",
+            "End-to-end request latency at the ingress.",
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "marconi_requests",
+            "Completion requests by final HTTP status.",
+            ["status"],
+            registry=self.registry,
+        )
+
+    def count(self, status: int) -> None:
+        """Count one finished completion request with HTTP `status`."""
+        self.requests.labels(status=str(status)).inc()
+
+
+def render_metrics(
+    metrics: IngressMetrics, stats: Sequence[ReplicaStats] | None, tuner_runs: int = 0
+) -> bytes:
+    """Prometheus text exposition: the ingress's metrics, then the cache figures of
+    `stats` (one scrape's snapshot, fetched by the caller from the coordinator; None when
+    the coordinator could not be reached: the cache figures are then left out)."""
+    if stats is None:
+        return generate_latest(metrics.registry)
+    snapshot = CollectorRegistry(auto_describe=True)
+    snapshot.register(CacheCollector(stats, tuner_runs))
+    return generate_latest(metrics.registry) + generate_latest(snapshot)

@@ -1,0 +1,143 @@
+"""Validation of OpenAI requests against the served model, before anything is planned:
+`ServedModel` (name, tokenizer, limits) and `prepare_completion` / `prepare_chat`, which
+turn a decoded JSON body into prompt token ids and `SamplingParams`, or raise `APIError`
+(400 naming the bad value; 404 `model_not_found` for another model's name).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.engine.validation import validate_prompt
+from marconi_ray.serve.protocol import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+    parse_request,
+    resolve_max_tokens,
+    to_sampling_params,
+)
+
+END_OF_TURN = "<|end|>"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the ingress knows of the model: its name, tokenizer and limits.
+
+    Attributes:
+        chat_stop_ids: token ids that end an assistant turn (`<|end|>` when the tokenizer
+            has it); chat requests stop at them unless `ignore_eos`.
+        created: Unix time shown in `/v1/models`.
+    """
+
+    name: str
+    tokenizer: Any
+    vocab_size: int
+    max_position: int
+    chat_stop_ids: tuple[int, ...]
+    created: int
+
+    @classmethod
+    def load(cls, model_dir: str | Path, name: str) -> ServedModel:
+        """Read the config and tokenizer of `model_dir` (offline)."""
+        from marconi_ray.engine.loader import read_config
+        from marconi_ray.engine.tokenizer import load_tokenizer
+
+        config, _ = read_config(model_dir)
+        tokenizer = load_tokenizer(model_dir)
+        vocab = tokenizer.get_vocab()
+        stops = (int(vocab[END_OF_TURN]),) if END_OF_TURN in vocab else ()
+        return cls(name, tokenizer, config.vocab_size, config.max_position, stops, int(time.time()))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, ready to plan."""
+
+    prompt: npt.NDArray[np.int32]
+    params: SamplingParams
+    request: SamplingRequest
+
+
+def _check_model(name: str, model: ServedModel) -> None:
+    if name != model.name:
+        message = f"model {name!r} does not exist; this server serves {model.name!r}"
+        raise APIError(404, message, "model", "model_not_found")
+
+
+def _check_prompt(ids: Any, model: ServedModel, param: str) -> npt.NDArray[np.int32]:
+    n = len(ids)
+    if n >= model.max_position:
+        raise APIError(
+            400,
+            f"{param}: the prompt has {n} tokens; the context limit is {model.max_position} "
+            "(prompt plus at least one generated token)",
+            param,
+            "context_length_exceeded",
+        )
+    try:
+        return validate_prompt(ids, model.vocab_size, model.max_position)
+    except ValueError as exc:
+        raise APIError(400, f"{param}: {exc}", param) from None
+
+
+def _params(
+    req: SamplingRequest, max_tokens: int, model: ServedModel, extra: tuple[int, ...]
+) -> SamplingParams:
+    for t in req.stop_token_ids or ():
+        if t >= model.vocab_size:
+            raise APIError(
+                400,
+                f"stop_token_ids: token id {t} is outside the vocabulary [0, {model.vocab_size})",
+                "stop_token_ids",
+            )
+    return to_sampling_params(req, max_tokens, extra)
+
+
+def prepare_completion(body: object, model: ServedModel) -> Prepared:
+    """Validate a `/v1/completions` body (APIError naming the bad value)."""
+    req = parse_request(CompletionRequest, body)
+    _check_model(req.model, model)
+    ids = req.prompt if isinstance(req.prompt, list) else model.tokenizer.encode(req.prompt)
+    prompt = _check_prompt(ids, model, "prompt")
+    limit = model.max_position
+    max_tokens = resolve_max_tokens(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, limit)
+    return Prepared(prompt, _params(req, max_tokens, model, ()), req)
+
+
+def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:
+    messages = [m.as_template_dict() for m in req.messages]
+    try:
+        out = model.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+    except Exception as exc:  # jinja errors, a missing template
+        raise APIError(
+            400, f"messages: cannot apply the chat template: {exc}", "messages"
+        ) from None
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return [int(t) for t in ids]
+
+
+def prepare_chat(body: object, model: ServedModel) -> Prepared:
+    """Validate a `/v1/chat/completions` body; chat stops at the end-of-turn token unless
+    `ignore_eos` (APIError naming the bad value)."""
+    req = parse_request(ChatCompletionRequest, body)
+    _check_model(req.model, model)
+    prompt = _check_prompt(_render_chat(req, model), model, "messages")
+    param = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    requested = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
+    limit = model.max_position
+    max_tokens = resolve_max_tokens(requested, limit - len(prompt), limit, param)
+    extra = () if req.ignore_eos else model.chat_stop_ids
+    return Prepared(prompt, _params(req, max_tokens, model, extra), req)

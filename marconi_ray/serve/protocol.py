@@ -1,0 +1,374 @@
+"""The subset of the OpenAI HTTP API we serve: request, response and error models, and the
+conversion of a request into the engine's `SamplingParams`.
+
+Decisions (documented contract):
+- Unknown request fields are ignored (as vLLM does; OpenAI itself rejects them), but known
+  fields are validated strictly: a wrong type (`"max_tokens": "16"`, `"stream": 1`, a bool
+  where a number is expected) is a 400 naming the field, never silently coerced.
+- Every error is `ErrorResponse` JSON; `APIError` carries the status, message, the
+  offending parameter and an optional machine-readable code.
+- `max_tokens` above the model's context limit is a 400; a `max_tokens` that fits the
+  limit but not next to the prompt is capped (the request finishes with `length`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from marconi_ray.engine.sampling import SamplingParams
+
+MAX_STOP_STRINGS = 4
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+_REQUEST = ConfigDict(extra="ignore", strict=True)
+
+
+# ---------------------------------------------------------------------- errors
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status."""
+    if 400 <= status < 500:
+        return "invalid_request_error"
+    return "service_unavailable" if status == 503 else "server_error"
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="Human-readable description naming the bad value.")
+    type: str = Field(description="`invalid_request_error` (4xx) or `server_error`/...")
+    param: str | None = Field(default=None, description="The request parameter at fault, if any.")
+    code: str | None = Field(
+        default=None, description="Machine-readable code, e.g. model_not_found."
+    )
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail = Field(description="What went wrong.")
+
+
+class APIError(Exception):
+    """An HTTP error with OpenAI's error body; raised by request handling, rendered once."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        detail = ErrorDetail(
+            message=self.message, type=error_type(self.status), param=self.param, code=self.code
+        )
+        return ErrorResponse(error=detail).model_dump()
+
+
+# Parts of a pydantic error location that name a union member or a validator, not a field.
+_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*|[A-Z]\w*)$")
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, str) and _TAG.match(part):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """A 400 for the first error of a pydantic validation, naming its field and input."""
+    err = exc.errors()[0]
+    param = _loc(tuple(err["loc"])) or None
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    where = f"invalid value for {param}: " if param else ""
+    got = f" (got {err['input']!r})" if param and err["type"] != "missing" else ""
+    return APIError(400, f"{where}{msg}{got}", param)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_request(model: type[M], body: object) -> M:
+    """Validate a decoded JSON body as `model`; APIError 400 naming the bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+# ---------------------------------------------------------------------- requests
+class StreamOptions(BaseModel):
+    model_config = _REQUEST
+    include_usage: bool = Field(default=False, description="Send a final chunk with usage.")
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = _REQUEST
+    model: str = Field(description="Model name; must be the one this server serves.")
+    temperature: float = Field(
+        default=1.0, ge=0, le=2, description="Softmax temperature; 0 = greedy."
+    )
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus probability mass.")
+    n: int = Field(default=1, description="Choices per request; only 1 is supported.")
+    stream: bool = Field(default=False, description="Stream the answer as server-sent events.")
+    stream_options: StreamOptions | None = Field(default=None, description="Streaming options.")
+    stop: str | list[str] | None = Field(
+        default=None,
+        description=f"Up to {MAX_STOP_STRINGS} strings that end the output (excluded).",
+    )
+    seed: int | None = Field(default=None, ge=0, description="Seed for reproducible sampling.")
+    user: str | None = Field(default=None, description="End-user id (accepted and ignored).")
+    top_k: int = Field(
+        default=0, ge=-1, description="Extension: keep the k most likely tokens (0/-1: off)."
+    )
+    ignore_eos: bool = Field(default=False, description="Extension: do not stop at EOS tokens.")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="Extension: token ids that end the output (the id is not shown)."
+    )
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return stop
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """The stop strings as a tuple (empty when none)."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    """`POST /v1/completions`: one prompt (text or token ids)."""
+
+    prompt: str | list[int] = Field(description="The prompt: a string or a list of token ids.")
+    max_tokens: int | None = Field(
+        default=DEFAULT_COMPLETION_MAX_TOKENS, ge=1, description="Most tokens to generate."
+    )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: object) -> object:
+        if isinstance(prompt, list) and any(isinstance(p, (str, list)) for p in prompt):
+            raise ValueError("only one prompt per request (a string or a list of token ids)")
+        if prompt == "" or prompt == []:
+            raise ValueError("prompt is empty")
+        return prompt
+
+
+class TextPart(BaseModel):
+    model_config = _REQUEST
+    type: Literal["text"] = Field(description="Only text parts are supported.")
+    text: str = Field(description="The text of this part.")
+
+
+class ChatMessage(BaseModel):
+    model_config = _REQUEST
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="Author of the message (`developer` is treated as `system`)."
+    )
+    content: str | list[TextPart] = Field(description="Text, or a list of text parts.")
+
+    def as_template_dict(self) -> dict[str, str]:
+        """`{"role", "content"}` for the chat template (text parts joined)."""
+        text = (
+            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        )
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """`POST /v1/chat/completions`: a conversation rendered with the chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="Most tokens to generate (legacy)."
+    )
+    max_completion_tokens: int | None = Field(
+        default=None, ge=1, description="Most tokens to generate (wins over max_tokens)."
+    )
+
+
+def resolve_max_tokens(
+    requested: int | None, default: int, max_position: int, param: str = "max_tokens"
+) -> int:
+    """The output budget: `requested` or `default`; APIError naming `param` when it exceeds
+    the model's context limit `max_position`."""
+    value = default if requested is None else requested
+    if value > max_position:
+        raise APIError(
+            400, f"{param} must be <= the context limit {max_position}, got {value}", param
+        )
+    return value
+
+
+def to_sampling_params(
+    req: SamplingRequest, max_tokens: int, extra_stop_ids: tuple[int, ...] = ()
+) -> SamplingParams:
+    """The engine's sampling settings for a validated request (stop strings are handled by
+    the ingress, see `SamplingRequest.stop_strings`); APIError 400 naming a bad value."""
+    stop_ids = tuple(req.stop_token_ids or ()) + tuple(
+        t for t in extra_stop_ids if t not in (req.stop_token_ids or ())
+    )
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            seed=req.seed,
+            stop_token_ids=stop_ids,
+            ignore_eos=req.ignore_eos,
+        )
+    except ValueError as exc:
+        param = str(exc).split(" ", 1)[0]
+        raise APIError(400, str(exc), param if param in type(req).model_fields else None) from None
+
+
+# ---------------------------------------------------------------------- responses
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Prompt tokens served from the prefix cache.")
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = Field(description="Tokens in the prompt.")
+    completion_tokens: int = Field(description="Tokens generated.")
+    total_tokens: int = Field(description="prompt_tokens + completion_tokens.")
+    prompt_tokens_details: PromptTokensDetails = Field(description="Prompt token breakdown.")
+
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+
+
+class CompletionChoice(BaseModel):
+    index: int = Field(default=0, description="Choice index (always 0).")
+    text: str = Field(description="Generated text (or this chunk's part of it).")
+    finish_reason: str | None = Field(
+        default=None, description="`stop`, `length`, or null mid-stream."
+    )
+    logprobs: None = Field(default=None, description="Not supported: always null.")
+
+
+class Completion(BaseModel):
+    """A completion, or (with `finish_reason` null until the end) one streamed chunk."""
+
+    id: str = Field(description="`cmpl-...`, the same for every chunk of a request.")
+    object: Literal["text_completion"] = Field(
+        default="text_completion", description="Object type."
+    )
+    created: int = Field(description="Unix time the request was received.")
+    model: str = Field(description="The model that answered.")
+    choices: list[CompletionChoice] = Field(description="One choice (none in a usage chunk).")
+    usage: UsageInfo | None = Field(
+        default=None, description="Token counts (final response/chunk)."
+    )
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = Field(default="assistant", description="Always assistant.")
+    content: str = Field(description="The reply text.")
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(default=0, description="Choice index (always 0).")
+    message: AssistantMessage = Field(description="The reply.")
+    finish_reason: str | None = Field(description="`stop` or `length`.")
+    logprobs: None = Field(default=None, description="Not supported: always null.")
+
+
+class ChatCompletion(BaseModel):
+    id: str = Field(description="`chatcmpl-...`.")
+    object: Literal["chat.completion"] = Field(
+        default="chat.completion", description="Object type."
+    )
+    created: int = Field(description="Unix time the request was received.")
+    model: str = Field(description="The model that answered.")
+    choices: list[ChatChoice] = Field(description="One choice.")
+    usage: UsageInfo = Field(description="Token counts.")
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(
+        default=None, description="Set on the first chunk only."
+    )
+    content: str | None = Field(default=None, description="New text in this chunk.")
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = Field(default=0, description="Choice index (always 0).")
+    delta: ChatDelta = Field(description="What this chunk adds.")
+    finish_reason: str | None = Field(default=None, description="Set on the last content chunk.")
+    logprobs: None = Field(default=None, description="Not supported: always null.")
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str = Field(description="`chatcmpl-...`, the same for every chunk of a request.")
+    object: Literal["chat.completion.chunk"] = Field(
+        default="chat.completion.chunk", description="Object type."
+    )
+    created: int = Field(description="Unix time the request was received.")
+    model: str = Field(description="The model that answered.")
+    choices: list[ChatChunkChoice] = Field(description="One choice (none in a usage chunk).")
+    usage: UsageInfo | None = Field(
+        default=None, description="Token counts (final usage chunk only)."
+    )
+
+
+class ModelCard(BaseModel):
+    id: str = Field(description="The model name clients pass as `model`.")
+    object: Literal["model"] = Field(default="model", description="Object type.")
+    created: int = Field(description="Unix time the server started.")
+    owned_by: str = Field(default="marconi-ray", description="Owner shown to clients.")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = Field(default="list", description="Object type.")
+    data: list[ModelCard] = Field(description="The served models (one).")

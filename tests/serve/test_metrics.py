@@ -1,0 +1,125 @@
+"""`/metrics` text: ingress histograms and the replicas' cache figures, parsed back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.serve.messages import ReplicaStats
+from marconi_ray.serve.metrics import IngressMetrics, render_metrics
+
+COST = CostModel(flops_linear=1000.0, flops_quadratic=1.0, kv_bytes_per_token=10, state_bytes=100)
+
+
+def served_cache(capacity: int, seed: int) -> PrefixCache:
+    """A real cache that served a few conversations (hits, admissions, evictions)."""
+    cache = PrefixCache(COST, CacheConfig(capacity, alpha=0.5))
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        history = rng.integers(0, 50, 8).astype(np.int32)
+        for _ in range(3):
+            prompt = np.concatenate([history, rng.integers(0, 50, 4).astype(np.int32)])
+            reply = rng.integers(0, 50, 3).astype(np.int32)
+            cache.serve(prompt, reply)
+            history = np.concatenate([prompt, reply])
+    return cache
+
+
+def replica_stats(name: str, cache: PrefixCache, in_flight: int, runs: int) -> ReplicaStats:
+    return ReplicaStats(
+        replica_id=name,
+        capacity=cache.capacity,
+        bytes_used=cache.bytes_used,
+        reserved=cache.reserved,
+        bytes_by_kind=cache.bytes_by_kind(),
+        alpha=cache.alpha,
+        in_flight=in_flight,
+        tuner_runs=runs,
+        stats=cache.stats.to_dict(),
+    )
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def caches() -> dict[str, PrefixCache]:
+    return {"r0": served_cache(10**6, 0), "r1": served_cache(1200, 1)}
+
+
+def test_cache_figures_round_trip(caches: dict[str, PrefixCache]) -> None:
+    stats = [replica_stats(n, c, i, i + 1) for i, (n, c) in enumerate(caches.items())]
+    assert caches["r1"].stats.evictions > 0 and caches["r0"].stats.hit_tokens > 0
+    text = render_metrics(IngressMetrics(), stats, tuner_runs=3).decode()
+    got = samples(text)
+    for name, cache in caches.items():
+        r = (("replica", name),)
+        s = cache.stats
+        assert got[("marconi_cache_token_hit_rate", r)] == pytest.approx(s.token_hit_rate)
+        assert got[("marconi_cache_request_hit_rate", r)] == pytest.approx(s.request_hit_rate)
+        assert got[("marconi_cache_hit_tokens_total", r)] == s.hit_tokens
+        assert got[("marconi_cache_input_tokens_total", r)] == s.input_tokens
+        assert got[("marconi_cache_requests_total", r)] == s.requests
+        assert got[("marconi_cache_flops_saved_total", r)] == pytest.approx(s.flops_saved)
+        assert got[("marconi_cache_evictions_total", r)] == s.evictions
+        assert got[("marconi_cache_capacity_bytes", r)] == cache.capacity
+        assert got[("marconi_cache_used_bytes", r)] == cache.bytes_used
+        assert got[("marconi_cache_reserved_bytes", r)] == cache.reserved
+        assert got[("marconi_cache_alpha", r)] == cache.alpha
+        for kind, value in cache.bytes_by_kind().items():
+            key = ("marconi_cache_bytes", (("kind", kind), ("replica", name)))
+            assert got[key] == value
+        for reason, count in s.states_admitted.items():
+            key = ("marconi_cache_states_admitted_total", (("reason", reason), ("replica", name)))
+            assert got[key] == count
+    assert got[("marconi_replica_in_flight", (("replica", "r1"),))] == 1
+    assert got[("marconi_replica_tuner_runs_total", (("replica", "r1"),))] == 2
+    assert got[("marconi_tuner_runs_total", ())] == 3
+
+
+def test_ingress_histograms_and_counter() -> None:
+    metrics = IngressMetrics()
+    metrics.ttft.observe(0.02)
+    metrics.ttft.observe(0.3)
+    metrics.e2e.observe(1.5)
+    metrics.count(200)
+    metrics.count(200)
+    metrics.count(400)
+    got = samples(render_metrics(metrics, []).decode())
+    assert got[("marconi_ttft_seconds_count", ())] == 2
+    assert got[("marconi_ttft_seconds_sum", ())] == pytest.approx(0.32)
+    assert got[("marconi_ttft_seconds_bucket", (("le", "0.025"),))] == 1
+    assert got[("marconi_e2e_latency_seconds_count", ())] == 1
+    assert got[("marconi_requests_total", (("status", "200"),))] == 2
+    assert got[("marconi_requests_total", (("status", "400"),))] == 1
+    assert got[("marconi_tuner_runs_total", ())] == 0
+
+
+def test_registries_are_per_ingress() -> None:
+    a, b = IngressMetrics(), IngressMetrics()
+    a.count(200)
+    assert ("marconi_requests_total", (("status", "200"),)) not in samples(
+        render_metrics(b, None).decode()
+    )
+
+
+def test_coordinator_down_leaves_cache_figures_out() -> None:
+    text = render_metrics(IngressMetrics(), None).decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert "marconi_ttft_seconds" in names and "marconi_cache_alpha" not in names
+
+
+def test_bad_stats_value_is_named() -> None:
+    cache = PrefixCache(COST, CacheConfig(1000))
+    stats = replica_stats("r", cache, 0, 0)
+    stats.stats["hit_tokens"] = "many"
+    with pytest.raises(ValueError, match="hit_tokens"):
+        render_metrics(IngressMetrics(), [stats])
