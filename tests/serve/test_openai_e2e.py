@@ -1,0 +1,152 @@
+"""End to end over HTTP with the official `openai` client: the marconi service (2
+replicas of 2 TP shards) next to a vanilla one, both on one local Ray + Serve proxy."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import ray
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+from serve_helpers import local_ray
+
+from marconi_ray.engine.factory import make_model
+from marconi_ray.serve.app import build_app, shutdown_app, start_actors
+from marconi_ray.serve.settings import ServeSettings
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+PORT = 8123
+BASE = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    model_dir = str(make_model("tiny", "bamba", tmp_path_factory.mktemp("m") / "tiny"))
+    marconi = ServeSettings(
+        model_dir=model_dir,
+        model_name="tiny",
+        tp=2,
+        replicas=2,
+        cache_bytes=10**8,
+        port=PORT,
+        app_name="marconi",
+    )
+    vanilla = ServeSettings(
+        model_dir=model_dir, model_name="tiny", system="vanilla", port=PORT, app_name="vanilla"
+    )
+    with local_ray(num_cpus=16):
+        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        for settings, prefix in ((marconi, "/"), (vanilla, "/vanilla")):
+            start_actors(settings)
+            serve.run(build_app(settings), name=settings.app_name, route_prefix=prefix)
+        yield {
+            "marconi": OpenAI(base_url=f"{BASE}/v1", api_key="unused", max_retries=0),
+            "vanilla": OpenAI(base_url=f"{BASE}/vanilla/v1", api_key="unused", max_retries=0),
+        }
+        for settings in (marconi, vanilla):
+            shutdown_app(settings)
+
+
+def _chat(client, messages, stream=False):
+    kwargs = dict(model="tiny", messages=messages, max_tokens=8, temperature=0.0)
+    if not stream:
+        reply = client.chat.completions.create(**kwargs)
+        return reply.choices[0].message.content, reply.usage
+    chunks = client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage = [], None
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return "".join(text), usage
+
+
+def test_multi_turn_chat_hits_and_matches_vanilla(services):
+    marconi, vanilla = services["marconi"], services["vanilla"]
+    messages = [{"role": "system", "content": "You are terse."}]
+    for turn, user in enumerate(["Hello there!", "Tell me more.", "And then?"]):
+        messages.append({"role": "user", "content": user})
+        text, usage = _chat(marconi, messages)
+        ref, _ = _chat(vanilla, messages)
+        assert text == ref
+        streamed, stream_usage = _chat(marconi, messages, stream=True)
+        assert streamed == text
+        assert stream_usage.completion_tokens == usage.completion_tokens
+        if turn:
+            assert usage.prompt_tokens_details.cached_tokens > 0
+        messages.append({"role": "assistant", "content": text})
+
+
+def test_completions_and_models(services):
+    """A repeated prompt: the first repeat finds the prompt inside an edge (no state there,
+    SSM states only match exactly) and checkpoints that branch point; the next repeat is
+    served wholly from the cache (its checkpoint kept the logits: no prefill)."""
+    client = services["marconi"]
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    runs = [
+        client.completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0)
+        for _ in range(3)
+    ]
+    assert len({r.choices[0].text for r in runs}) == 1
+    assert runs[0].usage.prompt_tokens_details.cached_tokens == 0
+    assert runs[2].usage.prompt_tokens_details.cached_tokens == runs[2].usage.prompt_tokens
+
+
+def _post(path: str, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        BASE + path, data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        (json.dumps({"model": "nope", "prompt": "x"}).encode(), 404),
+        (json.dumps({"model": "tiny", "prompt": ""}).encode(), 400),
+        (json.dumps({"model": "tiny", "prompt": "x" * 5000}).encode(), 400),
+        (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": -1}).encode(), 400),
+        (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 10**9}).encode(), 400),
+        (json.dumps({"model": "tiny", "prompt": "x", "temperature": -2}).encode(), 400),
+        (json.dumps({"model": "tiny", "prompt": "x", "top_p": 7}).encode(), 400),
+        (json.dumps({"model": "tiny", "prompt": [1, 99999]}).encode(), 400),
+    ],
+)
+def test_bad_input_is_4xx_and_harmless(services, body, status):
+    coordinator = ray.get_actor("marconi-coordinator-marconi", namespace="marconi")
+    before = [
+        (s.stats["requests"], s.bytes_used, s.in_flight)
+        for s in ray.get(coordinator.stats.remote())
+    ]
+    code, payload = _post("/v1/completions", body)
+    assert code == status
+    assert set(payload["error"]) >= {"message", "type", "param", "code"}
+    after = [
+        (s.stats["requests"], s.bytes_used, s.in_flight)
+        for s in ray.get(coordinator.stats.remote())
+    ]
+    assert after == before
+    ok = services["marconi"].completions.create(model="tiny", prompt="still fine", max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_health_and_metrics_parse(services):
+    with urllib.request.urlopen(BASE + "/health", timeout=30) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(BASE + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    for name in ("marconi_ttft_seconds", "marconi_cache_token_hit_rate", "marconi_cache_bytes"):
+        assert any(n.startswith(name) for n in names), name
