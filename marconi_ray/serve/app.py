@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
 from marconi_ray.serve.coordinator import CacheCoordinator
 from marconi_ray.serve.replica import replica_deployment
@@ -64,7 +65,8 @@ def run_app(settings: ServeSettings) -> None:
 def shutdown_app(settings: ServeSettings) -> None:
     """Delete the application and kill the coordinator and tuner actors."""
     try:
-        serve.delete(settings.app_name)
+        with contextlib.suppress(RayServeException):  # no Serve instance: nothing to delete
+            serve.delete(settings.app_name)
     finally:
         for name in (settings.coordinator_name, settings.tuner_name):
             with contextlib.suppress(ValueError):

@@ -140,3 +140,22 @@ def test_tuner_actor_alpha_equals_offline(ray_session, model_dir):
     )
     assert offline.alpha_history, "the offline replay should tune too"
     assert live.alpha == offline.alpha_history[0][1]
+
+
+def test_app_builder_for_serve_config_files(ray_session, model_dir):
+    """`import_path: marconi_ray.serve.app:app_builder` builds the app from ServeConfig
+    keys (starting its coordinator and tuner); an unknown key is an error naming it."""
+    from ray.serve import Application
+
+    from marconi_ray.serve.app import app_builder, shutdown_app
+    from marconi_ray.serve.config import ServeConfig
+
+    args = {"model": str(model_dir), "replicas": 1, "system": "sglang+", "port": 8124}
+    app = app_builder(args)
+    assert isinstance(app, Application)
+    settings = ServeConfig(**args).to_settings()
+    coordinator = ray.get_actor(settings.coordinator_name, namespace="marconi")
+    assert ray.get(coordinator.replicas.remote()) == []
+    shutdown_app(settings)
+    with pytest.raises(ValueError, match="replica"):
+        app_builder({**args, "replica": 2})
