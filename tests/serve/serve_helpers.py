@@ -60,9 +60,7 @@ async def run_request(
     coordinator: Any, handle: Any, prompt: list[int], params: SamplingParams = GREEDY
 ) -> tuple[str, list[int], Completed]:
     """Plan at the coordinator, stream from the chosen replica; (replica, tokens, done)."""
-    dispatch = await coordinator.plan.remote(
-        np.asarray(prompt, np.int32), params, time.time()
-    )
+    dispatch = await coordinator.plan.remote(np.asarray(prompt, np.int32), params, time.time())
     tokens: list[int] = []
     done: Completed | None = None
     async for event in handle.options(stream=True).generate.remote(dispatch):
