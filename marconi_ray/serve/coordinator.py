@@ -21,6 +21,7 @@ import ray
 
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.hf_config import spec_from_hf_config
+from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult
@@ -182,6 +183,16 @@ class CacheCoordinator:
     def cost(self, replica_id: str) -> CostModel:
         """The cost model a replica's cache prices FLOPs and bytes with."""
         return self.planners[replica_id].cache.cost
+
+    def check_invariants(self) -> int:
+        """Full-scan check of every replica's tree (radix shape, byte totals, locks);
+        raises AssertionError on a violation. Returns the number of nodes checked."""
+        total = 0
+        for planner in self.planners.values():
+            check_tree(planner.cache.tree)
+            assert planner.cache.bytes_used + planner.cache.reserved <= planner.cache.capacity
+            total += len(planner.cache.tree.iter_nodes())
+        return total
 
     def locked_nodes(self, replica_id: str) -> int:
         """Nodes of a replica's tree held by a lock (0 when no request is in flight)."""

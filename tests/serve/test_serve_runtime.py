@@ -85,6 +85,7 @@ def test_concurrent_sessions_tp2_match_sequential_and_hold_capacity(ray_session,
         for turns in results:
             assert len({replica for replica, _, _ in turns}) == 1, "a session sticks to its replica"
         assert len({turns[0][0] for turns in results}) == 2, "both replicas serve"
+        assert ray.get(coordinator.check_invariants.remote()) > 0
         stats = ray.get(coordinator.stats.remote())
         for st in stats:
             assert st.in_flight == 0 and st.reserved == 0 and st.bytes_used <= capacity
@@ -159,3 +160,26 @@ def test_app_builder_for_serve_config_files(ray_session, model_dir):
     shutdown_app(settings)
     with pytest.raises(ValueError, match="replica"):
         app_builder({**args, "replica": 2})
+
+
+def test_concurrent_identical_prompts_never_double_admit(ray_session, model_dir):
+    """8 identical prompts at once on one replica: one tree, each depth admitted once,
+    invariants hold, the next identical prompt is a full hit, outputs all equal."""
+    settings = ServeSettings(
+        model_dir=str(model_dir), model_name="tiny", cache_bytes=10**8, app_name="same"
+    )
+    prompt = np.random.default_rng(7).integers(7, 263, 30).tolist()
+    with replicas_app(settings) as (coordinator, handle):
+
+        async def burst():
+            return await asyncio.gather(
+                *(run_request(coordinator, handle, prompt) for _ in range(8))
+            )
+
+        results = asyncio.run(burst())
+        assert len({tuple(tokens) for _, tokens, _ in results}) == 1
+        assert ray.get(coordinator.check_invariants.remote()) > 0
+        (st,) = ray.get(coordinator.stats.remote())
+        assert st.stats["states_admitted"]["last_token"] == 1
+        _, _, again = asyncio.run(run_request(coordinator, handle, prompt + results[0][1]))
+        assert again.usage.cached_tokens == len(prompt) + len(results[0][1])
