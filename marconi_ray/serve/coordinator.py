@@ -164,20 +164,8 @@ class CacheCoordinator:
     def stats(self) -> list[ReplicaStats]:
         out = []
         for rid, planner in self.planners.items():
-            cache = planner.cache
-            out.append(
-                ReplicaStats(
-                    replica_id=rid,
-                    capacity=cache.capacity,
-                    bytes_used=cache.bytes_used,
-                    reserved=cache.reserved,
-                    bytes_by_kind=cache.bytes_by_kind(),
-                    alpha=cache.alpha,
-                    in_flight=planner.open_requests,
-                    tuner_runs=0 if planner.tuner is None else len(planner.tuner.history),
-                    stats=cache.stats.to_dict(),
-                )
-            )
+            runs = 0 if planner.tuner is None else len(planner.tuner.history)
+            out.append(ReplicaStats.of(rid, planner.cache, planner.open_requests, runs))
         return out
 
     def cost(self, replica_id: str) -> CostModel:

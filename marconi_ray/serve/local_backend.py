@@ -101,18 +101,9 @@ class LocalBackend:
         """This engine's cache figures as one replica's `ReplicaStats`."""
         async with self._lock:
             cache = self.engine.cache
+            planner = self.engine.planner
             return [
-                ReplicaStats(
-                    replica_id=self.replica_id,
-                    capacity=cache.capacity,
-                    bytes_used=cache.bytes_used,
-                    reserved=cache.reserved,
-                    bytes_by_kind=cache.bytes_by_kind(),
-                    alpha=cache.alpha,
-                    in_flight=self.engine.planner.open_requests,
-                    tuner_runs=self._tuner_runs(),
-                    stats=cache.stats.to_dict(),
-                )
+                ReplicaStats.of(self.replica_id, cache, planner.open_requests, self._tuner_runs())
             ]
 
     async def tuner_runs(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.engine.orders import PrefillOrder, Release
 from marconi_ray.engine.results import Timings, Usage
 
@@ -54,3 +55,20 @@ class ReplicaStats:
     in_flight: int
     tuner_runs: int
     stats: dict[str, object]
+
+    @classmethod
+    def of(
+        cls, replica_id: str, cache: PrefixCache, in_flight: int, tuner_runs: int
+    ) -> ReplicaStats:
+        """A snapshot of `cache`'s figures."""
+        return cls(
+            replica_id=replica_id,
+            capacity=cache.capacity,
+            bytes_used=cache.bytes_used,
+            reserved=cache.reserved,
+            bytes_by_kind=cache.bytes_by_kind(),
+            alpha=cache.alpha,
+            in_flight=in_flight,
+            tuner_runs=tuner_runs,
+            stats=cache.stats.to_dict(),
+        )

@@ -28,20 +28,6 @@ def served_cache(capacity: int, seed: int) -> PrefixCache:
     return cache
 
 
-def replica_stats(name: str, cache: PrefixCache, in_flight: int, runs: int) -> ReplicaStats:
-    return ReplicaStats(
-        replica_id=name,
-        capacity=cache.capacity,
-        bytes_used=cache.bytes_used,
-        reserved=cache.reserved,
-        bytes_by_kind=cache.bytes_by_kind(),
-        alpha=cache.alpha,
-        in_flight=in_flight,
-        tuner_runs=runs,
-        stats=cache.stats.to_dict(),
-    )
-
-
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -56,7 +42,7 @@ def caches() -> dict[str, PrefixCache]:
 
 
 def test_cache_figures_round_trip(caches: dict[str, PrefixCache]) -> None:
-    stats = [replica_stats(n, c, i, i + 1) for i, (n, c) in enumerate(caches.items())]
+    stats = [ReplicaStats.of(n, c, i, i + 1) for i, (n, c) in enumerate(caches.items())]
     assert caches["r1"].stats.evictions > 0 and caches["r0"].stats.hit_tokens > 0
     text = render_metrics(IngressMetrics(), stats, tuner_runs=3).decode()
     got = samples(text)
@@ -119,7 +105,7 @@ def test_coordinator_down_leaves_cache_figures_out() -> None:
 
 def test_bad_stats_value_is_named() -> None:
     cache = PrefixCache(COST, CacheConfig(1000))
-    stats = replica_stats("r", cache, 0, 0)
+    stats = ReplicaStats.of("r", cache, 0, 0)
     stats.stats["hit_tokens"] = "many"
     with pytest.raises(ValueError, match="hit_tokens"):
         render_metrics(IngressMetrics(), [stats])
