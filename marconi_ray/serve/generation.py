@@ -111,6 +111,7 @@ class Piece:
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 async def run_request(
@@ -129,25 +130,29 @@ async def run_request(
     order = dispatch.order
     count = 0
     finished = False
+    ids: list[int] = []  # tokens not yet handed out in a piece
     try:
         async for event in stream:
             if isinstance(event, Completed):
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
-                yield Piece(detok.finish(), event.finish_reason, event.usage)
+                yield Piece(detok.finish(), event.finish_reason, event.usage, tuple(ids))
                 return
             if count == 0:
                 metrics.ttft.observe(time.perf_counter() - arrival)
             count += 1
+            ids.append(event.token)
             text, stopped = detok.add(event.token)
             if stopped:
                 stream.cancel()
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
-                yield Piece(text, "stop", Usage(len(order.prompt), count, order.hit_len))
+                usage = Usage(len(order.prompt), count, order.hit_len)
+                yield Piece(text, "stop", usage, tuple(ids))
                 return
             if text:
-                yield Piece(text)
+                yield Piece(text, token_ids=tuple(ids))
+                ids = []
         finished = True
         raise RuntimeError(f"request {order.request_id}: the stream ended without completing")
     finally:
@@ -162,21 +167,36 @@ def _usage(usage: Usage) -> UsageInfo:
 class Formatter(Protocol):
     """Builds one endpoint's OpenAI objects from pieces."""
 
-    def whole(self, model: str, created: int, text: str, last: Piece) -> BaseModel: ...
+    token_ids: bool
+
+    def whole(
+        self, model: str, created: int, text: str, last: Piece, ids: list[int] | None = None
+    ) -> BaseModel: ...
 
     def chunks(
         self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
     ) -> AsyncGenerator[BaseModel, None]: ...
 
 
+def _ids(pieces: list[Piece] | Piece, wanted: bool) -> list[int] | None:
+    if not wanted:
+        return None
+    return [t for p in (pieces if isinstance(pieces, list) else [pieces]) for t in p.token_ids]
+
+
 class CompletionFormat:
-    """`text_completion` objects."""
+    """`text_completion` objects (`token_ids` on each choice when `token_ids` is set)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_ids: bool = False) -> None:
         self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.token_ids = token_ids
 
-    def whole(self, model: str, created: int, text: str, last: Piece) -> Completion:
-        choice = CompletionChoice(text=text, finish_reason=last.finish_reason)
+    def whole(
+        self, model: str, created: int, text: str, last: Piece, ids: list[int] | None = None
+    ) -> Completion:
+        choice = CompletionChoice(
+            text=text, finish_reason=last.finish_reason, token_ids=ids if self.token_ids else None
+        )
         usage = None if last.usage is None else _usage(last.usage)
         return Completion(id=self.id, created=created, model=model, choices=[choice], usage=usage)
 
@@ -185,7 +205,11 @@ class CompletionFormat:
     ) -> AsyncGenerator[BaseModel, None]:
         last = Piece("")
         async for last in pieces:
-            choice = CompletionChoice(text=last.text, finish_reason=last.finish_reason)
+            choice = CompletionChoice(
+                text=last.text,
+                finish_reason=last.finish_reason,
+                token_ids=_ids(last, self.token_ids),
+            )
             yield Completion(id=self.id, created=created, model=model, choices=[choice])
         if usage and last.usage is not None:
             info = _usage(last.usage)
@@ -193,15 +217,20 @@ class CompletionFormat:
 
 
 class ChatFormat:
-    """`chat.completion` and `chat.completion.chunk` objects."""
+    """`chat.completion` and `chat.completion.chunk` objects (`token_ids` when set)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_ids: bool = False) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.token_ids = token_ids
 
-    def whole(self, model: str, created: int, text: str, last: Piece) -> ChatCompletion:
+    def whole(
+        self, model: str, created: int, text: str, last: Piece, ids: list[int] | None = None
+    ) -> ChatCompletion:
         assert last.usage is not None, "the last piece carries the usage"
         choice = ChatChoice(
-            message=AssistantMessage(content=text), finish_reason=last.finish_reason
+            message=AssistantMessage(content=text),
+            finish_reason=last.finish_reason,
+            token_ids=ids if self.token_ids else None,
         )
         return ChatCompletion(
             id=self.id, created=created, model=model, choices=[choice], usage=_usage(last.usage)
@@ -214,14 +243,19 @@ class ChatFormat:
         last = Piece("")
         async for last in pieces:
             delta = ChatDelta(content=last.text) if last.text else ChatDelta()
-            yield self._chunk(model, created, delta, last.finish_reason)
+            yield self._chunk(model, created, delta, last.finish_reason, _ids(last, self.token_ids))
         if usage and last.usage is not None:
             yield ChatCompletionChunk(
                 id=self.id, created=created, model=model, choices=[], usage=_usage(last.usage)
             )
 
     def _chunk(
-        self, model: str, created: int, delta: ChatDelta, finish: str | None = None
+        self,
+        model: str,
+        created: int,
+        delta: ChatDelta,
+        finish: str | None = None,
+        ids: list[int] | None = None,
     ) -> ChatCompletionChunk:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish)
+        choice = ChatChunkChoice(delta=delta, finish_reason=finish, token_ids=ids)
         return ChatCompletionChunk(id=self.id, created=created, model=model, choices=[choice])

@@ -122,6 +122,7 @@ class _Server:
             self.metrics.count(exc.status)
             return error_response(exc)
         req = prepared.request
+        fmt.token_ids = req.return_token_ids
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
         pieces = run_request(
             self.backend.generate(dispatch), dispatch, detok, arrival, self.metrics
@@ -129,10 +130,13 @@ class _Server:
         if req.stream:
             chunks = fmt.chunks(self.model.name, created, pieces, req.include_usage)
             return StreamingResponse(self._sse(chunks, pieces), media_type="text/event-stream")
-        text, last = [], Piece("")
+        text: list[str] = []
+        ids: list[int] = []
+        last = Piece("")
         try:
             async for last in pieces:
                 text.append(last.text)
+                ids.extend(last.token_ids)
         except ReplicaUnavailable as exc:
             self.metrics.count(503)
             return error_response(APIError(503, f"no replica could take the request: {exc}"))
@@ -143,7 +147,8 @@ class _Server:
         finally:
             await pieces.aclose()
         self.metrics.count(200)
-        return JSONResponse(fmt.whole(self.model.name, created, "".join(text), last).model_dump())
+        whole = fmt.whole(self.model.name, created, "".join(text), last, ids)
+        return JSONResponse(whole.model_dump())
 
     async def _sse(
         self, chunks: AsyncGenerator[BaseModel, None], pieces: AsyncGenerator[Piece, None]

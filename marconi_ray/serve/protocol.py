@@ -138,6 +138,11 @@ class SamplingRequest(BaseModel):
         default=0, ge=-1, description="Extension: keep the k most likely tokens (0/-1: off)."
     )
     ignore_eos: bool = Field(default=False, description="Extension: do not stop at EOS tokens.")
+    return_token_ids: bool = Field(
+        default=False,
+        description="Extension: each choice (each chunk's, when streaming) carries the ids "
+        "of its generated tokens in `token_ids` (the exact sequence the server cached).",
+    )
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, description="Extension: token ids that end the output (the id is not shown)."
     )
@@ -284,13 +289,27 @@ class UsageInfo(BaseModel):
         )
 
 
-class CompletionChoice(BaseModel):
+class _TokenIdsExtension(BaseModel):
+    """Drops `token_ids` from the JSON unless it was asked for (OpenAI's exact shape)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unrequested_ids(self, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("token_ids") is None:
+            out.pop("token_ids", None)
+        return out
+
+
+class CompletionChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     text: str = Field(description="Generated text (or this chunk's part of it).")
     finish_reason: str | None = Field(
         default=None, description="`stop`, `length`, or null mid-stream."
     )
     logprobs: None = Field(default=None, description="Not supported: always null.")
+    token_ids: list[int] | None = Field(
+        default=None, description="Extension (`return_token_ids`): the generated token ids."
+    )
 
 
 class Completion(BaseModel):
@@ -313,11 +332,14 @@ class AssistantMessage(BaseModel):
     content: str = Field(description="The reply text.")
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     message: AssistantMessage = Field(description="The reply.")
     finish_reason: str | None = Field(description="`stop` or `length`.")
     logprobs: None = Field(default=None, description="Not supported: always null.")
+    token_ids: list[int] | None = Field(
+        default=None, description="Extension (`return_token_ids`): the generated token ids."
+    )
 
 
 class ChatCompletion(BaseModel):
@@ -342,11 +364,14 @@ class ChatDelta(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     delta: ChatDelta = Field(description="What this chunk adds.")
     finish_reason: str | None = Field(default=None, description="Set on the last content chunk.")
     logprobs: None = Field(default=None, description="Not supported: always null.")
+    token_ids: list[int] | None = Field(
+        default=None, description="Extension (`return_token_ids`): this chunk's token ids."
+    )
 
 
 class ChatCompletionChunk(BaseModel):

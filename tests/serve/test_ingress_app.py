@@ -298,3 +298,32 @@ def test_concurrent_requests_share_decode_steps(model_dir: Path) -> None:
     assert together == apart
     assert engine.planner.open_requests == 0
     assert np.all(np.array([len(t) for t in apart]) > 0)
+
+
+def test_return_token_ids_extension(client):
+    """`return_token_ids` returns the generated ids, whole and per chunk, and they are
+    exactly what the cache then holds: prompt + ids is served wholly from the cache."""
+    body = {
+        "model": NAME,
+        "prompt": [7, 8, 9, 10, 11],
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    whole = client.post("/v1/completions", json=body).json()
+    ids = whole["choices"][0]["token_ids"]
+    assert len(ids) == 5
+    streamed = []
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                for choice in chunk["choices"]:
+                    streamed.extend(choice.get("token_ids") or [])
+    assert streamed == ids
+    again = client.post(
+        "/v1/completions", json={**body, "prompt": body["prompt"] + ids, "return_token_ids": False}
+    ).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 10
+    assert "token_ids" not in again["choices"][0]
