@@ -22,7 +22,7 @@ from marconi_ray.engine.results import Usage
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
 from marconi_ray.serve.metrics import IngressMetrics
-from marconi_ray.serve.protocol import (
+from marconi_ray.serve.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

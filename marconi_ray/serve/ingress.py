@@ -41,12 +41,9 @@ from marconi_ray.serve.generation import (
 from marconi_ray.serve.messages import Dispatch, ReplicaStats
 from marconi_ray.serve.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
 from marconi_ray.serve.prepare import Prepared, ServedModel, prepare_chat, prepare_completion
-from marconi_ray.serve.protocol import (
-    APIError,
-    ModelCard,
-    ModelList,
-)
+from marconi_ray.serve.protocol import APIError
 from marconi_ray.serve.ray_backend import RayBackend, ReplicaUnavailable
+from marconi_ray.serve.responses import ModelCard, ModelList
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 __all__ = ["Backend", "EventStream", "IngressServer", "OpenAIIngress", "RayBackend", "build_app"]

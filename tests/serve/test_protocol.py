@@ -7,10 +7,7 @@ import pytest
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.serve.protocol import (
     APIError,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatDelta,
     CompletionRequest,
     ErrorResponse,
     error_type,
@@ -18,6 +15,7 @@ from marconi_ray.serve.protocol import (
     resolve_max_tokens,
     to_sampling_params,
 )
+from marconi_ray.serve.responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 
 BASE = {"model": "m", "prompt": "hi"}
 
