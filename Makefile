@@ -36,10 +36,10 @@ demo: $(STAMP)
 		--prompt "Thanks."
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check marconi_ray tests scripts benchmarks kernels
+	$(VENV)/bin/ruff check marconi_ray tests scripts benchmarks kernels loadgen
 
 types: $(STAMP)
-	$(VENV)/bin/mypy marconi_ray
+	$(VENV)/bin/mypy marconi_ray loadgen
 
 contracts: $(STAMP)
 	$(VENV)/bin/lint-imports
