@@ -97,13 +97,15 @@ def client_examples(settings: ServeSettings) -> str:
         "messages": [{"role": "user", "content": "Hello!"}],
         "max_tokens": 32,
     }
+    auth = ' -H "Authorization: Bearer $MARCONI_API_KEY"' if settings.api_key else ""
     curl = (
-        f"curl {base}/chat/completions -H 'Content-Type: application/json' "
+        f"curl {base}/chat/completions -H 'Content-Type: application/json'{auth} "
         f"-d {shlex.quote(json.dumps(body))}"
     )
+    key = 'os.environ["MARCONI_API_KEY"]' if settings.api_key else '"unused"'
     script = (
-        "from openai import OpenAI\n"
-        f'client = OpenAI(base_url="{base}", api_key="unused")\n'
+        ("import os\n" if settings.api_key else "") + "from openai import OpenAI\n"
+        f'client = OpenAI(base_url="{base}", api_key={key})\n'
         "reply = client.chat.completions.create(\n"
         f'    model="{settings.model_name}",\n'
         '    messages=[{"role": "user", "content": "Hello!"}],\n'

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -60,8 +62,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an int >= -1 (0 or -1: off), got {self.top_k!r}")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise ValueError(f"seed must be None or an int >= 0, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
             self.stop_token_ids, (tuple, list)
         ):

@@ -5,14 +5,21 @@ It is validated once at the boundary and converted to the frozen `ServeSettings`
 and under `tuner`. `load_serve_config` and `config_from_mapping` turn pydantic's errors
 into one `ValueError` whose message names every bad key, e.g.
 `invalid serve config (serve.yaml): tp: Input should be greater than or equal to 1 (got 0)`.
+
+Secrets: `api_key` (and `redis_url`, which may carry a password) are left out of `repr` and
+never echoed in error messages. When the config has no `api_key` (the key is absent or
+null), it is read from the environment variable `MARCONI_API_KEY` (an empty value counts
+as unset), so the key need not be written into a file.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -23,6 +30,11 @@ from marconi_ray.serve.model_source import default_model_name, resolve_model
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
 AUTO: Final = "auto"
+API_KEY_ENV: Final = "MARCONI_API_KEY"
+"""Environment variable read for `api_key` when the config has none."""
+SECRET_KEYS: Final = frozenset({"api_key", "redis_url"})
+"""Keys whose values are never shown (repr, error messages)."""
+REDIS_SCHEMES: Final = ("redis", "rediss")
 
 
 class TunerConfig(BaseModel):
@@ -120,6 +132,34 @@ class ServeConfig(BaseModel):
     tuner: TunerConfig = Field(
         default_factory=TunerConfig, description="Bootstrap alpha tuning settings."
     )
+    api_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="Bearer token every request but GET /health must send "
+        "(`Authorization: Bearer <key>`; 401 otherwise); null: no authentication. "
+        f"Read from ${API_KEY_ENV} when absent or null. Visible ASCII, no spaces.",
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        description="Largest request body in bytes (413 beyond it; checked on Content-Length "
+        "and while reading chunked bodies).",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        repr=False,
+        description="Reserved for the request journal (not used yet): a redis:// or "
+        "rediss:// URL, or null.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _api_key_from_env(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("api_key") is None:
+            key = os.environ.get(API_KEY_ENV)
+            if key:
+                return {**data, "api_key": key}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -130,7 +170,7 @@ class ServeConfig(BaseModel):
                 return {**data, "model_name": default_model_name(model)}
         return data
 
-    @field_validator("cache_bytes", mode="before")
+    @field_validator("cache_bytes", "max_body_bytes", mode="before")
     @classmethod
     def _bytes_number(cls, value: Any) -> Any:
         if isinstance(value, bool):
@@ -145,6 +185,38 @@ class ServeConfig(BaseModel):
                 raise ValueError(f"must be a finite number of bytes, got {value!r}")
             return round(value)
         return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key_value(cls, key: str | None) -> str | None:
+        # Never name the value: it is a secret.
+        if key is None:
+            return None
+        if not key:
+            raise ValueError("must be a non-empty string (null disables authentication)")
+        if not all("!" <= c <= "~" for c in key):
+            raise ValueError("must be visible ASCII characters only (no spaces)")
+        return key
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_value(cls, url: str | None) -> str | None:
+        # Never name the value: it may carry a password.
+        if url is None:
+            return None
+        schemes = " or ".join(f"{s}://" for s in REDIS_SCHEMES)
+        if any(c.isspace() for c in url):
+            raise ValueError(f"must be a {schemes} URL without spaces")
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # ValueError for a bad port
+        except ValueError:
+            raise ValueError(f"must be a valid {schemes} URL") from None
+        if parts.scheme not in REDIS_SCHEMES:
+            raise ValueError(f"must be a {schemes} URL, got scheme {parts.scheme!r}")
+        if not parts.hostname:
+            raise ValueError(f"must be a {schemes} URL with a host")
+        return url
 
     @field_validator("system")
     @classmethod
@@ -181,6 +253,9 @@ class ServeConfig(BaseModel):
             max_batch=self.max_batch,
             route_load_weight=self.route_load_weight,
             tuner=self.tuner.to_settings(),
+            api_key=self.api_key,
+            max_body_bytes=self.max_body_bytes,
+            redis_url=self.redis_url,
         )
 
 
@@ -201,6 +276,8 @@ def _describe(error: Mapping[str, Any]) -> str:
         return f"unknown key {key!r} (valid keys: {', '.join(_valid_keys(loc))})"
     if error["type"] == "value_error":  # our validators name the value themselves
         return f"{key}: {str(error['msg']).removeprefix('Value error, ')}"
+    if loc[:1] and loc[0] in SECRET_KEYS:  # never echo a secret
+        return f"{key}: {error['msg']}"
     return f"{key}: {error['msg']} (got {error['input']!r})"
 
 

@@ -3,11 +3,13 @@ and the Ray Serve deployment `OpenAIIngress` that serves it over the coordinator
 and the replica deployment (`RayBackend`).
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both stream as SSE with
-`stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`. Every request is fully
+`stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`; nothing else (no docs,
+no OpenAPI schema, no endpoint that changes the cache or alpha). Every request is fully
 validated first (`prepare`: JSON, types, model name, prompt tokens, context limit, sampling)
 before the backend sees it; every error is OpenAI's error JSON (`protocol.ErrorResponse`):
-400 bad input, 404 unknown model (`model_not_found`) or route, 500 internal failure,
-503 coordinator unreachable.
+400 bad input, 401 missing or wrong API key (`invalid_api_key`, when a key is set; see
+`security`), 404 unknown model (`model_not_found`) or route, 413 body over the limit
+(`request_too_large`), 500 internal failure, 503 coordinator unreachable.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ from marconi_ray.serve.prepare import Prepared, ServedModel, prepare_chat, prepa
 from marconi_ray.serve.protocol import APIError
 from marconi_ray.serve.ray_backend import RayBackend, ReplicaUnavailable
 from marconi_ray.serve.responses import ModelCard, ModelList
+from marconi_ray.serve.security import (
+    DEFAULT_MAX_BODY_BYTES,
+    SecurityMiddleware,
+    check_options,
+)
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 __all__ = ["Backend", "EventStream", "IngressServer", "OpenAIIngress", "RayBackend", "build_app"]
@@ -113,6 +120,8 @@ class _Server:
                 body = json.loads(await request.body())
             except ValueError as exc:
                 raise APIError(400, f"request body is not valid JSON: {exc}") from None
+            except RecursionError:  # json.loads on deeply nested arrays/objects
+                raise APIError(400, "request body is nested too deeply") from None
             prepared = prepare(body, self.model)
             dispatch = await self.plan(prepared, time.time())
         except APIError as exc:
@@ -199,13 +208,35 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, internal)
 
 
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+ROUTES = frozenset({*GENERATION_PATHS, "/v1/models", "/health", "/metrics"})
+"""Every path the app serves (tests assert there is no other)."""
+
+
 def build_app(
-    backend: Backend, model: ServedModel, metrics: IngressMetrics | None = None
+    backend: Backend,
+    model: ServedModel,
+    metrics: IngressMetrics | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The OpenAI API over `backend` for `model` (a fresh `IngressMetrics` unless given)."""
+    """The OpenAI API over `backend` for `model` (a fresh `IngressMetrics` unless given).
+
+    With `api_key`, every request but `GET /health` needs `Authorization: Bearer <api_key>`
+    (401 otherwise); bodies over `max_body_bytes` get 413 (see `security.SecurityMiddleware`).
+    """
+    check_options(api_key, max_body_bytes)  # fail here, not at the first request
     server = _Server(backend, model, metrics or IngressMetrics())
-    app = FastAPI(title="marconi-ray", docs_url=None, redoc_url=None)
+    app = FastAPI(title="marconi-ray", docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
+
+    def rejected(path: str, status: int) -> None:
+        if path in GENERATION_PATHS:
+            server.metrics.count(status)
+
+    app.add_middleware(
+        SecurityMiddleware, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=rejected
+    )
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -276,7 +307,12 @@ class IngressServer:
     async def __serve_build_asgi_app__(self) -> FastAPI:
         coordinator = await find_coordinator(self.settings.coordinator_name)
         model = ServedModel.load(self.settings.model_dir, self.settings.model_name)
-        return build_app(RayBackend(coordinator, self.replicas), model)
+        return build_app(
+            RayBackend(coordinator, self.replicas),
+            model,
+            api_key=self.settings.api_key,
+            max_body_bytes=self.settings.max_body_bytes,
+        )
 
 
 OpenAIIngress = serve.deployment(name="OpenAIIngress")(serve.ingress()(IngressServer))

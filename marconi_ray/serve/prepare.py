@@ -91,6 +91,19 @@ def _check_prompt(ids: Any, model: ServedModel, param: str) -> npt.NDArray[np.in
         raise APIError(400, f"{param}: {exc}", param) from None
 
 
+def _check_text(text: str, param: str) -> None:
+    """APIError 400 naming `param` for text that is not valid Unicode (a lone UTF-16
+    surrogate, which JSON's `\\udXXX` escapes can carry): the tokenizer cannot encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(
+            400,
+            f"{param}: contains a lone UTF-16 surrogate at position {exc.start}",
+            param,
+        ) from None
+
+
 def _params(
     req: SamplingRequest, max_tokens: int, model: ServedModel, extra: tuple[int, ...]
 ) -> SamplingParams:
@@ -108,6 +121,8 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
     """Validate a `/v1/completions` body (APIError naming the bad value)."""
     req = parse_request(CompletionRequest, body)
     _check_model(req.model, model)
+    if isinstance(req.prompt, str):
+        _check_text(req.prompt, "prompt")
     ids = req.prompt if isinstance(req.prompt, list) else model.tokenizer.encode(req.prompt)
     prompt = _check_prompt(ids, model, "prompt")
     limit = model.max_position
@@ -117,6 +132,8 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
 
 def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:
     messages = [m.as_template_dict() for m in req.messages]
+    for i, message in enumerate(messages):
+        _check_text(message["content"], f"messages[{i}].content")
     try:
         out = model.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True

@@ -29,6 +29,7 @@ from marconi_ray.engine.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed overflows beyond it
 
 _REQUEST = ConfigDict(extra="ignore", strict=True)
 
@@ -131,7 +132,12 @@ class SamplingRequest(BaseModel):
         default=None,
         description=f"Up to {MAX_STOP_STRINGS} strings that end the output (excluded).",
     )
-    seed: int | None = Field(default=None, ge=0, description="Seed for reproducible sampling.")
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed for reproducible sampling (0 to 2**64 - 1, torch's seed range).",
+    )
     user: str | None = Field(default=None, description="End-user id (accepted and ignored).")
     top_k: int = Field(
         default=0, ge=-1, description="Extension: keep the k most likely tokens (0/-1: off)."

@@ -42,6 +42,13 @@ class ServeSettings:
             named after it, so several applications can share one Ray cluster.
         route_load_weight: tokens of cached prefix one queued request is worth when
             routing (higher spreads load, lower follows the cache).
+        api_key: when set, every request but `GET /health` (the `/v1/*` API and
+            `/metrics`) must send `Authorization: Bearer <api_key>` (401 otherwise).
+            Secret: left out of `repr`, never logged.
+        max_body_bytes: largest request body accepted (413 beyond it), checked on
+            Content-Length and while reading chunked bodies.
+        redis_url: reserved for the request journal (`redis://` / `rediss://`); not used
+            yet. Left out of `repr` (it may carry a password).
     """
 
     model_dir: str
@@ -59,6 +66,9 @@ class ServeSettings:
     route_load_weight: float = 256.0
     tuner: TunerSettings = field(default_factory=TunerSettings)
     app_name: str = "marconi"
+    api_key: str | None = field(default=None, repr=False)
+    max_body_bytes: int = 1_048_576
+    redis_url: str | None = field(default=None, repr=False)
 
     @property
     def coordinator_name(self) -> str:

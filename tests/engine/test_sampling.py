@@ -130,3 +130,9 @@ def test_invalid_params_name_the_field(field: str, value: object) -> None:
 def test_make_generator_rejects_bad_seed() -> None:
     with pytest.raises(ValueError, match="seed"):
         make_generator(-3, "cpu")
+
+
+def test_seed_above_64_bits_is_rejected():
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**64)
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1

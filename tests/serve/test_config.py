@@ -13,6 +13,7 @@ import yaml
 
 from marconi_ray.core.tuner import default_grid
 from marconi_ray.serve.config import (
+    API_KEY_ENV,
     ServeConfig,
     config_from_mapping,
     default_config,
@@ -44,6 +45,7 @@ def test_defaults() -> None:
     )
     assert c.tuner.grid == list(default_grid()) and c.tuner.workers >= 1
     assert c.tuner.retune_every is None
+    assert (c.max_body_bytes, c.redis_url) == (1_048_576, None)
     with pytest.raises(ValueError):
         c.tp = 2  # type: ignore[misc]  # frozen
 
@@ -109,6 +111,12 @@ def test_cache_bytes_accepts_floats_and_numeric_strings() -> None:
         ({"tuner": {"workers": 0}}, "tuner.workers"),
         ({"tuner": {"multiplier": 0}}, "tuner.multiplier"),
         ({"tuner": {"retune_every": 0}}, "tuner.retune_every"),
+        ({"api_key": ""}, "api_key"),
+        ({"api_key": "two words"}, "api_key"),
+        ({"max_body_bytes": 1023}, "max_body_bytes"),
+        ({"max_body_bytes": "big"}, "max_body_bytes"),
+        ({"redis_url": "http://localhost:6379"}, "redis_url"),
+        ({"redis_url": "redis://"}, "redis_url"),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, Any], key: str, tmp_path: Path) -> None:
@@ -188,6 +196,21 @@ def test_to_settings(models_root: Path) -> None:
     assert s.tuner == TunerSettings(multiplier=5, grid=(0.0, 1.0), retune_every=None, workers=3)
     fixed = config_from_mapping({"alpha": 0.7, "model_name": "my-model"}).to_settings(models_root)
     assert (fixed.alpha, fixed.model_name) == (0.7, "my-model")
+
+
+def test_security_keys(monkeypatch: pytest.MonkeyPatch, models_root: Path) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert default_config().api_key is None
+    c = config_from_mapping(
+        {"api_key": "sk-abc", "max_body_bytes": "64e3", "redis_url": "rediss://h:6380/2"}
+    )
+    s = c.to_settings(models_root)
+    assert (s.api_key, s.max_body_bytes, s.redis_url) == ("sk-abc", 64_000, "rediss://h:6380/2")
+    assert "sk-abc" not in repr(c) and "sk-abc" not in repr(s)
+    monkeypatch.setenv(API_KEY_ENV, "sk-env")
+    assert default_config().api_key == "sk-env"
+    assert load_serve_config(EXAMPLE).api_key == "sk-env"  # the example's api_key is null
+    assert "sk-env" not in repr(default_config().to_settings(models_root))
 
 
 def test_models_root_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
