@@ -45,16 +45,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_core import tuner_job  # the same window construction as the core benchmark
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.presets import get_preset
-from marconi_ray.core.systems import get_system
 from marconi_ray.core.trace import Request
-from marconi_ray.core.tuner import TuneJob, default_grid, run_grid
+from marconi_ray.core.tuner import run_grid
 from marconi_ray.engine.engine import Engine, build_planner
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.loader import load_model, read_config
@@ -448,21 +447,6 @@ def sharegpt_requests(args: argparse.Namespace) -> tuple[list[Request], str]:
                 )
         reqs.sort(key=lambda r: (r.ts, r.session_id, r.turn_id))
         return reqs, f"FALLBACK: packaged sample x{copies} with shifted ids ({exc})"
-
-
-def tuner_job(requests: list[Request], cost: CostModel, capacity: int, window: int) -> TuneJob:
-    """Serve until the first eviction, snapshot, and take the next `window` requests
-    (what `BootstrapTuner` hands over, with the window size fixed)."""
-    cache = PrefixCache(cost, get_system("marconi").cache_config(capacity))
-    for i, req in enumerate(requests):
-        cache.serve(req.input_tokens, req.output_tokens)
-        if cache.stats.evictions:
-            later = requests[i + 1 : i + 1 + window]
-            if len(later) < window:
-                break
-            pairs = tuple((r.input_tokens, r.output_tokens) for r in later)
-            return TuneJob(cache.snapshot(), pairs, default_grid(), "token_hit_rate", i + 1)
-    raise RuntimeError(f"trace too short for a {window}-request window at {capacity} bytes")
 
 
 def tuner_bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,7 +30,6 @@ import numpy.typing as npt
 import torch
 
 from marconi_kernels import get_kernels
-from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.hf_config import spec_from_hf_config
 from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.systems import get_system
@@ -64,18 +63,18 @@ def build_planner(
 ) -> Planner:
     """A planner whose cache prices bytes as `worker`'s store holds them (this rank's
     shard: exactly `core.model_spec`'s figures at world size 1) and FLOPs from the spec."""
-    spec_system = get_system(system)
     elem = torch.empty((), dtype=worker.model.dtype).element_size()
     spec = spec_from_hf_config(raw_config, dtype_bytes=elem)
-    linear, quadratic = spec.flops_coeffs()
     store = worker.store
-    cost = CostModel(linear, quadratic, store.kv_bytes_per_token, store.state_bytes)
-    cache = PrefixCache(cost, spec_system.cache_config(int(cache_bytes), alpha or 0.0))
-    tuned = spec_system.tuned and alpha is None
-    return Planner(
-        cache,
+    return Planner.for_system(
+        system,
+        spec.flops_coeffs(),
+        store.kv_bytes_per_token,
+        store.state_bytes,
+        cache_bytes,
         worker.model.cfg.max_position,
-        BootstrapTuner(tuner or TunerConfig()) if tuned else None,
+        alpha,
+        tuner,
     )
 
 

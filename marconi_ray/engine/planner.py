@@ -13,9 +13,18 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
+from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import Plan, PrefixCache
+from marconi_ray.core.systems import get_system
 from marconi_ray.core.tree_types import Freed, KVHandle
-from marconi_ray.core.tuner import BootstrapTuner, MapFn, TuneJob, TuneResult, run_grid
+from marconi_ray.core.tuner import (
+    BootstrapTuner,
+    MapFn,
+    TuneJob,
+    TunerConfig,
+    TuneResult,
+    run_grid,
+)
 from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, no_slots
 from marconi_ray.engine.sampling import SamplingParams
 
@@ -64,6 +73,31 @@ class Planner:
         self.on_tune_job = on_tune_job
         self.caching = cache.config.admission != "none"
         self._plans: dict[int, Plan] = {}
+
+    @classmethod
+    def for_system(
+        cls,
+        system: str,
+        flops: tuple[float, float],
+        kv_bytes_per_token: int,
+        state_bytes: int,
+        cache_bytes: int,
+        max_position: int,
+        alpha: float | None = None,
+        tuner: TunerConfig | None = None,
+        on_tune_job: Callable[[TuneJob], None] | None = None,
+    ) -> Planner:
+        """A planner for a named caching system (`core.systems`).
+
+        Its cache prices FLOPs with the spec's (linear, quadratic) coefficients `flops` and
+        bytes as the replica's store holds them. A tuned system with `alpha` None gets a
+        bootstrap tuner (`tuner`, or the defaults); otherwise alpha is fixed.
+        """
+        spec = get_system(system)
+        cost = CostModel(flops[0], flops[1], kv_bytes_per_token, state_bytes)
+        cache = PrefixCache(cost, spec.cache_config(int(cache_bytes), alpha or 0.0))
+        bootstrap = BootstrapTuner(tuner or TunerConfig()) if spec.tuned and alpha is None else None
+        return cls(cache, max_position, bootstrap, on_tune_job=on_tune_job)
 
     @property
     def open_requests(self) -> int:

@@ -22,17 +22,14 @@ import ray
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.hf_config import spec_from_hf_config
 from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.core.systems import get_system
-from marconi_ray.core.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult
+from marconi_ray.core.tuner import TuneJob, TunerConfig, TuneResult
+from marconi_ray.engine.engine import torch_dtype
 from marconi_ray.engine.loader import read_config
 from marconi_ray.engine.orders import Finished, Release
 from marconi_ray.engine.planner import Planner
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.serve.messages import Dispatch, ReplicaStats
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class CacheCoordinator:
@@ -42,7 +39,7 @@ class CacheCoordinator:
         self.settings = settings
         cfg, raw = read_config(settings.model_dir)
         self.max_position = cfg.max_position
-        spec = spec_from_hf_config(raw, dtype_bytes=DTYPE_BYTES[settings.dtype])
+        spec = spec_from_hf_config(raw, dtype_bytes=torch_dtype(settings.dtype).itemsize)
         self.flops = spec.flops_coeffs()
         self.planners: dict[str, Planner] = {}
         self._next_request = 0
@@ -55,23 +52,17 @@ class CacheCoordinator:
         store holds them (every rank of a replica holds the same amount)."""
         if replica_id in self.planners:
             return
-        system = get_system(self.settings.system)
-        cost = CostModel(self.flops[0], self.flops[1], kv_bytes_per_token, state_bytes)
-        alpha = self.settings.alpha
-        cache = PrefixCache(
-            cost, system.cache_config(self.settings.cache_bytes, 0.0 if alpha is None else alpha)
-        )
-        tuned = system.tuned and alpha is None
-        t = self.settings.tuner
-        tuner = (
-            BootstrapTuner(TunerConfig(t.multiplier, t.grid, retune_every=t.retune_every))
-            if tuned
-            else None
-        )
-        self.planners[replica_id] = Planner(
-            cache,
+        s = self.settings
+        t = s.tuner
+        self.planners[replica_id] = Planner.for_system(
+            s.system,
+            self.flops,
+            kv_bytes_per_token,
+            state_bytes,
+            s.cache_bytes,
             self.max_position,
-            tuner,
+            s.alpha,
+            TunerConfig(t.multiplier, t.grid, retune_every=t.retune_every),
             on_tune_job=functools.partial(self._send_job, replica_id),
         )
 
