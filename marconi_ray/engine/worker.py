@@ -69,7 +69,7 @@ class Worker:
 
     def step(self) -> list[TokenEvent]:
         """One decode step for up to `max_batch` running sequences (oldest first)."""
-        batch = [s for s in self._running[: self.max_batch]]
+        batch = self._running[: self.max_batch]
         if not batch:
             return []
         t0 = time.perf_counter()
