@@ -119,10 +119,13 @@ class ModelReplica:
 
     async def _run(self) -> None:
         while True:
-            if not self._pending and not self._orders and not self._stops:
-                await self._drain()
+            if self._idle():
+                # clear before the drain's await: a dispatch arriving meanwhile sets the
+                # event again, so the wait below cannot miss it (no lost wakeup)
                 self._wake.clear()
-                await self._wake.wait()
+                await self._drain()
+                if self._idle():
+                    await self._wake.wait()
             try:
                 await self._admit()
                 await self._stop_requested()
@@ -133,6 +136,9 @@ class ModelReplica:
                 log.exception("replica %s: step failed", self.replica_id)
                 await self._fail_all(exc)
             await asyncio.sleep(0)
+
+    def _idle(self) -> bool:
+        return not self._pending and not self._orders and not self._stops
 
     async def _drain(self) -> None:
         """Free what the coordinator released on this replica's behalf (plans abandoned

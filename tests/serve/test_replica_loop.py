@@ -1,0 +1,122 @@
+"""The replica's continuous-batching loop, driven without Ray so a race can be staged.
+
+The real loop runs against real shards and a real coordinator in test_serve_runtime.py;
+here the shards and the coordinator are in-process stand-ins whose calls can be held
+open, to pin one interleaving: a dispatch arriving while the idle loop awaits the
+coordinator's `drain` must still be served (CI once hung 15 minutes on this lost wakeup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from marconi_ray.engine.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.engine.results import Timings
+from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.serve.messages import Completed, Dispatch
+from marconi_ray.serve.replica import ModelReplica
+
+
+class _Call:
+    """`obj.method.remote(*args)` -> awaitable, like a Ray actor method."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class OneTokenShard:
+    """Every started request emits one token and finishes at the next step."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.finished: list[Finished] = []
+        self.start = _Call(self._start)
+        self.step = _Call(self._step)
+        self.take_finished = _Call(self._take)
+        self.release = _Call(self._noop)
+
+    async def _start(self, order: PrefillOrder, release: Release) -> list[TokenEvent]:
+        self.started.append(order.request_id)
+        return []
+
+    async def _step(self) -> list[TokenEvent]:
+        events = [TokenEvent(rid, 42, True) for rid in self.started]
+        for rid in self.started:
+            self.finished.append(Finished(rid, (42,), "length", {}, np.empty(0, np.int64), T0))
+        self.started = []
+        return events
+
+    async def _take(self) -> list[Finished]:
+        out, self.finished = self.finished, []
+        return out
+
+    async def _noop(self, *args: Any) -> None:
+        return None
+
+
+class GatedCoordinator:
+    """`drain` waits on `gate` (and reports that it was entered); `commit` frees nothing."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.draining = asyncio.Event()
+        self.drain = _Call(self._drain)
+        self.commit = _Call(self._commit)
+
+    async def _drain(self, replica_id: str) -> Release:
+        self.draining.set()
+        await self.gate.wait()
+        return Release()
+
+    async def _commit(self, replica_id: str, done: Finished) -> Release:
+        return Release()
+
+
+T0 = Timings(0.0, 0.0, 0.0, 0.0)
+
+
+def _replica(coordinator: GatedCoordinator) -> ModelReplica:
+    replica = object.__new__(ModelReplica)
+    replica.replica_id = "r0"
+    replica.shards = [OneTokenShard()]
+    replica.coordinator = coordinator
+    replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
+    replica._wake = asyncio.Event()
+    replica._loop_task = None
+    return replica
+
+
+def _dispatch(rid: int) -> Dispatch:
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    return Dispatch("r0", PrefillOrder(rid, np.arange(7, 12, dtype=np.int32), params, 1))
+
+
+async def _collect(replica: ModelReplica, rid: int) -> list[Any]:
+    return [event async for event in replica.generate(_dispatch(rid))]
+
+
+def test_dispatch_arriving_during_idle_drain_is_served():
+    async def main() -> list[Any]:
+        coordinator = GatedCoordinator()
+        replica = _replica(coordinator)
+        first = await asyncio.wait_for(_collect(replica, 0), 5)
+        assert isinstance(first[-1], Completed)
+        # the loop is now idle and blocked in `drain`; a dispatch arrives meanwhile
+        await asyncio.wait_for(coordinator.draining.wait(), 5)
+        second = asyncio.ensure_future(_collect(replica, 1))
+        await asyncio.sleep(0.01)
+        coordinator.gate.set()
+        events = await asyncio.wait_for(second, 5)
+        assert replica._loop_task is not None
+        replica._loop_task.cancel()
+        return events
+
+    events = asyncio.run(main())
+    assert [e.token for e in events[:-1]] == [42]
+    assert isinstance(events[-1], Completed) and events[-1].request_id == 1
