@@ -24,9 +24,10 @@ removed so that invariant 2 holds again.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.node_table import NodeTable
@@ -301,8 +302,9 @@ class RadixTree:
         self.table.release(node.slot)
         node.parent = None
 
-    def _refresh(self, node: Node) -> None:
-        """Recompute the node's candidate flags and efficiency in the table."""
+    def _refresh(self, node: Node, anchor: int | None = None) -> None:
+        """Recompute the node's candidate flags and efficiency in the table (`anchor`:
+        its `anchor_depth`, when the caller knows it)."""
         if node is self.root:
             return
         slot = node.slot
@@ -312,7 +314,10 @@ class RadixTree:
         self.table.leaf[slot] = candidate and n_children == 0
         if node.state != NO_STATE:
             self.table.efficiency[slot] = self.cost.efficiency(
-                node.depth, self.anchor_depth(node), len(node.edge), n_children == 0
+                node.depth,
+                self.anchor_depth(node) if anchor is None else anchor,
+                len(node.edge),
+                n_children == 0,
             )
 
     def _refresh_down(self, node: Node) -> None:
@@ -325,40 +330,192 @@ class RadixTree:
             if cur.state == NO_STATE:
                 stack.extend(cur.children.values())
 
-    # ------------------------------------------------------------- pickling
-    def __getstate__(self) -> dict[str, Any]:
-        """Flatten the tree (pre-order, parent indices): deep chains must not recurse."""
-        order = self.iter_nodes()
-        index = {id(n): i for i, n in enumerate(order)}
-        flat = [
-            (
-                -1 if n.parent is None else index[id(n.parent)],
-                n.edge,
-                n.kv,
-                n.depth,
-                n.state,
-                n.lock,
-                float(self.table.last_access[n.slot]),
-            )
-            for n in order
-        ]
-        return {"cost": self.cost, "flat": flat}
+    # ------------------------------------------------------------ flattening
+    def flatten(self) -> FlatTree:
+        """The tree as columns (see `FlatTree`), iteratively: chains can be deep.
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["cost"])  # type: ignore[misc]
-        built: list[Node] = []
-        for parent_i, edge, kv, depth, sid, lock, last in state["flat"]:
-            if parent_i < 0:
-                built.append(self.root)
-                continue
-            parent = built[parent_i]
-            node = Node(parent, edge, kv, depth, self.table.alloc())
-            node.state, node.lock = sid, lock
-            parent.children[int(edge[0])] = node
-            self.nodes[node.slot] = node
-            self.table.last_access[node.slot] = last
-            self.n_tokens += len(edge)
-            self.n_states += sid != NO_STATE
+        Raises ValueError when a node's KV handle is neither None nor a 1-D integer array
+        (castable to int64) as long as its edge.
+        """
+        order: list[Node] = []
+        parents: list[int] = []
+        stack: list[tuple[Node, int]] = [(self.root, -1)]
+        while stack:
+            node, parent_i = stack.pop()
+            index = len(order)
+            order.append(node)
+            parents.append(parent_i)
+            stack.extend((child, index) for child in reversed(node.children.values()))
+        kvs: list[npt.NDArray[np.int64]] = []
+        for node in order:
+            if node.kv is not None:
+                kvs.append(_kv_column(node))
+        return FlatTree(
+            parent=np.asarray(parents, dtype=np.int64),
+            slot=np.fromiter((n.slot for n in order), np.int64, len(order)),
+            edge_len=np.fromiter((len(n.edge) for n in order), np.int64, len(order)),
+            edges=np.concatenate([n.edge for n in order]).astype(np.int32, copy=False),
+            has_kv=np.fromiter((n.kv is not None for n in order), np.bool_, len(order)),
+            kv=np.concatenate(kvs) if kvs else np.zeros(0, dtype=np.int64),
+            state=np.fromiter((n.state for n in order), np.int64, len(order)),
+            lock=np.fromiter((n.lock for n in order), np.int64, len(order)),
+            last_access=self.table.last_access[[n.slot for n in order]].astype(np.float64),
+            n_slots=self.table.n_slots,
+            free=np.asarray(self.table._free, dtype=np.int64),
+        )
+
+    @classmethod
+    def from_flat(cls, cost: CostModel, flat: FlatTree) -> RadixTree:
+        """Rebuild a tree from `flatten`'s columns: the same nodes, children order, slots
+        and free-slot order, so later mutations and evictions match the original's.
+
+        Raises ValueError naming the first inconsistency (lengths, parent indices, slots,
+        edges, sibling keys, state ids, lock counts, invariant 2). Derived columns
+        (efficiency, candidate masks) are recomputed.
+        """
+        n = _check_flat(flat)
+        tree = cls(cost)
+        tree.table = NodeTable(flat.n_slots)
+        tree.table._free = [int(s) for s in flat.free]
+        slots = flat.slot.tolist()
+        parents = flat.parent.tolist()
+        states = flat.state.tolist()
+        locks = flat.lock.tolist()
+        edge_end = np.cumsum(flat.edge_len).tolist()
+        kv_end = np.cumsum(np.where(flat.has_kv, flat.edge_len, 0)).tolist()
+        has_kv = flat.has_kv.tolist()
+        root = Node(None, np.zeros(0, dtype=np.int32), None, 0, slots[0])
+        tree.root = root
+        tree.nodes = {root.slot: root}
+        built = [root]
+        anchors = [0]
+        for i in range(1, n):
+            p = parents[i]
+            parent = built[p]
+            edge = flat.edges[edge_end[i - 1] : edge_end[i]]
+            key = int(edge[0])
+            if key in parent.children:
+                raise ValueError(f"node {i}: its parent (node {p}) has two children keyed {key}")
+            kv = flat.kv[kv_end[i - 1] : kv_end[i]] if has_kv[i] else None
+            node = Node(parent, edge, kv, parent.depth + len(edge), slots[i])
+            node.state = states[i]
+            node.lock = locks[i]
+            parent.children[key] = node
+            tree.nodes[node.slot] = node
             built.append(node)
-        for node in built:
-            self._refresh(node)
+            anchors.append(parent.depth if parent.state != NO_STATE else anchors[p])
+        tree.table.last_access[flat.slot] = flat.last_access
+        tree.n_tokens = int(flat.edge_len.sum())
+        tree.n_states = int(np.count_nonzero(flat.state != NO_STATE))
+        for i, node in enumerate(built):
+            if i and node.state == NO_STATE and node.lock == 0 and len(node.children) < 2:
+                raise ValueError(f"node {i}: unlocked, holds no state and has < 2 children")
+            tree._refresh(node, anchors[i])
+        return tree
+
+
+@dataclass(frozen=True)
+class FlatTree:
+    """A radix tree as columns (its snapshot form). Nodes are listed root first, in
+    pre-order with children in their insertion order, so a parent precedes its children.
+
+    Attributes:
+        parent: int64[N], each node's parent index (-1 for the root, else < its own).
+        slot: int64[N], each node's node-table slot.
+        edge_len: int64[N], tokens on each edge (0 for the root).
+        edges: int32[sum(edge_len)], the edges' tokens, concatenated in node order.
+        has_kv: bool[N], whether a node's KV handle is an array (else None).
+        kv: int64[sum(edge_len[has_kv])], those KV handles, concatenated.
+        state: int64[N], SSM state id or NO_STATE.
+        lock: int64[N], lock counts.
+        last_access: float64[N], the nodes' last access times.
+        n_slots: the node table's size.
+        free: int64[n_slots - N], its free slots, in the order they are handed out last.
+    """
+
+    parent: npt.NDArray[np.int64]
+    slot: npt.NDArray[np.int64]
+    edge_len: npt.NDArray[np.int64]
+    edges: npt.NDArray[np.int32]
+    has_kv: npt.NDArray[np.bool_]
+    kv: npt.NDArray[np.int64]
+    state: npt.NDArray[np.int64]
+    lock: npt.NDArray[np.int64]
+    last_access: npt.NDArray[np.float64]
+    n_slots: int
+    free: npt.NDArray[np.int64]
+
+
+def _kv_column(node: Node) -> npt.NDArray[np.int64]:
+    arr = np.asarray(node.kv)
+    if (
+        arr.ndim != 1
+        or len(arr) != len(node.edge)
+        or arr.dtype.kind not in "iu"
+        or not np.can_cast(arr.dtype, np.int64)
+    ):
+        raise ValueError(
+            f"{node!r}: KV handle must be None or a 1-D integer array as long as the edge, "
+            f"got dtype {arr.dtype} shape {arr.shape}"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+_FLAT_DTYPES = {
+    "parent": np.int64,
+    "slot": np.int64,
+    "edge_len": np.int64,
+    "edges": np.int32,
+    "has_kv": np.bool_,
+    "kv": np.int64,
+    "state": np.int64,
+    "lock": np.int64,
+    "last_access": np.float64,
+    "free": np.int64,
+}
+_PER_NODE = ("slot", "edge_len", "has_kv", "state", "lock", "last_access")
+
+
+def _check_flat(flat: FlatTree) -> int:
+    """Validate `flat`'s columns against each other; return the node count."""
+    for name, dtype in _FLAT_DTYPES.items():
+        column = getattr(flat, name)
+        if not isinstance(column, np.ndarray) or column.ndim != 1 or column.dtype != dtype:
+            raise ValueError(f"tree column {name!r} must be a 1-D {np.dtype(dtype)} array")
+    n = len(flat.parent)
+    if n == 0:
+        raise ValueError("the tree has no root")
+    for name in _PER_NODE:
+        rows = len(getattr(flat, name))
+        if rows != n:
+            raise ValueError(f"tree column {name!r} has {rows} rows, expected {n}")
+    if flat.parent[0] != -1:
+        raise ValueError(f"the root (node 0) must have parent -1, got {flat.parent[0]}")
+    bad = np.flatnonzero((flat.parent[1:] < 0) | (flat.parent[1:] >= np.arange(1, n))) + 1
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"node {i} has parent index {flat.parent[i]}, not in [0, {i})")
+    if flat.edge_len[0] != 0 or flat.has_kv[0] or flat.state[0] != NO_STATE or flat.lock[0]:
+        raise ValueError("the root must have an empty edge, no KV, no state and no lock")
+    if n > 1 and flat.edge_len[1:].min() < 1:
+        raise ValueError(f"node {int(np.argmin(flat.edge_len[1:])) + 1} has an empty edge")
+    if flat.edge_len.max() > len(flat.edges) or len(flat.edges) != int(flat.edge_len.sum()):
+        raise ValueError(f"{len(flat.edges)} edge tokens, but edge lengths sum to another count")
+    if len(flat.edges) and flat.edges.min() < 0:
+        raise ValueError("edge tokens must be >= 0")
+    if len(flat.kv) != int(flat.edge_len[flat.has_kv].sum()):
+        raise ValueError(f"{len(flat.kv)} KV entries, but KV-holding edges hold another count")
+    if flat.state.min() < NO_STATE:
+        raise ValueError(f"state ids must be >= 0 (or {NO_STATE}: none)")
+    held = flat.state[flat.state != NO_STATE]
+    if len(np.unique(held)) != len(held):
+        raise ValueError("a state id is held by two nodes")
+    if flat.lock.min() < 0:
+        raise ValueError("lock counts must be >= 0")
+    if not np.isfinite(flat.last_access).all():
+        raise ValueError("last access times must be finite")
+    if flat.n_slots != n + len(flat.free):
+        raise ValueError(f"n_slots {flat.n_slots} != {n} nodes + {len(flat.free)} free slots")
+    if not np.array_equal(np.sort(np.concatenate([flat.slot, flat.free])), np.arange(flat.n_slots)):
+        raise ValueError(f"node and free slots must be range({flat.n_slots}), each used once")
+    return n

@@ -8,21 +8,31 @@ Protocol, driven by whoever serves requests (the replay loop, the live tuner act
   with the best objective (ties: the smallest alpha) and `adopt` it.
 - With `retune_every = k`, a new snapshot is taken at adoption and the next k requests
   form the next window, forever.
+Snapshots are `PrefixCache.snapshot` bytes (msgpack, no pickle); `BootstrapTuner.to_state`
+gives the tuner itself as a plain structure for the coordinator's journal.
 The grid evaluation is a pure function of the job, so serial, process-pool and Ray maps
 give the same answer.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from marconi_ray.core.cache_codec import (
+    SCHEMA_VERSION,
+    Fields,
+    State,
+    check_float,
+    check_header,
+    decode_array,
+    encode_array,
+)
 from marconi_ray.core.prefix_cache import PrefixCache
 
 OBJECTIVES = ("token_hit_rate", "flops_saved")
@@ -123,7 +133,7 @@ def _evaluate(
     alpha: float,
     objective: str,
 ) -> float:
-    cache: PrefixCache = pickle.loads(snapshot)
+    cache = PrefixCache.restore(snapshot)
     cache.set_alpha(alpha)
     before_hit, before_in = cache.stats.hit_tokens, cache.stats.input_tokens
     before_saved = cache.stats.flops_saved
@@ -225,3 +235,123 @@ class BootstrapTuner:
         self.window_target = size
         self.window_start = self.seen
         self.window = []
+
+    # ------------------------------------------------------------------ state
+    def to_state(self) -> State:
+        """The tuner as a plain structure (`cache_codec` conventions): its config, counters,
+        the window's snapshot (bytes) and requests (int32 arrays), its history."""
+        config = self.config
+        return {
+            "kind": TUNER_KIND,
+            "version": SCHEMA_VERSION,
+            "config": {
+                "multiplier": int(config.multiplier),
+                "grid": [float(a) for a in config.grid],
+                "objective": str(config.objective),
+                "retune_every": None if config.retune_every is None else int(config.retune_every),
+            },
+            "seen": int(self.seen),
+            "window_target": int(self.window_target),
+            "window_start": int(self.window_start),
+            "snapshot": self.snapshot,
+            "window": [
+                [encode_array(inp, "<i4"), encode_array(out, "<i4")] for inp, out in self.window
+            ],
+            "history": [
+                {
+                    "best_alpha": float(r.best_alpha),
+                    "scores": [[float(alpha), float(score)] for alpha, score in r.scores],
+                    "window_requests": int(r.window_requests),
+                    "start_request": int(r.start_request),
+                    "wall_s": float(r.wall_s),
+                }
+                for r in self.history
+            ],
+            "done": bool(self.done),
+            "pending": bool(self.pending),
+        }
+
+    @classmethod
+    def from_state(cls, state: object) -> BootstrapTuner:
+        """Validate a `to_state` structure and rebuild the tuner; ValueError if malformed.
+
+        The snapshot bytes are checked when a job replays them (`PrefixCache.restore`).
+        A tuner restored while `pending` waits for `adopt`, as the original did.
+        """
+        top = check_header(state, "tuner", TUNER_KIND, _TUNER_KEYS)
+        tuner = cls(_tuner_config_from(top.get("config")))
+        tuner.seen = top.get_int("seen", 0)
+        tuner.window_target = top.get_int("window_target", 0)
+        tuner.window_start = top.get_int("window_start", 0)
+        snapshot = top.get("snapshot")
+        tuner.snapshot = None if snapshot is None else top.get_bytes("snapshot")
+        tuner.window = [_window_item(item, i) for i, item in enumerate(top.get_list("window"))]
+        tuner.history = [_result_from(obj, i) for i, obj in enumerate(top.get_list("history"))]
+        tuner.done = top.get_bool("done")
+        tuner.pending = top.get_bool("pending")
+        if tuner.snapshot is None and tuner.window:
+            raise ValueError("tuner: a window is recorded without its snapshot")
+        if tuner.pending and (tuner.done or tuner.snapshot is not None):
+            raise ValueError("tuner: pending together with done or an open window")
+        return tuner
+
+
+TUNER_KIND = "bootstrap_tuner"
+_TUNER_KEYS = (
+    "kind",
+    "version",
+    "config",
+    "seen",
+    "window_target",
+    "window_start",
+    "snapshot",
+    "window",
+    "history",
+    "done",
+    "pending",
+)
+_CONFIG_KEYS = ("multiplier", "grid", "objective", "retune_every")
+_RESULT_KEYS = ("best_alpha", "scores", "window_requests", "start_request", "wall_s")
+
+
+def _tuner_config_from(obj: object) -> TunerConfig:
+    fields = Fields(obj, "tuner.config", _CONFIG_KEYS)
+    grid = tuple(
+        check_float(a, f"tuner.config.grid[{i}]") for i, a in enumerate(fields.get_list("grid"))
+    )
+    retune = fields.get("retune_every")
+    return TunerConfig(
+        multiplier=fields.get_int("multiplier"),
+        grid=grid,
+        objective=fields.get_str("objective"),
+        retune_every=None if retune is None else fields.get_int("retune_every"),
+    )
+
+
+def _window_item(item: Any, i: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    where = f"tuner.window[{i}]"
+    if not isinstance(item, list) or len(item) != 2:
+        raise ValueError(f"{where}: expected an [input, output] pair")
+    inp = decode_array(item[0], "<i4", f"{where}[0]")
+    out = decode_array(item[1], "<i4", f"{where}[1]")
+    if not len(inp) or min(inp.min(), out.min(initial=0)) < 0:
+        raise ValueError(f"{where}: tokens must be >= 0 and the input non-empty")
+    return inp, out
+
+
+def _result_from(obj: object, i: int) -> TuneResult:
+    path = f"tuner.history[{i}]"
+    fields = Fields(obj, path, _RESULT_KEYS)
+    scores: list[tuple[float, float]] = []
+    for j, pair in enumerate(fields.get_list("scores")):
+        where = f"{path}.scores[{j}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"{where}: expected an [alpha, score] pair")
+        scores.append((check_float(pair[0], where), check_float(pair[1], where)))
+    return TuneResult(
+        fields.get_float("best_alpha"),
+        tuple(scores),
+        fields.get_int("window_requests", 0),
+        fields.get_int("start_request", 0),
+        fields.get_float("wall_s"),
+    )

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
+from marconi_ray.core import cache_codec
+from marconi_ray.core.cache_codec import SCHEMA_VERSION, State, check_header, check_int
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import Plan, PrefixCache
 from marconi_ray.core.systems import get_system
@@ -27,6 +29,9 @@ from marconi_ray.core.tuner import (
 )
 from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, no_slots
 from marconi_ray.engine.sampling import SamplingParams
+
+PLANNER_KIND = "planner"
+_PLANNER_KEYS = ("kind", "version", "max_position", "cache", "requests", "tuner")
 
 
 def _slots(handles: Iterable[KVHandle]) -> Slots:
@@ -102,6 +107,53 @@ class Planner:
     @property
     def open_requests(self) -> int:
         return len(self._plans)
+
+    def is_planned(self, request_id: int) -> bool:
+        """True while `request_id` holds a plan (until its commit or abort)."""
+        return request_id in self._plans
+
+    # ------------------------------------------------------------------- state
+    def to_state(self) -> State:
+        """The planner as a plain structure (`cache_codec` conventions; msgpack it with
+        `cache_codec.pack`): its cache with the open plans, which plan each open request
+        holds, `max_position` and the tuner. Callables (`tune_map`, `on_tune_job`) are
+        not state: `from_state` takes them again."""
+        return {
+            "kind": PLANNER_KIND,
+            "version": SCHEMA_VERSION,
+            "max_position": int(self.max_position),
+            "cache": cache_codec.to_state(self.cache),
+            "requests": [[int(rid), int(plan.plan_id)] for rid, plan in self._plans.items()],
+            "tuner": None if self.tuner is None else self.tuner.to_state(),
+        }
+
+    @classmethod
+    def from_state(
+        cls,
+        state: object,
+        on_tune_job: Callable[[TuneJob], None] | None = None,
+        tune_map: MapFn = map,
+    ) -> Planner:
+        """Validate a `to_state` structure and rebuild the planner; ValueError if malformed
+        (also when its requests and the cache's open plans are not one to one). Open
+        requests can then be committed or aborted as if nothing had happened."""
+        top = check_header(state, "planner", PLANNER_KIND, _PLANNER_KEYS)
+        cache = cache_codec.from_state(top.get("cache"))
+        raw_tuner = top.get("tuner")
+        tuner = None if raw_tuner is None else BootstrapTuner.from_state(raw_tuner)
+        planner = cls(cache, top.get_int("max_position", 1), tuner, tune_map, on_tune_job)
+        for i, pair in enumerate(top.get_list("requests")):
+            where = f"planner.requests[{i}]"
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ValueError(f"{where}: expected a [request_id, plan_id] pair")
+            rid = check_int(pair[0], f"{where}[0]")
+            if rid in planner._plans:
+                raise ValueError(f"{where}: request id {rid} is listed twice")
+            planner._plans[rid] = cache.get_plan(check_int(pair[1], f"{where}[1]"))
+        held = {plan.plan_id for plan in planner._plans.values()}
+        if len(held) != len(planner._plans) or len(held) != cache.open_plans:
+            raise ValueError("planner.requests and the cache's open plans are not one to one")
+        return planner
 
     def order(
         self,

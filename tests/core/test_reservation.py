@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.prefix_cache import PrefixCache
 
 
 def test_reservation_is_the_upper_bound_and_is_released():
@@ -57,7 +58,7 @@ def test_bad_max_output_changes_nothing():
 def test_snapshot_drops_reservations():
     c = cache()
     c.plan(toks(1, 2), max_output=3)
-    restored = __import__("pickle").loads(c.snapshot())
+    restored = PrefixCache.restore(c.snapshot())
     assert restored.reserved == 0 and c.reserved > 0
 
 
