@@ -22,9 +22,10 @@ from typing import Any
 
 from marconi_ray.core.systems import SYSTEMS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
+from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
-_FLAG_KEYS = ("model", "port", "host", "tp", "replicas", "system", "cache_bytes")
+_FLAG_KEYS = ("model", "port", "host", "tp", "replicas", "system", "cache_bytes", "routing")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -66,11 +67,19 @@ def add_parser(subparsers: Any) -> None:
         metavar="B",
         help="prefix-cache budget per replica in bytes, e.g. 1e9 (default: 1e9)",
     )
+    p.add_argument(
+        "--routing",
+        choices=sorted(ROUTERS),
+        help="how requests are spread over replicas: cache_aware weighs the prefill FLOPs "
+        "each replica's cached prefix saves against its queue and keeps a session on the "
+        "replica holding its last state; round_robin cycles; least_loaded picks the "
+        f"fewest open requests (default: {DEFAULT_ROUTING})",
+    )
     p.set_defaults(func=run)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: getattr(args, key) for key in _FLAG_KEYS if getattr(args, key) is not None}
+    return {key: value for key in _FLAG_KEYS if (value := getattr(args, key, None)) is not None}
 
 
 def load_config(args: argparse.Namespace) -> ServeConfig:

@@ -94,6 +94,16 @@ class StateStore:
     def free_slots(self, slots: Slots) -> None:
         self._free.extend(int(s) for s in slots)
 
+    def used_slots(self) -> Slots:
+        """Ids of the KV slots currently allocated, ascending."""
+        used = np.ones(self._capacity, dtype=np.bool_)
+        used[np.asarray(self._free, dtype=np.int64)] = False
+        return np.flatnonzero(used).astype(np.int64)
+
+    def state_ids(self) -> list[int]:
+        """Ids of the states currently held, ascending."""
+        return sorted(self._states)
+
     def write_kv(self, slots: Slots, state: SeqState, start: int) -> None:
         """Copy `state`'s KV at positions [start, start + len(slots)) into `slots`."""
         if len(slots) == 0:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
 from marconi_ray.engine.results import Timings
 from marconi_ray.engine.sampling import Sampler, make_generator
 from marconi_ray.engine.seq_state import StateCheckpoint
@@ -119,6 +119,18 @@ class Worker:
                     self._finish(seq)
                 return True
         return False
+
+    def holdings(self) -> tuple[list[int], Slots]:
+        """(state ids, KV slot ids) the store holds on the cache's behalf: everything but
+        what running and not-yet-taken finished requests own. Reconciliation with the
+        coordinator's tree compares against these."""
+        owned = {sid for seq in self._running for sid in seq.state_ids.values()}
+        owned.update(sid for done in self._finished for sid in done.state_ids.values())
+        pending = [done.kv_slots for done in self._finished]
+        slots = self.store.used_slots()
+        if pending:
+            slots = slots[~np.isin(slots, np.concatenate(pending))]
+        return [sid for sid in self.store.state_ids() if sid not in owned], slots
 
     def release(self, release: Release) -> None:
         """Free states and slots the cache side no longer references."""

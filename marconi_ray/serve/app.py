@@ -18,12 +18,18 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 
 from marconi_ray.serve.coordinator import CacheCoordinator
+from marconi_ray.serve.journal import clear_journal
 from marconi_ray.serve.replica import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 
 def start_coordinator(settings: ServeSettings) -> Any:
-    """The named coordinator actor (created if absent; detached so it outlives drivers)."""
+    """The named coordinator actor (created if absent; detached so it outlives drivers).
+
+    Ray restarts it whenever its process dies (`max_restarts=-1`); its constructor then
+    replays the journal. Calls in flight at the crash are retried on the new instance
+    (`max_task_retries=-1`): `commit` is idempotent, a retried `plan` leaves an orphan
+    plan that its lease expires."""
     return (
         ray.remote(CacheCoordinator)
         .options(
@@ -32,6 +38,8 @@ def start_coordinator(settings: ServeSettings) -> Any:
             lifetime="detached",
             get_if_exists=True,
             num_cpus=0,
+            max_restarts=-1,
+            max_task_retries=-1,
         )
         .remote(settings)
     )
@@ -63,7 +71,8 @@ def run_app(settings: ServeSettings) -> None:
 
 
 def shutdown_app(settings: ServeSettings) -> None:
-    """Delete the application and kill the coordinator and tuner actors."""
+    """Delete the application, kill the coordinator and tuner actors, and clear the
+    Redis journal (the replicas' tensors are gone, so is what it described)."""
     try:
         with contextlib.suppress(RayServeException):  # no Serve instance: nothing to delete
             serve.delete(settings.app_name)
@@ -71,6 +80,8 @@ def shutdown_app(settings: ServeSettings) -> None:
         for name in (settings.coordinator_name, settings.tuner_name):
             with contextlib.suppress(ValueError):
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+        if settings.redis_url is not None:
+            clear_journal(settings.redis_url, settings.journal_prefix)
 
 
 def app_builder(args: dict[str, Any]) -> Any:

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,11 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
 from marconi_ray.serve.model_source import default_model_name, resolve_model
+from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
 AUTO: Final = "auto"
 API_KEY_ENV: Final = "MARCONI_API_KEY"
 """Environment variable read for `api_key` when the config has none."""
+REDIS_URL_ENV: Final = "MARCONI_REDIS_URL"
+"""Environment variable read for `redis_url` when the config has none. Without it, a URL
+is assembled from MARCONI_REDIS_HOST, MARCONI_REDIS_PORT (6379) and the password in
+MARCONI_REDIS_PASSWORD or the file named by MARCONI_REDIS_PASSWORD_FILE (what the
+cluster launchers and the KubeRay manifest set), when MARCONI_REDIS_HOST is set."""
 SECRET_KEYS: Final = frozenset({"api_key", "redis_url"})
 """Keys whose values are never shown (repr, error messages)."""
 REDIS_SCHEMES: Final = ("redis", "rediss")
@@ -122,12 +128,27 @@ class ServeConfig(BaseModel):
         default="cpu", description="Where shards run (cuda: one GPU per shard)."
     )
     max_batch: int = Field(default=8, ge=1, description="Most requests a replica decodes together.")
+    routing: str = Field(
+        default=DEFAULT_ROUTING,
+        description=f"How requests are spread over replicas, one of {sorted(ROUTERS)}: "
+        "cache_aware weighs the prefill FLOPs each replica's cached prefix saves against "
+        "its queue and keeps a session on the replica holding its last state; "
+        "round_robin cycles; least_loaded picks the fewest open requests.",
+    )
     route_load_weight: float = Field(
         default=256.0,
         ge=0,
         allow_inf_nan=False,
-        description="Tokens of cached prefix one queued request is worth when routing "
+        description="cache_aware routing charges each open request of a replica the "
+        "prefill FLOPs of this many tokens, against the FLOPs its cached prefix saves "
         "(higher spreads load, lower follows the cache).",
+    )
+    route_max_imbalance: int = Field(
+        default=4,
+        ge=0,
+        description="cache_aware routing never picks a replica with more than this many "
+        "open requests above the least loaded one; within it, a session stays on the "
+        "replica that holds its last state.",
     )
     tuner: TunerConfig = Field(
         default_factory=TunerConfig, description="Bootstrap alpha tuning settings."
@@ -148,8 +169,30 @@ class ServeConfig(BaseModel):
     redis_url: str | None = Field(
         default=None,
         repr=False,
-        description="Reserved for the request journal (not used yet): a redis:// or "
-        "rediss:// URL, or null.",
+        description="Redis for the coordinator's journal (redis://[:password@]host:port/db "
+        "or rediss://): cache metadata survives coordinator restarts. Null: taken from "
+        f"${REDIS_URL_ENV} or MARCONI_REDIS_HOST/_PORT/_PASSWORD(_FILE) when set, else an "
+        "in-memory journal (not persistent; logged).",
+    )
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds a planned request's lease on its cache hit lasts; replicas "
+        "renew the leases of the requests they run with every heartbeat, and a replica "
+        "silent for this long is dropped with its cache.",
+    )
+    heartbeat_s: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds between a replica's heartbeats to the coordinator (must be "
+        "well under lease_s).",
+    )
+    snapshot_every: int = Field(
+        default=20_000,
+        ge=1,
+        description="Journal records between two compact snapshots of the coordinator.",
     )
 
     @model_validator(mode="before")
@@ -159,6 +202,15 @@ class ServeConfig(BaseModel):
             key = os.environ.get(API_KEY_ENV)
             if key:
                 return {**data, "api_key": key}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _redis_url_from_env(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("redis_url") is None:
+            url = redis_url_from_env(os.environ)
+            if url:
+                return {**data, "redis_url": url}
         return data
 
     @model_validator(mode="before")
@@ -218,10 +270,24 @@ class ServeConfig(BaseModel):
             raise ValueError(f"must be a {schemes} URL with a host")
         return url
 
+    @model_validator(mode="after")
+    def _heartbeat_under_lease(self) -> ServeConfig:
+        if self.heartbeat_s * 3 > self.lease_s:
+            raise ValueError(
+                f"heartbeat_s ({self.heartbeat_s}) must be at most a third of lease_s "
+                f"({self.lease_s}), or live requests lose their leases"
+            )
+        return self
+
     @field_validator("system")
     @classmethod
     def _known_system(cls, value: str) -> str:
         return get_system(value).name
+
+    @field_validator("routing")
+    @classmethod
+    def _known_routing(cls, value: str) -> str:
+        return check_routing(value)
 
     @field_validator("alpha", mode="before")
     @classmethod
@@ -251,12 +317,31 @@ class ServeConfig(BaseModel):
             dtype=self.dtype,
             device=self.device,
             max_batch=self.max_batch,
+            routing=self.routing,
             route_load_weight=self.route_load_weight,
+            route_max_imbalance=self.route_max_imbalance,
             tuner=self.tuner.to_settings(),
             api_key=self.api_key,
             max_body_bytes=self.max_body_bytes,
             redis_url=self.redis_url,
+            lease_s=self.lease_s,
+            heartbeat_s=self.heartbeat_s,
+            snapshot_every=self.snapshot_every,
         )
+
+
+def redis_url_from_env(env: Mapping[str, str]) -> str | None:
+    """The journal's Redis URL from the environment (see `REDIS_URL_ENV`), or None."""
+    if env.get(REDIS_URL_ENV):
+        return env[REDIS_URL_ENV]
+    host = env.get("MARCONI_REDIS_HOST")
+    if not host:
+        return None
+    password = env.get("MARCONI_REDIS_PASSWORD")
+    if not password and env.get("MARCONI_REDIS_PASSWORD_FILE"):
+        password = Path(env["MARCONI_REDIS_PASSWORD_FILE"]).expanduser().read_text().strip()
+    auth = f":{quote(password, safe='')}@" if password else ""
+    return f"redis://{auth}{host}:{env.get('MARCONI_REDIS_PORT', '6379')}/0"
 
 
 def default_config() -> ServeConfig:

@@ -3,6 +3,7 @@ no tensors)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from marconi_ray.core.prefix_cache import PrefixCache
@@ -13,15 +14,35 @@ from marconi_ray.engine.results import Timings, Usage
 @dataclass(frozen=True)
 class Dispatch:
     """The coordinator's decision for one request: which replica runs it, its prefill
-    order, and what the replica must free first (evicted while reserving room)."""
+    order, and what the replica must free first (evicted while reserving room).
+
+    `generation` is the replica's registration generation the plan was made against, and
+    `deadline` (wall-clock seconds) the end of its lease: the replica refuses a dispatch
+    of another generation or past its deadline (`MisroutedDispatch`), so a request is
+    never started on a hit the coordinator may have released.
+    """
 
     replica_id: str
     order: PrefillOrder
     release: Release = field(default_factory=Release)
+    generation: int = 0
+    deadline: float = math.inf
 
 
 class MisroutedDispatch(RuntimeError):
-    """A replica was handed a dispatch planned for another replica (which has gone)."""
+    """A replica refused a dispatch: planned for another replica (which has gone), for an
+    earlier generation of this one (its cache was reset since), or past its lease's
+    deadline (the coordinator may have released its hit). Safe to plan again."""
+
+
+class ReplicaFailed(RuntimeError):
+    """A replica lost a shard while running the request (its TP group is being rebuilt,
+    its cache dropped). The tokens streamed so far are valid; the rest can be generated
+    elsewhere."""
+
+
+class NoReplicaAvailable(RuntimeError):
+    """No replica is registered and confirmed alive at the coordinator (HTTP 503)."""
 
 
 @dataclass(frozen=True)

@@ -3,47 +3,120 @@ deployment (pinned routing)."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import dataclasses
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
 from marconi_ray.engine.orders import TokenEvent
+from marconi_ray.engine.results import Timings, Usage
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.serve.generation import EventStream
-from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaStats
+from marconi_ray.serve.messages import (
+    Completed,
+    Dispatch,
+    MisroutedDispatch,
+    NoReplicaAvailable,
+    ReplicaFailed,
+    ReplicaStats,
+)
 
 
 class ReplicaUnavailable(RuntimeError):
-    """The replica a request was planned on could not take it (HTTP 503)."""
+    """No replica could run the request, even after re-planning it (HTTP 503)."""
+
+
+MAX_ATTEMPTS: Final = 4
+"""Dispatches one request may go through (the first plus re-plans after faults)."""
+
+RETRY_BACKOFF_S: Final = 0.2
+"""Pause before re-plan k (times k), so the coordinator can drop a dead replica."""
+
+
+PLAN_WAIT_S: Final = 10.0
+"""How long planning waits for a replica to be confirmed before the request fails."""
+
+PLAN_POLL_S: Final = 0.1
 
 
 class GuardedStream:
-    """A replica's event stream. If the replica refuses the dispatch (it was planned for
-    a replica that is gone), the plan is abandoned at the coordinator, so no lock,
-    reservation or state is left behind, and the request fails as unavailable."""
+    """A request's event stream that survives replica faults.
 
-    def __init__(self, stream: Any, coordinator: Any, dispatch: Dispatch) -> None:
+    When the replica refuses the dispatch (`MisroutedDispatch`: another replica's, a
+    reset generation, a lapsed lease), loses a shard (`ReplicaFailed`) or dies itself
+    (`RayActorError`), the plan is abandoned at the coordinator (no lock, reservation or
+    state is left behind) and the request is planned again: from scratch when no token
+    was streamed, otherwise as a continuation whose prompt is the original prompt plus
+    the tokens already streamed (greedy outputs are unchanged by the resume; sampled ones
+    draw fresh randomness). The caller sees one uninterrupted stream whose `Completed`
+    counts the original prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
+    """
+
+    def __init__(self, stream: Any, backend: RayBackend, dispatch: Dispatch) -> None:
         self._stream = stream
-        self._coordinator = coordinator
+        self._backend = backend
+        self._first = dispatch
         self._dispatch = dispatch
-        self._first = True
+        self._emitted: list[int] = []
+        self._ended = False
+        self._pending: Completed | None = None
+        self.attempts = 1
 
     def __aiter__(self) -> GuardedStream:
         return self
 
     async def __anext__(self) -> TokenEvent | Completed:
+        while True:
+            if self._pending is not None:
+                done, self._pending = self._pending, None
+                return done
+            try:
+                event: TokenEvent | Completed = await self._stream.__anext__()
+            except RayTaskError as exc:
+                if not isinstance(exc.cause, MisroutedDispatch | ReplicaFailed):
+                    raise
+                await self._resume(exc.cause)
+                continue
+            except RayActorError as exc:
+                await self._resume(exc)
+                continue
+            if isinstance(event, TokenEvent):
+                self._emitted.append(event.token)
+                self._ended = event.finished
+                return event
+            if self.attempts > 1:
+                return self._completed(event.finish_reason, event.timings)
+            return event
+
+    def _completed(self, reason: str, timings: Timings) -> Completed:
+        """The end of the whole request, counted against its original prompt."""
+        order = self._first.order
+        usage = Usage(len(order.prompt), len(self._emitted), order.hit_len)
+        return Completed(order.request_id, reason, usage, timings)
+
+    async def _resume(self, cause: BaseException) -> None:
+        await self._backend.coordinator.abandon.remote(self._dispatch)
+        if self.attempts >= MAX_ATTEMPTS:
+            raise ReplicaUnavailable(str(cause)) from None
+        order = self._first.order
+        k = len(self._emitted)
+        if self._ended or k >= order.max_new:  # every token arrived, only Completed lost
+            reason = "length" if k >= order.max_new else "stop"
+            self._pending = self._completed(reason, Timings(0.0, 0.0, 0.0, 0.0))
+            return
+        await asyncio.sleep(RETRY_BACKOFF_S * self.attempts)
+        self.attempts += 1
+        prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
+        params = dataclasses.replace(order.params, max_tokens=order.max_new - k)
         try:
-            event: TokenEvent | Completed = await self._stream.__anext__()
+            self._dispatch = await self._backend.plan(prompt, params, order.submitted)
         except RayTaskError as exc:
-            if self._first and isinstance(exc.cause, MisroutedDispatch):
-                await self._coordinator.abandon.remote(self._dispatch)
-                raise ReplicaUnavailable(str(exc.cause)) from None
-            raise
-        self._first = False
-        return event
+            raise ReplicaUnavailable(f"re-planning failed: {exc.cause}") from None
+        self._stream = self._backend.stream(self._dispatch)
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -59,18 +132,28 @@ class RayBackend:
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
     ) -> Dispatch:
-        """Route and plan; a ValueError raised by the coordinator is re-raised as such."""
-        try:
-            dispatch: Dispatch = await self.coordinator.plan.remote(prompt, params, submitted)
-        except RayTaskError as exc:
-            if isinstance(exc.cause, ValueError):
-                raise ValueError(str(exc.cause)) from None
-            raise
-        return dispatch
+        """Route and plan; a ValueError raised by the coordinator is re-raised as such.
+        While no replica is confirmed (a restarted coordinator waiting for heartbeats, a
+        replica rebuilding), planning is retried for up to `PLAN_WAIT_S`."""
+        waited = 0.0
+        while True:
+            try:
+                dispatch: Dispatch = await self.coordinator.plan.remote(prompt, params, submitted)
+                return dispatch
+            except RayTaskError as exc:
+                if isinstance(exc.cause, ValueError):
+                    raise ValueError(str(exc.cause)) from None
+                if not isinstance(exc.cause, NoReplicaAvailable) or waited >= PLAN_WAIT_S:
+                    raise
+            await asyncio.sleep(PLAN_POLL_S)
+            waited += PLAN_POLL_S
 
     def generate(self, dispatch: Dispatch) -> EventStream:
-        stream = self.replicas.options(stream=True).generate.remote(dispatch)
-        return GuardedStream(stream, self.coordinator, dispatch)
+        return GuardedStream(self.stream(dispatch), self, dispatch)
+
+    def stream(self, dispatch: Dispatch) -> Any:
+        """The chosen replica's raw event stream (pinned routing)."""
+        return self.replicas.options(stream=True).generate.remote(dispatch)
 
     async def stats(self) -> list[ReplicaStats]:
         return list(await self.coordinator.stats.remote())

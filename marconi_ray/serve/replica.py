@@ -9,21 +9,32 @@ go to every shard in the same order (lockstep); rank 0's results are used.
 
 `generate(dispatch)` streams `TokenEvent`s and ends with one `Completed`. If the caller
 stops listening (disconnect, stop string), the request is finished early and committed.
+
+Faults: the replica heartbeats the coordinator every `heartbeat_s` (renewing the leases
+of the requests it runs and queues); when a restarted coordinator asks, the loop
+reconciles the store with the restored tree between two steps. A dispatch of another
+generation or past its lease deadline is refused (`MisroutedDispatch`: the ingress plans
+it again). When a shard dies, every request in flight fails with `ReplicaFailed` (the
+ingress resumes it elsewhere), the coordinator drops this replica's cache, the TP group
+is rebuilt from scratch and the replica registers again under a new generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 from ray import serve
+from ray.exceptions import RayActorError
 
 from marconi_ray.engine.orders import Finished, Release, TokenEvent
 from marconi_ray.engine.results import Usage
-from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch
+from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard import ShardActor
 
@@ -42,31 +53,42 @@ class ModelReplica:
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        gpu = 1 if settings.device == "cuda" else 0
-        actor = ray.remote(num_cpus=1, num_gpus=gpu)(ShardActor)
-        self.shards: list[Any] = [actor.remote(rank, settings.tp) for rank in range(settings.tp)]
-        address = ray.get(self.shards[0].address.remote())
-        infos = ray.get(
-            [
-                s.setup.remote(
-                    settings.model_dir, address, settings.dtype, settings.device, settings.max_batch
-                )
-                for s in self.shards
-            ]
-        )
-        self.info = infos[0]
+        self.rebuilds = 0
+        self.shards: list[Any] = []
+        self.info = ray.get(self._start_shards())
         self.coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
-        ray.get(
-            self.coordinator.register_replica.remote(
-                self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
-            )
+        registered: Any = self.coordinator.register_replica.remote(
+            self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
         )
+        self.generation: int = int(ray.get(registered))
         self._pending: list[Dispatch] = []
         self._stops: set[int] = set()
         self._queues: dict[int, asyncio.Queue[Any]] = {}
         self._orders: dict[int, Dispatch] = {}
         self._wake: asyncio.Event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._reconcile_due: bool = False
+        self._last_beat: float = 0.0
+
+    def shard_name(self, rank: int) -> str:
+        """Ray actor name of a shard of the current TP group (namespace `marconi`)."""
+        return f"{self.settings.app_name}-{self.replica_id}-shard{rank}-{self.rebuilds}"
+
+    def _start_shards(self) -> Any:
+        """Create and set up a fresh TP group; an ObjectRef of rank 0's store info."""
+        s = self.settings
+        gpu = 1 if s.device == "cuda" else 0
+        actor = ray.remote(num_cpus=1, num_gpus=gpu, max_restarts=0)(ShardActor)
+        self.shards = [
+            actor.options(name=self.shard_name(rank), namespace=NAMESPACE).remote(rank, s.tp)
+            for rank in range(s.tp)
+        ]
+        address = ray.get(self.shards[0].address.remote())
+        infos = [
+            shard.setup.remote(s.model_dir, address, s.dtype, s.device, s.max_batch)
+            for shard in self.shards
+        ]
+        return infos[0]
 
     # ------------------------------------------------------------------ API
     async def generate(self, dispatch: Dispatch) -> AsyncIterator[TokenEvent | Completed]:
@@ -76,6 +98,8 @@ class ModelReplica:
                 f"dispatch planned for replica {dispatch.replica_id!r} reached {self.replica_id!r}"
             )
         rid = dispatch.order.request_id
+        if rid in self._queues:
+            raise MisroutedDispatch(f"request {rid} is already running on {self.replica_id!r}")
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._queues[rid] = queue
         self._orders[rid] = dispatch
@@ -97,9 +121,13 @@ class ModelReplica:
                 self._wake.set()
 
     async def stats(self) -> dict[str, Any]:
-        """Rank 0's store figures (bytes held, live states, running requests)."""
+        """Rank 0's store figures (bytes held, live states, running requests), with the
+        replica's id, generation, shard actor names and TP group rebuilds."""
         result: dict[str, Any] = await self.shards[0].store_stats.remote()
         result["replica_id"] = self.replica_id
+        result["generation"] = self.generation
+        result["rebuilds"] = self.rebuilds
+        result["shards"] = [self.shard_name(rank) for rank in range(len(self.shards))]
         return result
 
     def check_health(self) -> None:
@@ -125,17 +153,91 @@ class ModelReplica:
                 self._wake.clear()
                 await self._drain()
                 if self._idle():
-                    await self._wake.wait()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.heartbeat_s)
             try:
+                await self._beat()
+                if self._reconcile_due:
+                    await self._reconcile()
                 await self._admit()
                 await self._stop_requested()
                 if self._orders:
                     self._deliver(await self._all("step"))
                 await self._commit(await self._all("take_finished"))
-            except Exception as exc:  # a shard failed: fail every request in flight
+            except RayActorError as exc:  # a shard died: rebuild the TP group
+                log.exception("replica %s: a shard died", self.replica_id)
+                await self._rebuild(exc)
+            except Exception as exc:  # a step failed: fail every request in flight
                 log.exception("replica %s: step failed", self.replica_id)
                 await self._fail_all(exc)
             await asyncio.sleep(0)
+
+    # ------------------------------------------------------------------ liveness
+    def _live(self) -> list[int]:
+        return [d.order.request_id for d in self._pending] + list(self._orders)
+
+    async def _beat(self) -> None:
+        """Heartbeat when due: renew leases; learn whether to register or reconcile."""
+        now = time.monotonic()
+        if now - self._last_beat < self.settings.heartbeat_s:
+            return
+        self._last_beat = now
+        try:
+            status, _ = await self.coordinator.heartbeat.remote(self.replica_id, self._live())
+        except Exception:
+            log.exception("replica %s: heartbeat failed", self.replica_id)
+            return
+        if status == "register":
+            self.generation = await self.coordinator.register_replica.remote(
+                self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
+            )
+        if status in ("register", "reconcile"):
+            self._reconcile_due = True
+
+    async def _reconcile(self) -> None:
+        """Report what the store holds for the cache; free what no tree refers to. Runs
+        between steps, after every finished request was committed."""
+        states, slots = await self.shards[0].holdings.remote()
+        generation, release = await self.coordinator.reconcile.remote(
+            self.replica_id, states, slots
+        )
+        await self._all("release", release)
+        self.generation = generation
+        self._reconcile_due = False
+        log.warning(
+            "replica %s reconciled with the coordinator: freed %d states, %d KV slots",
+            self.replica_id,
+            len(release.states),
+            len(release.slots),
+        )
+
+    async def _rebuild(self, exc: BaseException) -> None:
+        """A shard died: fail what runs, drop this replica's cache at the coordinator,
+        replace the whole TP group and register again (new generation)."""
+        # unregister first: requests failed below are re-planned on other replicas
+        await self.coordinator.unregister_replica.remote(self.replica_id)
+        failure = ReplicaFailed(f"replica {self.replica_id} lost a shard: {exc}")
+        for rid in list(self._orders):
+            self._fail(rid, failure)
+        for dispatch in self._pending:
+            self._fail(dispatch.order.request_id, failure)
+        self._pending, self._stops = [], set()
+        for shard in self.shards:
+            ray.kill(shard, no_restart=True)
+        self.rebuilds += 1
+        while True:
+            try:
+                self.info = await self._start_shards()
+                break
+            except Exception:
+                log.exception("replica %s: rebuilding the TP group failed", self.replica_id)
+                for shard in self.shards:
+                    ray.kill(shard, no_restart=True)
+                await asyncio.sleep(self.settings.heartbeat_s)
+        self.generation = await self.coordinator.register_replica.remote(
+            self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
+        )
+        log.warning("replica %s: TP group rebuilt (%d)", self.replica_id, self.rebuilds)
 
     def _idle(self) -> bool:
         return not self._pending and not self._orders and not self._stops
@@ -153,12 +255,27 @@ class ModelReplica:
         while self._pending:
             dispatch = self._pending.pop(0)
             rid = dispatch.order.request_id
+            stale = self._stale(dispatch)
+            if stale:
+                self._fail(rid, MisroutedDispatch(stale))
+                continue
             try:
                 self._deliver(await self._all("start", dispatch.order, dispatch.release))
             except Exception as exc:
                 release = await self.coordinator.abort.remote(self.replica_id, rid)
                 await self._all("release", release)
                 self._fail(rid, exc)
+
+    def _stale(self, dispatch: Dispatch) -> str:
+        """Why `dispatch` must not start here ('' when it may)."""
+        if dispatch.generation != self.generation:
+            return (
+                f"dispatch planned for generation {dispatch.generation} of replica "
+                f"{self.replica_id!r}, now at {self.generation} (its cache was reset)"
+            )
+        if time.time() > dispatch.deadline:
+            return f"dispatch of request {dispatch.order.request_id} reached past its lease"
+        return ""
 
     async def _stop_requested(self) -> None:
         stops, self._stops = self._stops, set()
@@ -188,7 +305,9 @@ class ModelReplica:
         self._orders.pop(rid, None)
         queue = self._queues.pop(rid, None)
         if queue is not None:
-            queue.put_nowait(RuntimeError(f"request {rid} failed on replica: {exc}"))
+            if not isinstance(exc, MisroutedDispatch | ReplicaFailed):
+                exc = RuntimeError(f"request {rid} failed on replica: {exc}")
+            queue.put_nowait(exc)
 
     async def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self._orders):

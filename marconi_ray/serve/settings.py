@@ -40,15 +40,25 @@ class ServeSettings:
         max_batch: most requests one replica decodes together.
         app_name: the Serve application's name; the coordinator and tuner actors are
             named after it, so several applications can share one Ray cluster.
-        route_load_weight: tokens of cached prefix one queued request is worth when
-            routing (higher spreads load, lower follows the cache).
+        routing: routing strategy across replicas (`serve.routing.ROUTERS`):
+            `cache_aware` (default), `round_robin` or `least_loaded`.
+        route_load_weight: `cache_aware` routing charges each open request of a replica
+            the prefill FLOPs of this many tokens, weighed against the FLOPs its cached
+            prefix saves (higher spreads load, lower follows the cache).
+        route_max_imbalance: `cache_aware` routing never picks a replica with more than
+            this many open requests above the least loaded one; below that bound a
+            session stays on the replica that holds its last state.
         api_key: when set, every request but `GET /health` (the `/v1/*` API and
             `/metrics`) must send `Authorization: Bearer <api_key>` (401 otherwise).
             Secret: left out of `repr`, never logged.
         max_body_bytes: largest request body accepted (413 beyond it), checked on
             Content-Length and while reading chunked bodies.
-        redis_url: reserved for the request journal (`redis://` / `rediss://`); not used
-            yet. Left out of `repr` (it may carry a password).
+        redis_url: Redis of the coordinator's journal (`redis://` / `rediss://`), or None
+            for the in-memory one. Left out of `repr` (it may carry a password).
+        lease_s: lease of a planned request on its hit; also how long a replica may stay
+            silent before the coordinator drops it and its cache.
+        heartbeat_s: seconds between a replica's heartbeats (lease renewals).
+        snapshot_every: journal records between two compact snapshots.
     """
 
     model_dir: str
@@ -63,17 +73,27 @@ class ServeSettings:
     dtype: str = "float32"
     device: str = "cpu"
     max_batch: int = 8
+    routing: str = "cache_aware"
     route_load_weight: float = 256.0
+    route_max_imbalance: int = 4
     tuner: TunerSettings = field(default_factory=TunerSettings)
     app_name: str = "marconi"
     api_key: str | None = field(default=None, repr=False)
     max_body_bytes: int = 1_048_576
     redis_url: str | None = field(default=None, repr=False)
+    lease_s: float = 30.0
+    heartbeat_s: float = 1.0
+    snapshot_every: int = 20_000
 
     @property
     def coordinator_name(self) -> str:
         """The coordinator actor's name (one per application)."""
         return f"{COORDINATOR_NAME}-{self.app_name}"
+
+    @property
+    def journal_prefix(self) -> str:
+        """Redis key prefix of the application's journal."""
+        return f"{NAMESPACE}:{self.app_name}"
 
     @property
     def tuner_name(self) -> str:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from marconi_ray.engine.engine import torch_dtype
 from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 
@@ -96,6 +96,10 @@ class ShardActor:
         return self._w().cancel(request_id)
 
     # ------------------------------------------------------------------ views
+    def holdings(self) -> tuple[list[int], Slots]:
+        """What the store holds on the cache's behalf (see `Worker.holdings`)."""
+        return self._w().holdings()
+
     def store_stats(self) -> dict[str, Any]:
         worker = self._w()
         return {

@@ -18,6 +18,7 @@ from marconi_ray.engine.results import Timings
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch
 from marconi_ray.serve.replica import ModelReplica
+from marconi_ray.serve.settings import ServeSettings
 
 
 class _Call:
@@ -68,6 +69,7 @@ class GatedCoordinator:
         self.draining = asyncio.Event()
         self.drain = _Call(self._drain)
         self.commit = _Call(self._commit)
+        self.heartbeat = _Call(self._heartbeat)
 
     async def _drain(self, replica_id: str) -> Release:
         self.draining.set()
@@ -77,6 +79,9 @@ class GatedCoordinator:
     async def _commit(self, replica_id: str, done: Finished) -> Release:
         return Release()
 
+    async def _heartbeat(self, replica_id: str, live: list[int]) -> tuple[str, int]:
+        return "ok", 0
+
 
 T0 = Timings(0.0, 0.0, 0.0, 0.0)
 
@@ -84,6 +89,9 @@ T0 = Timings(0.0, 0.0, 0.0, 0.0)
 def _replica(coordinator: GatedCoordinator) -> ModelReplica:
     replica = object.__new__(ModelReplica)
     replica.replica_id = "r0"
+    replica.settings = ServeSettings(model_dir="unused", model_name="tiny", heartbeat_s=60.0)
+    replica.generation = 0
+    replica._reconcile_due, replica._last_beat = False, 0.0
     replica.shards = [OneTokenShard()]
     replica.coordinator = coordinator
     replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}

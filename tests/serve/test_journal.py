@@ -1,0 +1,148 @@
+"""Journal records: schema, bounded decoding, no pickle/ext types; the Redis journal's
+stream/snapshot layout and degraded mode against a real `redis-server`."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from redis_server import RedisServer
+
+from marconi_ray.serve.journal import (
+    MAX_RECORD_BYTES,
+    SCHEMA_VERSION,
+    JournalError,
+    MemoryJournal,
+    RedisJournal,
+    decode_record,
+    decode_snapshot,
+    encode_record,
+    encode_snapshot,
+    pack_array,
+    unpack,
+    unpack_array,
+)
+
+ABORT = {"replica": "r0", "request": 7, "reason": "client"}
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _raw(record: dict) -> bytes:
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def test_records_round_trip_with_arrays():
+    prompt = np.arange(5, 300, dtype=np.int32)
+    data = encode_record(
+        3,
+        "plan",
+        {
+            "replica": "r0",
+            "request": 9,
+            "prompt": pack_array(prompt, np.int32),
+            "params": {"max_tokens": 4},
+            "submitted": 1.5,
+        },
+    )
+    record = decode_record(data)
+    assert record["seq"] == 3 and record["op"] == "plan" and record["v"] == SCHEMA_VERSION
+    assert np.array_equal(unpack_array(record["prompt"], np.int32, "prompt"), prompt)
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"v": 99, "seq": 1, "op": "abort", **ABORT}, "schema version 99"),
+        ({"v": SCHEMA_VERSION, "seq": -1, "op": "abort", **ABORT}, "seq"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "drop_table", **ABORT}, "unknown record op"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", "replica": "r0"}, "'request'"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "request": "7"}, "'request'"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "request": True}, "'request'"),
+        ([1, 2, 3], "must be a map"),
+    ],
+)
+def test_schema_violations_name_the_field(record, message):
+    with pytest.raises(JournalError, match=message):
+        decode_record(_raw(record))
+
+
+def test_hostile_bytes_are_journal_errors_never_pickle():
+    good = encode_record(1, "abort", ABORT)
+    for data in (good[:-3], b"", b"\xc1", pickle.dumps({"op": "abort"})):
+        with pytest.raises(JournalError):
+            decode_record(data)
+    ext = msgpack.packb(msgpack.ExtType(5, b"payload"))
+    with pytest.raises(JournalError, match="ext"):
+        unpack(ext, 1024)
+    with pytest.raises(JournalError, match="exceeds the limit"):
+        unpack(b"\x00" * 2048, 1024)
+    claims_huge = b"\xc6\x7f\xff\xff\xff" + b"x" * 10  # bin32 of 2 GiB, 10 bytes follow
+    with pytest.raises(JournalError):
+        unpack(claims_huge, 1024)
+    with pytest.raises(JournalError, match="whole number"):
+        unpack_array(b"\x00" * 5, np.int32, "prompt")
+    assert MAX_RECORD_BYTES >= 1 << 20
+
+
+def test_snapshot_round_trip_and_errors():
+    seq, state = decode_snapshot(encode_snapshot(12, {"next_request": 4, "replicas": []}))
+    assert seq == 12 and state == {"next_request": 4, "replicas": []}
+    with pytest.raises(JournalError, match="snapshot"):
+        decode_snapshot(_raw({"v": SCHEMA_VERSION, "seq": "x", "state": {}}))
+
+
+def test_memory_journal_snapshot_replaces_records():
+    journal = MemoryJournal()
+    journal.append(encode_record(1, "abort", ABORT))
+    journal.append(encode_record(2, "abort", ABORT))
+    assert journal.load()[0] is None and len(journal.load()[1]) == 2
+    journal.snapshot(encode_snapshot(2, {}))
+    snapshot, records = journal.load()
+    assert snapshot is not None and records == []
+
+
+def test_redis_journal_layout_and_outage(redis_server):
+    journal = RedisJournal(redis_server.url, "marconi:j", retry_s=0.0, max_backlog=2)
+    for seq in (1, 2):
+        journal.append(encode_record(seq, "abort", ABORT))
+    client = redis_server.client()
+    assert client.xlen("marconi:j:journal") == 2
+    assert journal.snapshot(encode_snapshot(2, {"x": 1}))
+    assert client.xlen("marconi:j:journal") == 0 and client.exists("marconi:j:snapshot")
+    journal.append(encode_record(3, "abort", ABORT))
+    redis_server.stop()
+    journal.append(encode_record(4, "abort", ABORT))
+    assert not journal.healthy and journal.status()["backlog"] == 1
+    assert not journal.snapshot(encode_snapshot(4, {}))
+    redis_server.start()
+    journal.append(encode_record(5, "abort", ABORT))
+    assert journal.healthy and journal.status()["backlog"] == 0
+    snapshot, records = RedisJournal(redis_server.url, "marconi:j").load()
+    assert decode_snapshot(snapshot) == (2, {"x": 1})
+    assert [decode_record(r)["seq"] for r in records] == [3, 4, 5]
+    redis_server.stop()
+    for seq in (6, 7, 8):
+        journal.append(encode_record(seq, "abort", ABORT))
+    assert journal.status()["lost"] == 3 and journal.status()["backlog"] == 0
+    redis_server.start()
+    assert journal.needs_snapshot
+
+
+def test_wrong_password_is_a_redis_error_at_load(redis_server):
+    import redis
+
+    url = redis_server.url.replace("test-journal-password", "wrong")
+    with pytest.raises(redis.RedisError):
+        RedisJournal(url, "marconi:j").load()
