@@ -359,6 +359,17 @@ class CacheCoordinator:
         )
         return self.replica_info[replica_id].generation, release
 
+    def report_unreachable(self, replica_id: str) -> bool:
+        """Someone could not reach a replica (a dispatch for it landed elsewhere because
+        Serve no longer lists it). Drop it at once if its heartbeats have stopped too
+        (none for two intervals), instead of waiting `lease_s`; True if dropped."""
+        info = self.replica_info.get(replica_id)
+        if info is None or self.clock() - info.last_seen <= 2 * self.settings.heartbeat_s:
+            return False
+        log.warning("replica %s unreachable and silent: dropped", replica_id)
+        self.unregister_replica(replica_id)
+        return True
+
     def _confirm(self, replica_id: str) -> None:
         info = self.replica_info[replica_id]
         info.confirmed, info.last_seen = True, self.clock()

@@ -33,7 +33,7 @@ class ReplicaUnavailable(RuntimeError):
 MAX_ATTEMPTS: Final = 4
 """Dispatches one request may go through (the first plus re-plans after faults)."""
 
-RETRY_BACKOFF_S: Final = 0.2
+RETRY_BACKOFF_S: Final = 0.5
 """Pause before re-plan k (times k), so the coordinator can drop a dead replica."""
 
 

@@ -94,6 +94,7 @@ class ModelReplica:
     async def generate(self, dispatch: Dispatch) -> AsyncIterator[TokenEvent | Completed]:
         """Run one planned request; stream its tokens, then its `Completed`."""
         if dispatch.replica_id != self.replica_id:
+            self.coordinator.report_unreachable.remote(dispatch.replica_id)
             raise MisroutedDispatch(
                 f"dispatch planned for replica {dispatch.replica_id!r} reached {self.replica_id!r}"
             )

@@ -269,3 +269,19 @@ def test_unreadable_journal_starts_empty(model_dir, redis_server):
     coord = CacheCoordinator(_settings(model_dir), journal=_journal(redis_server))
     assert not coord.recovery["ok"] and "msgpack" in coord.recovery["error"]
     assert coord.replicas() == []
+
+
+def test_unreachable_replica_is_dropped_once_its_heartbeats_stop(model_dir):
+    clock = Clock()
+    worker = _worker(model_dir)
+    coord = CacheCoordinator(
+        _settings(model_dir, heartbeat_s=1.0), journal=MemoryJournal(), clock=clock
+    )
+    _register(coord, worker, "gone")
+    _register(coord, worker, "alive")
+    clock.now += 1.5
+    coord.heartbeat("alive", [])
+    assert not coord.report_unreachable("alive")
+    assert not coord.report_unreachable("gone"), "1.5 s of silence is within 2 heartbeats"
+    clock.now += 1.0
+    assert coord.report_unreachable("gone") and coord.replicas() == ["alive"]
