@@ -74,6 +74,11 @@ between the coordinator and the replica that checks the deadline)."""
 
 NO_TIMINGS: Final = Timings(0.0, 0.0, 0.0, 0.0)
 
+LOAD_ATTEMPTS: Final = 3
+"""Reads of the journal at start before starting empty."""
+
+LOAD_RETRY_S: Final = 1.0
+
 
 @dataclasses.dataclass
 class _Replica:
@@ -123,14 +128,43 @@ class CacheCoordinator:
         self._next_request = max(self._next_request, int(clock() * 1e6))
 
     # ------------------------------------------------------------------ journal
+    def _load(self) -> tuple[bytes | None, list[bytes]]:
+        """The journal's contents, retried `LOAD_ATTEMPTS` times."""
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            try:
+                return self.journal.load()
+            except Exception as exc:
+                if attempt == LOAD_ATTEMPTS:
+                    raise
+                log.warning("reading the coordinator journal failed (%s); retrying", exc)
+                time.sleep(LOAD_RETRY_S * attempt)
+        raise AssertionError("unreachable")
+
+    def _start_empty(self, start: float, error: str) -> dict[str, Any]:
+        """Recovery failed: no trees (replicas re-register and free what they hold), and
+        the stale journal is replaced by a snapshot before anything is appended to it."""
+        log.error("coordinator journal unusable (%s); starting empty", error)
+        self.planners, self.replica_info, self._leases = {}, {}, {}
+        self._seq = 0
+        self.journal.mark_lost()
+        return {
+            "ok": False,
+            "error": error,
+            "snapshot": False,
+            "records": 0,
+            "replicas": 0,
+            "nodes": 0,
+            "open_plans": 0,
+            "seconds": time.perf_counter() - start,
+        }
+
     def _recover(self) -> dict[str, Any]:
         """Rebuild from the journal's snapshot and records; returns what was restored."""
         start = time.perf_counter()
         try:
-            snapshot, records = self.journal.load()
-        except Exception as exc:  # the store is down: start empty, replicas re-register
-            log.error("coordinator journal unreadable (%s); starting empty", exc)
-            return {"ok": False, "error": str(exc), "records": 0, "snapshot": False}
+            snapshot, records = self._load()
+        except Exception as exc:  # the store is unreachable
+            return self._start_empty(start, f"unreadable: {exc}")
         self._replaying = True
         try:
             if snapshot is not None:
@@ -146,9 +180,7 @@ class CacheCoordinator:
                 self._seq = record["seq"]
                 applied += 1
         except (JournalError, ValueError, KeyError, RuntimeError) as exc:
-            log.error("coordinator journal is corrupt (%s); starting empty", exc)
-            self.planners, self.replica_info, self._leases = {}, {}, {}
-            return {"ok": False, "error": str(exc), "records": 0, "snapshot": False}
+            return self._start_empty(start, f"corrupt: {exc}")
         finally:
             self._replaying = False
         now = self.clock()
@@ -171,13 +203,16 @@ class CacheCoordinator:
         return summary
 
     def _log(self, op: str, **fields: Any) -> None:
-        """Journal one applied operation (nothing while replaying)."""
+        """Journal one applied operation (nothing while replaying). When the journal lost
+        records, a snapshot (which covers this operation) replaces them instead."""
         if self._replaying:
             return
         self._seq += 1
+        if self.journal.needs_snapshot and self.snapshot():
+            return
         self.journal.append(encode_record(self._seq, op, fields))
         self._since_snapshot += 1
-        if self._since_snapshot >= self.settings.snapshot_every or self.journal.needs_snapshot:
+        if self._since_snapshot >= self.settings.snapshot_every:
             self.snapshot()
 
     def snapshot(self) -> bool:

@@ -44,6 +44,12 @@ SCHEMA_VERSION: Final = 1
 MAX_RECORD_BYTES: Final = 64 << 20
 """Largest record accepted when decoding (a prompt of 16M tokens)."""
 
+LOAD_TIMEOUT_S: Final = 30.0
+"""Socket timeout of the reads at recovery (appends keep a short one)."""
+
+LOAD_PAGE: Final = 5000
+"""Records read per XRANGE call at recovery."""
+
 MAX_SNAPSHOT_BYTES: Final = 2 << 30
 """Largest snapshot accepted when decoding."""
 
@@ -195,7 +201,13 @@ class Journal(Protocol):
 
     @property
     def needs_snapshot(self) -> bool:
-        """True when records were lost (backlog overflow) and a snapshot is due now."""
+        """True when records were lost (backlog overflow, unreadable journal) and a
+        snapshot is due now."""
+        ...
+
+    def mark_lost(self) -> None:
+        """What the store holds is stale (the coordinator could not load it and started
+        empty): stop appending until a snapshot replaces it."""
         ...
 
     def status(self) -> dict[str, Any]: ...
@@ -231,6 +243,9 @@ class MemoryJournal:
     @property
     def needs_snapshot(self) -> bool:
         return False
+
+    def mark_lost(self) -> None:
+        self._snapshot, self._records = None, []
 
     def status(self) -> dict[str, Any]:
         return {
@@ -270,6 +285,8 @@ class RedisJournal:
         import redis
 
         self._redis = redis
+        self._url = url
+        self.timeout_s = timeout_s
         self._client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
@@ -316,10 +333,24 @@ class RedisJournal:
 
     # ------------------------------------------------------------------ protocol
     def load(self) -> tuple[bytes | None, list[bytes]]:
-        """Raises the Redis error when Redis cannot be read (the caller decides)."""
-        snapshot: Any = self._client.get(self.snapshot_key)
-        entries: Any = self._client.xrange(self.stream_key)
-        return snapshot, [bytes(fields[b"r"]) for _, fields in entries]
+        """The snapshot and the records, the stream read in pages of `LOAD_PAGE` with a
+        longer socket timeout (a big journal on a busy Redis). Raises the Redis error
+        when Redis cannot be read (the caller decides)."""
+        client = self._redis.Redis.from_url(
+            self._url, socket_timeout=LOAD_TIMEOUT_S, socket_connect_timeout=self.timeout_s
+        )
+        try:
+            snapshot: Any = client.get(self.snapshot_key)
+            records: list[bytes] = []
+            start = "-"
+            while True:
+                page: Any = client.xrange(self.stream_key, min=start, count=LOAD_PAGE)
+                records.extend(bytes(fields[b"r"]) for _, fields in page)
+                if len(page) < LOAD_PAGE:
+                    return snapshot, records
+                start = "(" + page[-1][0].decode()
+        finally:
+            client.close()
 
     def append(self, record: bytes) -> None:
         self._backlog.append(record)
@@ -333,8 +364,12 @@ class RedisJournal:
             )
         self._flush()
 
+    def mark_lost(self) -> None:
+        self._lost = max(self._lost, 1)
+
     def _flush(self) -> None:
-        if not self._backlog or not self._may_try():
+        # after a loss only a snapshot may write: records on a stale stream would mix
+        if not self._backlog or self._lost or not self._may_try():
             return
         try:
             pipe = self._client.pipeline(transaction=False)

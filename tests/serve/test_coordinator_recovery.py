@@ -264,11 +264,32 @@ def test_backlog_overflow_is_replaced_by_a_snapshot(model_dir, redis_server):
     assert _tree(b) == _tree(a)
 
 
-def test_unreadable_journal_starts_empty(model_dir, redis_server):
-    redis_server.client().set("marconi:test:snapshot", b"\xc1 not msgpack")
+def test_unusable_journal_starts_empty_and_is_replaced_by_a_snapshot(model_dir, redis_server):
+    """A corrupt journal: start empty; the first operation writes a snapshot that replaces
+    the stale snapshot and records (never appending new records after stale ones)."""
+    worker = _worker(model_dir)
+    a = CacheCoordinator(_settings(model_dir), journal=_journal(redis_server))
+    _register(a, worker, "stale")
+    client = redis_server.client()
+    client.set("marconi:test:snapshot", b"\xc1 not msgpack")
+    b = CacheCoordinator(_settings(model_dir), journal=_journal(redis_server))
+    assert not b.recovery["ok"] and "msgpack" in b.recovery["error"]
+    assert b.replicas() == [] and b.recovery["seconds"] >= 0
+    _register(b, worker, "fresh")
+    assert client.xlen("marconi:test:journal") == 0, "the snapshot replaced the stream"
+    _sessions(b, worker, n=1, turns=1)
+    c = CacheCoordinator(_settings(model_dir), journal=_journal(redis_server))
+    assert c.recovery["ok"] and c.replicas() == ["fresh"]
+    assert _tree(c, "fresh") == _tree(b, "fresh")
+
+
+def test_unreachable_redis_at_start_starts_empty(model_dir, redis_server):
+    redis_server.stop()
     coord = CacheCoordinator(_settings(model_dir), journal=_journal(redis_server))
-    assert not coord.recovery["ok"] and "msgpack" in coord.recovery["error"]
-    assert coord.replicas() == []
+    assert not coord.recovery["ok"] and "unreadable" in coord.recovery["error"]
+    worker = _worker(model_dir)
+    _register(coord, worker)  # serving goes on; the snapshot waits for Redis
+    assert coord.replicas() == ["r0"]
 
 
 def test_unreachable_replica_is_dropped_once_its_heartbeats_stop(model_dir):
