@@ -190,9 +190,10 @@ class ServeConfig(BaseModel):
         "well under lease_s).",
     )
     snapshot_every: int = Field(
-        default=20_000,
+        default=5_000,
         ge=1,
-        description="Journal records between two compact snapshots of the coordinator.",
+        description="Journal records between two compact snapshots of the coordinator "
+        "(recovery replays at most this many; ~0.3 ms each on a 2-core CPU).",
     )
 
     @model_validator(mode="before")

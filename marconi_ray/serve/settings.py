@@ -83,7 +83,7 @@ class ServeSettings:
     redis_url: str | None = field(default=None, repr=False)
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
-    snapshot_every: int = 20_000
+    snapshot_every: int = 5_000
 
     @property
     def coordinator_name(self) -> str:
