@@ -22,7 +22,6 @@ is rebuilt from scratch and the replica registers again under a new generation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -68,7 +67,7 @@ class ModelReplica:
         self._wake: asyncio.Event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._reconcile_due: bool = False
-        self._last_beat: float = 0.0
+        self._beat_task: asyncio.Task[None] | None = None
 
     def shard_name(self, rank: int) -> str:
         """Ray actor name of a shard of the current TP group (namespace `marconi`)."""
@@ -131,15 +130,22 @@ class ModelReplica:
         result["shards"] = [self.shard_name(rank) for rank in range(len(self.shards))]
         return result
 
-    def check_health(self) -> None:
-        """Serve health check: the rank-0 shard answers."""
-        ray.get(self.shards[0].store_stats.remote(), timeout=30)
+    async def check_health(self) -> None:
+        """Serve health check (periodic from the replica's start): the rank-0 shard
+        answers. Also starts the heartbeats, so an idle replica keeps its registration."""
+        self._ensure_heartbeats()
+        await asyncio.wait_for(self.shards[0].store_stats.remote(), timeout=30)
 
     # ------------------------------------------------------------------ loop
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        self._ensure_heartbeats()
         self._wake.set()
+
+    def _ensure_heartbeats(self) -> None:
+        if self._beat_task is None or self._beat_task.done():
+            self._beat_task = asyncio.get_running_loop().create_task(self._heartbeats())
 
     async def _all(self, method: str, *args: Any) -> Any:
         """Call `method` on every shard (same order everywhere); rank 0's result."""
@@ -154,10 +160,8 @@ class ModelReplica:
                 self._wake.clear()
                 await self._drain()
                 if self._idle():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.settings.heartbeat_s)
+                    await self._wake.wait()
             try:
-                await self._beat()
                 if self._reconcile_due:
                     await self._reconcile()
                 await self._admit()
@@ -177,23 +181,24 @@ class ModelReplica:
     def _live(self) -> list[int]:
         return [d.order.request_id for d in self._pending] + list(self._orders)
 
-    async def _beat(self) -> None:
-        """Heartbeat when due: renew leases; learn whether to register or reconcile."""
-        now = time.monotonic()
-        if now - self._last_beat < self.settings.heartbeat_s:
-            return
-        self._last_beat = now
-        try:
-            status, _ = await self.coordinator.heartbeat.remote(self.replica_id, self._live())
-        except Exception:
-            log.exception("replica %s: heartbeat failed", self.replica_id)
-            return
-        if status == "register":
-            self.generation = await self.coordinator.register_replica.remote(
-                self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
-            )
-        if status in ("register", "reconcile"):
-            self._reconcile_due = True
+    async def _heartbeats(self) -> None:
+        """Every `heartbeat_s`: renew the leases of what runs and queues here; when the
+        coordinator does not know this replica, register again; when it asks (or after
+        registering), have the loop reconcile the store between two steps."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                status, _ = await self.coordinator.heartbeat.remote(self.replica_id, self._live())
+                if status == "register":
+                    self.generation = await self.coordinator.register_replica.remote(
+                        self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
+                    )
+            except Exception:
+                log.exception("replica %s: heartbeat failed", self.replica_id)
+                continue
+            if status in ("register", "reconcile"):
+                self._reconcile_due = True
+                self._ensure_loop()
 
     async def _reconcile(self) -> None:
         """Report what the store holds for the cache; free what no tree refers to. Runs
@@ -241,7 +246,7 @@ class ModelReplica:
         log.warning("replica %s: TP group rebuilt (%d)", self.replica_id, self.rebuilds)
 
     def _idle(self) -> bool:
-        return not self._pending and not self._orders and not self._stops
+        return not (self._pending or self._orders or self._stops or self._reconcile_due)
 
     async def _drain(self) -> None:
         """Free what the coordinator released on this replica's behalf (plans abandoned
@@ -334,6 +339,8 @@ def replica_deployment(settings: ServeSettings) -> Any:
         placement_group_bundles=shard_bundles(settings),
         placement_group_strategy="STRICT_PACK",
         max_ongoing_requests=max(64, 4 * settings.max_batch),
+        # the first health check starts the heartbeats: well within a lease
+        health_check_period_s=min(10.0, settings.lease_s / 3),
         request_router_config=router(
             request_router_class="marconi_ray.serve.router.PinnedReplicaRouter"
         ),

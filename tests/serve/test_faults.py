@@ -203,3 +203,15 @@ def test_redis_killed_service_degrades_then_catches_up(
         status = ray.get(coordinator.journal_status.remote())
         assert status["recovery"]["nodes"] == nodes
         assert all(d.usage.cached_tokens > 0 for d in dones)
+
+
+def test_idle_replica_keeps_its_registration_past_the_lease(ray_session, model_dir):
+    """No request at all for 3 leases: the health check started the heartbeats, so the
+    coordinator still routes to the replica."""
+    settings = _settings(model_dir, "faults-idle", lease_s=1.5, heartbeat_s=0.3)
+    with replicas_app(settings) as (coordinator, handle):
+        time.sleep(4.5)
+        assert len(ray.get(coordinator.replicas.remote())) == 1
+        backend = RayBackend(coordinator, handle)
+        tokens, done = asyncio.run(_request(backend, list(range(7, 40))))
+        assert len(tokens) == 8 and done.finish_reason == "length"

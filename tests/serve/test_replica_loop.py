@@ -91,7 +91,7 @@ def _replica(coordinator: GatedCoordinator) -> ModelReplica:
     replica.replica_id = "r0"
     replica.settings = ServeSettings(model_dir="unused", model_name="tiny", heartbeat_s=60.0)
     replica.generation = 0
-    replica._reconcile_due, replica._last_beat = False, 0.0
+    replica._reconcile_due, replica._beat_task = False, None
     replica.shards = [OneTokenShard()]
     replica.coordinator = coordinator
     replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
@@ -123,6 +123,8 @@ def test_dispatch_arriving_during_idle_drain_is_served():
         events = await asyncio.wait_for(second, 5)
         assert replica._loop_task is not None
         replica._loop_task.cancel()
+        assert replica._beat_task is not None
+        replica._beat_task.cancel()
         return events
 
     events = asyncio.run(main())
