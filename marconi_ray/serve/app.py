@@ -11,7 +11,7 @@ deployment and the OpenAI ingress in front of it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Final
 
 import ray
 from ray import serve
@@ -21,6 +21,10 @@ from marconi_ray.serve.coordinator import CacheCoordinator
 from marconi_ray.serve.journal import clear_journal
 from marconi_ray.serve.replica import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
+
+INGRESS_MAX_ONGOING: Final = 1024
+"""Requests one ingress replica holds at once (Serve's default of 5 would queue clients in
+front of the ingress; the replicas batch and the coordinator routes what gets through)."""
 
 
 def start_coordinator(settings: ServeSettings) -> Any:
@@ -51,7 +55,9 @@ def build_app(settings: ServeSettings) -> Any:
     from marconi_ray.serve.ingress import OpenAIIngress
 
     replicas = replica_deployment(settings).bind(settings)
-    return OpenAIIngress.options(ray_actor_options={"num_cpus": 1}).bind(settings, replicas)
+    return OpenAIIngress.options(
+        ray_actor_options={"num_cpus": 1}, max_ongoing_requests=INGRESS_MAX_ONGOING
+    ).bind(settings, replicas)
 
 
 def start_actors(settings: ServeSettings) -> None:
