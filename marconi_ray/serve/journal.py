@@ -32,9 +32,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
+
+from marconi_ray.core import cache_codec
 
 log = logging.getLogger(__name__)
 
@@ -100,42 +101,19 @@ def unpack_array(data: bytes, dtype: type[np.integer[Any]], what: str) -> npt.ND
     return np.frombuffer(data, dtype=dt).astype(dtype)
 
 
-def _reject_ext(code: int, data: bytes) -> Any:
-    raise JournalError(f"msgpack ext type {code} is not allowed")
-
-
 def unpack(data: bytes, limit: int) -> Any:
-    """msgpack-decode `data` with every length bounded by `limit`; JournalError on any
-    malformed, oversized or ext-typed input."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise JournalError(f"expected bytes, got {type(data).__name__}")
-    if len(data) > limit:
-        raise JournalError(f"{len(data)} bytes exceeds the limit of {limit}")
+    """msgpack-decode `data` with every length bounded by `limit` (`cache_codec.unpack`);
+    JournalError on any malformed, oversized or ext-typed input."""
     try:
-        return msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_bin_len=limit,
-            max_str_len=limit,
-            max_array_len=limit,
-            max_map_len=limit,
-            max_ext_len=0,
-            ext_hook=_reject_ext,
-        )
-    except JournalError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise JournalError(f"undecodable msgpack: {type(exc).__name__}: {exc}") from None
+        return cache_codec.unpack(data, limit)
+    except ValueError as exc:
+        raise JournalError(f"undecodable msgpack: {exc}") from None
 
 
 def encode_record(seq: int, op: str, fields: Mapping[str, Any]) -> bytes:
     """One record as bytes (checked against the schema first)."""
     record = {"v": SCHEMA_VERSION, "seq": seq, "op": op, **fields}
-    check_record(record)
-    packed: bytes = msgpack.packb(record, use_bin_type=True)
-    return packed
+    return cache_codec.pack(check_record(record))
 
 
 def check_record(record: Any) -> dict[str, Any]:
@@ -163,10 +141,7 @@ def decode_record(data: bytes) -> dict[str, Any]:
 
 
 def encode_snapshot(seq: int, state: Mapping[str, Any]) -> bytes:
-    packed: bytes = msgpack.packb(
-        {"v": SCHEMA_VERSION, "seq": seq, "state": dict(state)}, use_bin_type=True
-    )
-    return packed
+    return cache_codec.pack({"v": SCHEMA_VERSION, "seq": seq, "state": dict(state)})
 
 
 def decode_snapshot(data: bytes) -> tuple[int, dict[str, Any]]:

@@ -4,7 +4,6 @@ state ids and KV slots) and a real `redis-server`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,15 +35,6 @@ class Clock:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model("tiny", "nemotron_h", tmp_path_factory.mktemp("recovery") / "tiny")
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _settings(model_dir: Path, **kw: object) -> ServeSettings:

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from redis_server import RedisServer
 from serve_helpers import local_ray, replicas_app
 
 from marconi_ray.engine.engine import Engine
@@ -42,15 +41,6 @@ def reference(model_dir: Path) -> Engine:
 def ray_session() -> Iterator[None]:
     with local_ray(num_cpus=12):
         yield
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _settings(model_dir: Path, app: str, **kw: Any) -> ServeSettings:
