@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 import ray
 from ray import serve
@@ -38,6 +38,9 @@ from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard import ShardActor
 
 log = logging.getLogger(__name__)
+
+SHARD_PING_S: Final = 30.0
+"""How long every shard gets to answer before the TP group is declared broken."""
 
 
 def shard_bundles(settings: ServeSettings) -> list[dict[str, float]]:
@@ -169,9 +172,13 @@ class ModelReplica:
                 if self._orders:
                     self._deliver(await self._all("step"))
                 await self._commit(await self._all("take_finished"))
-            except RayActorError as exc:  # a shard died: rebuild the TP group
-                log.exception("replica %s: a shard died", self.replica_id)
-                await self._rebuild(exc)
+            except RayActorError as exc:  # an actor died: a shard, or someone else?
+                if await self._shards_alive():
+                    log.exception("replica %s: step failed", self.replica_id)
+                    await self._fail_all(exc)
+                else:
+                    log.exception("replica %s: a shard died", self.replica_id)
+                    await self._rebuild(exc)
             except Exception as exc:  # a step failed: fail every request in flight
                 log.exception("replica %s: step failed", self.replica_id)
                 await self._fail_all(exc)
@@ -216,6 +223,16 @@ class ModelReplica:
             len(release.states),
             len(release.slots),
         )
+
+    async def _shards_alive(self) -> bool:
+        """Does every shard of the current TP group answer?"""
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(s.store_stats.remote() for s in self.shards)), SHARD_PING_S
+            )
+        except (RayActorError, TimeoutError):
+            return False
+        return True
 
     async def _rebuild(self, exc: BaseException) -> None:
         """A shard died: fail what runs, drop this replica's cache at the coordinator,
