@@ -62,6 +62,7 @@ from marconi_ray.serve.journal import (
     pack_array,
     unpack_array,
 )
+from marconi_ray.serve.leases import LeaseTable
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, ReplicaStats
 from marconi_ray.serve.routing import make_router
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
@@ -114,7 +115,7 @@ class CacheCoordinator:
         self.clock = clock
         self.planners: dict[str, Planner] = {}
         self.replica_info: dict[str, _Replica] = {}
-        self._leases: dict[int, tuple[str, float]] = {}
+        self.leases = LeaseTable()
         self._next_request = 0
         self._tuner: Any = None
         self._queued: dict[str, Release] = {}
@@ -144,7 +145,8 @@ class CacheCoordinator:
         """Recovery failed: no trees (replicas re-register and free what they hold), and
         the stale journal is replaced by a snapshot before anything is appended to it."""
         log.error("coordinator journal unusable (%s); starting empty", error)
-        self.planners, self.replica_info, self._leases = {}, {}, {}
+        self.planners, self.replica_info = {}, {}
+        self.leases.clear()
         self._seq = 0
         self.journal.mark_lost()
         return {
@@ -186,8 +188,7 @@ class CacheCoordinator:
         now = self.clock()
         for info in self.replica_info.values():
             info.confirmed, info.last_seen = False, now
-        renewed = now + self.settings.lease_s
-        self._leases = {r: (replica, renewed) for r, (replica, _) in self._leases.items()}
+        self.leases.renew_all(now + self.settings.lease_s)
         nodes = sum(len(p.cache.tree.iter_nodes()) for p in self.planners.values())
         summary = {
             "ok": True,
@@ -195,7 +196,7 @@ class CacheCoordinator:
             "records": applied,
             "replicas": len(self.planners),
             "nodes": nodes,
-            "open_plans": len(self._leases),
+            "open_plans": len(self.leases),
             "seconds": time.perf_counter() - start,
         }
         if self.planners:
@@ -233,7 +234,7 @@ class CacheCoordinator:
                     "state_bytes": info.state_bytes,
                     "generation": info.generation,
                     "planner": self.planners[rid].to_state(),
-                    "leases": [[r, d] for r, (rep, d) in self._leases.items() if rep == rid],
+                    "leases": self.leases.of_replica(rid),
                 }
                 for rid, info in self.replica_info.items()
             ],
@@ -254,7 +255,7 @@ class CacheCoordinator:
                 0.0,
             )
             for request, deadline in entry["leases"]:
-                self._leases[int(request)] = (rid, float(deadline))
+                self.leases.grant(int(request), rid, float(deadline))
 
     def _apply(self, record: Mapping[str, Any]) -> None:
         """Replay one journal record."""
@@ -339,7 +340,7 @@ class CacheCoordinator:
         self.planners.pop(replica_id, None)
         self.replica_info.pop(replica_id, None)
         self._queued.pop(replica_id, None)
-        self._leases = {r: v for r, v in self._leases.items() if v[0] != replica_id}
+        self.leases.drop_replica(replica_id)
 
     def replicas(self) -> list[str]:
         return list(self.planners)
@@ -356,11 +357,7 @@ class CacheCoordinator:
         self._expire()
         if info is None:
             return "register", 0
-        deadline = now + self.settings.lease_s
-        for request in live:
-            lease = self._leases.get(request)
-            if lease is not None and lease[0] == replica_id:
-                self._leases[request] = (replica_id, deadline)
+        self.leases.renew(replica_id, live, now + self.settings.lease_s)
         return ("ok" if info.confirmed else "reconcile"), info.generation
 
     def reconcile(
@@ -424,11 +421,10 @@ class CacheCoordinator:
         """Abort plans whose lease ran out; drop replicas silent for `lease_s`."""
         now = self.clock()
         grace = self.settings.lease_s * LEASE_GRACE
-        for request, (rid, deadline) in list(self._leases.items()):
-            if now > deadline + grace and rid in self.planners:
-                log.warning("lease of request %d on replica %s expired", request, rid)
-                release = self.abort(rid, request, reason="lease")
-                self._queued[rid] = self._queued.get(rid, Release()) + release
+        for request, rid in self.leases.expired(now, grace):
+            log.warning("lease of request %d on replica %s expired", request, rid)
+            release = self.abort(rid, request, reason="lease")
+            self._queued[rid] = self._queued.get(rid, Release()) + release
         for rid, info in list(self.replica_info.items()):
             if now - info.last_seen > self.settings.lease_s:
                 log.warning("replica %s silent for %.0f s: dropped", rid, now - info.last_seen)
@@ -477,7 +473,7 @@ class CacheCoordinator:
     ) -> Dispatch:
         order, release = self.planners[replica_id].order(request_id, prompt, params, submitted)
         deadline = self.clock() + self.settings.lease_s
-        self._leases[request_id] = (replica_id, deadline)
+        self.leases.grant(request_id, replica_id, deadline)
         generation = self.replica_info[replica_id].generation
         return Dispatch(replica_id, order, release, generation, deadline)
 
@@ -504,7 +500,7 @@ class CacheCoordinator:
 
     def _commit_on(self, replica_id: str, done: Finished) -> Release:
         planner = self.planners[replica_id]
-        self._leases.pop(done.request_id, None)
+        self.leases.release(done.request_id)
         try:
             return planner.commit(done)
         except (RuntimeError, ValueError):
@@ -526,6 +522,7 @@ class CacheCoordinator:
         """Release a request's plan (and what it stored, if it finished)."""
         planner = self.planners.get(replica_id)
         if planner is None:
+            self.leases.release(request_id)
             return (
                 Release()
                 if done is None
@@ -538,7 +535,7 @@ class CacheCoordinator:
         return release
 
     def _abort_on(self, replica_id: str, request_id: int, done: Finished | None = None) -> Release:
-        self._leases.pop(request_id, None)
+        self.leases.release(request_id)
         return self.planners[replica_id].abort(request_id, done)
 
     def abandon(self, dispatch: Dispatch) -> None:
@@ -597,9 +594,11 @@ class CacheCoordinator:
         return self.planners[replica_id].cache.cost
 
     def check_invariants(self) -> int:
-        """Full-scan check of every replica's tree (radix shape, byte totals, locks);
-        raises AssertionError on a violation. Returns the number of nodes checked."""
+        """Full-scan check of every replica's tree (radix shape, byte totals, locks) and
+        of the lease table (one lease per open plan); raises AssertionError on a
+        violation. Returns the number of nodes checked."""
         total = 0
+        assert len(self.leases) == sum(p.open_requests for p in self.planners.values())
         for planner in self.planners.values():
             check_tree(planner.cache.tree)
             assert planner.cache.bytes_used + planner.cache.reserved <= planner.cache.capacity

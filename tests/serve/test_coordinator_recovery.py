@@ -296,3 +296,20 @@ def test_unreachable_replica_is_dropped_once_its_heartbeats_stop(model_dir):
     assert not coord.report_unreachable("gone"), "1.5 s of silence is within 2 heartbeats"
     clock.now += 1.0
     assert coord.report_unreachable("gone") and coord.replicas() == ["alive"]
+
+
+def test_lease_table_tracks_exactly_the_open_plans(model_dir):
+    clock = Clock()
+    worker = _worker(model_dir)
+    coord = CacheCoordinator(_settings(model_dir), journal=MemoryJournal(), clock=clock)
+    _register(coord, worker, "a")
+    _register(coord, worker, "b")
+    dispatches = [coord.plan(np.arange(7, 30 + i, dtype=np.int32), GREEDY) for i in range(4)]
+    assert len(coord.leases) == 4 and coord.check_invariants() > 0
+    (done,) = _run(worker, dispatches[0])
+    coord.commit(dispatches[0].replica_id, done)
+    coord.abort(dispatches[1].replica_id, dispatches[1].order.request_id)
+    assert len(coord.leases) == 2 and coord.check_invariants() > 0
+    coord.unregister_replica(dispatches[2].replica_id)
+    assert len(coord.leases) == sum(st.in_flight for st in coord.stats())
+    assert coord.check_invariants() > 0
