@@ -286,3 +286,54 @@ def test_redis_parser_reads_launcher_command() -> None:
     assert argv[:3] == ["--bind", "$IP", "127.0.0.1"]
     assert "--requirepass" in argv
     assert _redis_invocations("sudo apt-get install -y redis-server && true") == []
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_launchers_give_ray_processes_the_journal_redis(name: str, tmp_path: Path) -> None:
+    """Every Ray process learns where the journal's Redis is; with the port and password
+    file the launcher sets, ServeConfig builds a valid redis_url (the secret stays in the
+    0600 file, never in a config)."""
+    from marconi_ray.serve.config import ServeConfig, redis_url_from_env
+
+    config = _load(name)
+    head = " ".join(config["head_start_ray_commands"])
+    worker = " ".join(config["worker_start_ray_commands"])
+    assert (
+        "export MARCONI_REDIS_HOST=" in head and "export MARCONI_REDIS_HOST=$RAY_HEAD_IP" in worker
+    )
+    setup = " ".join(config["setup_commands"])
+    assert "MARCONI_REDIS_PORT=6380" in setup and "MARCONI_REDIS_PASSWORD_FILE=" in setup
+    secret = tmp_path / "redis.pass"
+    secret.write_text("0123abcd\n")
+    env = {
+        "MARCONI_REDIS_HOST": "10.0.0.7",
+        "MARCONI_REDIS_PORT": "6380",
+        "MARCONI_REDIS_PASSWORD_FILE": str(secret),
+    }
+    url = redis_url_from_env(env)
+    assert url == "redis://:0123abcd@10.0.0.7:6380/0"
+    assert ServeConfig(redis_url=url).redis_url == url
+
+
+def test_kuberay_gives_ray_processes_the_journal_redis() -> None:
+    docs = _kuberay_docs()
+    service = _one(docs, "RayService", "marconi")
+    envs = [{e["name"]: e for e in c.get("env", [])} for c in _containers(service)]
+    with_redis = [env for env in envs if "MARCONI_REDIS_HOST" in env]
+    assert with_redis, "no Ray container knows the journal's Redis"
+    for env in with_redis:
+        assert env["MARCONI_REDIS_HOST"]["value"] == "marconi-redis"
+        assert env["MARCONI_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "marconi-redis"
+
+
+def _containers(node: Any) -> Iterator[dict[str, Any]]:
+    """Every container spec under `node` (any depth)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "containers" and isinstance(value, list):
+                yield from (c for c in value if isinstance(c, dict))
+            else:
+                yield from _containers(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _containers(item)
