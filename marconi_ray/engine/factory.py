@@ -35,6 +35,7 @@ from typing import Any, Final
 import torch
 
 from marconi_ray.engine.model_presets import (
+    BUILD_VERSION,
     DTYPE_NAMES,
     FAMILIES,
     PRESETS,
@@ -224,6 +225,7 @@ def make_model(
         "dtype": dtype,
         "num_parameters": n_params,
         "logit_std": LOGIT_STD,
+        "build_version": BUILD_VERSION,
     }
     (out / MARCONI_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return out

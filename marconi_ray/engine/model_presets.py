@@ -27,6 +27,11 @@ from typing import Any, Final
 
 from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
 
+BUILD_VERSION: Final = 2
+"""Version of how `factory.make_model` builds a preset's weights, written to its record.
+Bumped whenever the same preset and seed would give different weights (2: only printable
+ASCII rows of the LM head are random), so cached preset folders are rebuilt."""
+
 FAMILIES: Final = ("nemotron_h", "bamba")
 """Model families a preset can be built as (transformers `model_type` names)."""
 

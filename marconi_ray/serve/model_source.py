@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
-from marconi_ray.engine.model_presets import FAMILIES, PRESETS
+from marconi_ray.engine.model_presets import BUILD_VERSION, FAMILIES, PRESETS
 
 MODELS_DIR_ENV: Final = "MARCONI_MODELS_DIR"
 """Environment variable overriding the folder presets are built in."""
@@ -113,14 +113,15 @@ def _is_complete(folder: Path, preset: str, family: str) -> bool:
         data = json.loads(record.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and (data.get("preset"), data.get("family")) == (
-        preset,
-        family,
-    )
+    if not isinstance(data, dict):
+        return False
+    built = (data.get("preset"), data.get("family"), data.get("build_version"))
+    return built == (preset, family, BUILD_VERSION)
 
 
 def _ensure_preset(preset: str, family: str, root: Path) -> Path:
-    """`root/<preset>-<family>`, built by `make_model` unless already complete."""
+    """`root/<preset>-<family>`, built by `make_model` unless already complete (same
+    preset, family and `BUILD_VERSION`: a folder from an older build is rebuilt)."""
     target = (root / f"{preset}-{family}").resolve()
     if _is_complete(target, preset, family):
         return target

@@ -238,3 +238,17 @@ def test_paper_7b_shape_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="paper-7b-shape"):
         config_from_mapping({"model": "paper-7b-shape:bamba"}).to_settings(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_preset_from_an_older_build_is_rebuilt(tmp_path: Path, models_root: Path) -> None:
+    """A cached preset whose record has another build version (weights made by older code)
+    is rebuilt, so users never serve a stale preset after an upgrade."""
+    built = resolve_model("tiny", models_root)
+    old = tmp_path / "tiny-nemotron_h"
+    shutil.copytree(built, old)
+    record = json.loads((old / "marconi.json").read_text())
+    (old / "marconi.json").write_text(json.dumps({**record, "build_version": 1}))
+    (old / "model.safetensors").write_bytes(b"old weights")
+    folder = resolve_model("tiny", tmp_path)
+    assert json.loads((folder / "marconi.json").read_text())["build_version"] == 2
+    assert (folder / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
