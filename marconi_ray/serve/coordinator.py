@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
+from marconi_ray.core.cache_codec import encode_array
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.hf_config import spec_from_hf_config
 from marconi_ray.core.invariants import check_tree
@@ -59,8 +60,7 @@ from marconi_ray.serve.journal import (
     encode_record,
     encode_snapshot,
     open_journal,
-    pack_array,
-    unpack_array,
+    record_array,
 )
 from marconi_ray.serve.leases import LeaseTable
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, ReplicaStats
@@ -267,7 +267,7 @@ class CacheCoordinator:
         elif op == "unregister":
             self._unregister(rid)
         elif op == "plan":
-            prompt = unpack_array(record["prompt"], np.int32, "prompt")
+            prompt = record_array(record, "prompt", "<i4")
             params = SamplingParams(
                 **{**record["params"], "stop_token_ids": tuple(record["params"]["stop_token_ids"])}
             )
@@ -276,10 +276,10 @@ class CacheCoordinator:
         elif op == "commit":
             done = Finished(
                 request_id=record["request"],
-                tokens=tuple(int(t) for t in unpack_array(record["tokens"], np.int32, "tokens")),
+                tokens=tuple(int(t) for t in record_array(record, "tokens", "<i4")),
                 finish_reason=record["finish_reason"],
                 state_ids={int(d): int(s) for d, s in record["state_ids"]},
-                kv_slots=unpack_array(record["kv_slots"], np.int64, "kv_slots"),
+                kv_slots=record_array(record, "kv_slots", "<i8"),
                 timings=NO_TIMINGS,
             )
             self._commit_on(rid, done)
@@ -457,7 +457,7 @@ class CacheCoordinator:
             "plan",
             replica=replica_id,
             request=rid,
-            prompt=pack_array(prompt, np.int32),
+            prompt=encode_array(prompt, "<i4"),
             params=_params_record(params),
             submitted=float(submitted),
         )
@@ -491,10 +491,10 @@ class CacheCoordinator:
             "commit",
             replica=replica_id,
             request=done.request_id,
-            tokens=pack_array(done.tokens, np.int32),
+            tokens=encode_array(done.tokens, "<i4"),
             finish_reason=done.finish_reason,
             state_ids=[[int(d), int(s)] for d, s in done.state_ids.items()],
-            kv_slots=pack_array(done.kv_slots, np.int64),
+            kv_slots=encode_array(done.kv_slots, "<i8"),
         )
         return release + self.drain(replica_id)
 

@@ -9,7 +9,7 @@ deterministic (logical clocks, no randomness), so replaying the records in order
 last snapshot rebuilds every tree, lock, reservation, open plan and alpha exactly.
 
 Records and snapshots are msgpack maps `{"v": SCHEMA_VERSION, "seq": n, "op": name, ...}`
-with numpy arrays as little-endian bytes. Decoding is bounded (`max_bin_len` and friends
+with numpy arrays in `cache_codec.encode_array` form. Decoding is bounded (`max_bin_len` and friends
 from a byte limit), refuses ext types and never unpickles; a record that fails the schema
 is a `JournalError` naming the offending field.
 
@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core import cache_codec
@@ -65,17 +64,17 @@ OPS: Final[Mapping[str, Mapping[str, type | tuple[type, ...]]]] = {
     "plan": {
         "replica": str,
         "request": int,
-        "prompt": bytes,
+        "prompt": dict,
         "params": dict,
         "submitted": (float, int),
     },
     "commit": {
         "replica": str,
         "request": int,
-        "tokens": bytes,
+        "tokens": dict,
         "finish_reason": str,
         "state_ids": list,
-        "kv_slots": bytes,
+        "kv_slots": dict,
     },
     "abort": {"replica": str, "request": int, "reason": str},
     "adopt": {"replica": str, "result": dict},
@@ -88,17 +87,13 @@ class JournalError(ValueError):
 
 
 # ---------------------------------------------------------------------- encoding
-def pack_array(arr: npt.ArrayLike, dtype: type[np.integer[Any]]) -> bytes:
-    """Little-endian bytes of `arr` as `dtype`."""
-    return np.ascontiguousarray(arr, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
-
-
-def unpack_array(data: bytes, dtype: type[np.integer[Any]], what: str) -> npt.NDArray[Any]:
-    """The array `pack_array` wrote (native byte order); JournalError naming `what`."""
-    dt = np.dtype(dtype).newbyteorder("<")
-    if len(data) % dt.itemsize:
-        raise JournalError(f"{what}: {len(data)} bytes is not a whole number of {dt.name}")
-    return np.frombuffer(data, dtype=dt).astype(dtype)
+def record_array(record: Mapping[str, Any], name: str, dtype: str) -> npt.NDArray[Any]:
+    """Array field `name` of a decoded record, written as `cache_codec.encode_array(arr,
+    dtype)` (the encoding snapshots use too); JournalError naming the field."""
+    try:
+        return cache_codec.decode_array(record[name], dtype, name)
+    except ValueError as exc:
+        raise JournalError(str(exc)) from None
 
 
 def unpack(data: bytes, limit: int) -> Any:

@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from marconi_ray.core.cache_codec import encode_array
 from marconi_ray.serve.journal import (
     MAX_RECORD_BYTES,
     SCHEMA_VERSION,
@@ -19,9 +20,8 @@ from marconi_ray.serve.journal import (
     decode_snapshot,
     encode_record,
     encode_snapshot,
-    pack_array,
+    record_array,
     unpack,
-    unpack_array,
 )
 
 ABORT = {"replica": "r0", "request": 7, "reason": "client"}
@@ -39,14 +39,14 @@ def test_records_round_trip_with_arrays():
         {
             "replica": "r0",
             "request": 9,
-            "prompt": pack_array(prompt, np.int32),
+            "prompt": encode_array(prompt, "<i4"),
             "params": {"max_tokens": 4},
             "submitted": 1.5,
         },
     )
     record = decode_record(data)
     assert record["seq"] == 3 and record["op"] == "plan" and record["v"] == SCHEMA_VERSION
-    assert np.array_equal(unpack_array(record["prompt"], np.int32, "prompt"), prompt)
+    assert np.array_equal(record_array(record, "prompt", "<i4"), prompt)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_hostile_bytes_are_journal_errors_never_pickle():
     with pytest.raises(JournalError):
         unpack(claims_huge, 1024)
     with pytest.raises(JournalError, match="whole number"):
-        unpack_array(b"\x00" * 5, np.int32, "prompt")
+        record_array({"prompt": {"dtype": "<i4", "data": b"\x00" * 5}}, "prompt", "<i4")
     assert MAX_RECORD_BYTES >= 1 << 20
 
 
