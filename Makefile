@@ -6,7 +6,15 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 OUT     ?= runs/sample
 
-.PHONY: install run demo lint types contracts pytest test clean
+# The GPU fast path (Triton kernels): triton (CUDA builds of torch bring their own; the CPU
+# build gets it from PyPI, for TRITON_INTERPRET=1) and mamba-ssm's Triton kernels from its
+# sdist with the CUDA extensions skipped: a pure-Python wheel, seconds to build, no nvcc.
+MAMBA_SSM ?= 2.3.2.post1
+TRITON    ?= 3.9.0
+WHEELS    := build/wheels
+GPU_STAMP := $(VENV)/.installed-gpu
+
+.PHONY: install install-gpu gpu-bundle run demo lint types contracts pytest test clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,6 +23,29 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(WHEELS)/.mamba-ssm-$(MAMBA_SSM): $(STAMP)
+	mkdir -p $(WHEELS)
+	$(PY) -m pip install -q setuptools wheel packaging einops
+	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(PY) -m pip wheel -q \
+		--no-build-isolation --no-deps "mamba-ssm==$(MAMBA_SSM)" -w $(WHEELS)
+	touch $@
+
+$(GPU_STAMP): $(STAMP) $(WHEELS)/.mamba-ssm-$(MAMBA_SSM)
+	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q "triton==$(TRITON)"
+	$(PY) -m pip install -q --no-deps --force-reinstall $(WHEELS)/mamba_ssm-$(MAMBA_SSM)-*.whl
+	$(PY) -c "from marconi_kernels.mamba_ssm_import import import_mamba_triton; \
+		import_mamba_triton(); print('mamba-ssm Triton kernels import')"
+	touch $@
+
+## The Triton fast path on any Linux machine, CPU or GPU (no nvcc, seconds): verify it
+## with `TRITON_INTERPRET=1 marconi-ray generate --kernels triton ...` on a CPU.
+install-gpu: $(GPU_STAMP)
+
+## What scripts/gpu_check.sh needs on a GPU machine with no network: the mamba-ssm wheel.
+gpu-bundle: $(WHEELS)/.mamba-ssm-$(MAMBA_SSM)
+	mkdir -p build/gpu-bundle
+	cp $(WHEELS)/mamba_ssm-$(MAMBA_SSM)-*.whl build/gpu-bundle/
 
 ## The main job: the OpenAI-compatible service with the tiny preset model on
 ## 127.0.0.1:8000 (local Ray, embedded defaults; it prints how to send a request).
@@ -44,7 +75,7 @@ types: $(STAMP)
 contracts: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(GPU_STAMP)
 	$(PY) -m pytest -q
 
 test: lint types contracts pytest

@@ -2,26 +2,37 @@
 
 Pure-torch references (any device, float32 compute) for the Mamba-2 chunked SSD scan with
 state emission at arbitrary positions, single-step state updates, the causal conv1d with
-state, and the Mamba-1 selective scan with an initial state; ``get_kernels`` picks the
-mamba-ssm / causal-conv1d CUDA versions where available.
+state, and the Mamba-1 selective scan with an initial state; Triton versions of each (ours
+and mamba-ssm's) that run on CUDA, or on CPU under ``TRITON_INTERPRET=1``. ``get_kernels``
+picks a set. Names are imported lazily, so ``marconi_kernels.choices`` needs no torch.
 """
 
-from .conv import causal_conv1d_ref, causal_conv1d_update_ref
-from .dispatch import KERNEL_REGISTRY, KernelSet, cuda_kernels_available, get_kernels
-from .selective_scan import selective_scan_ref
-from .ssd import ssd_chunk_scan_ref, ssd_naive_ref
-from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
+from __future__ import annotations
 
-__all__ = [
-    "KERNEL_REGISTRY",
-    "KernelSet",
-    "causal_conv1d_ref",
-    "causal_conv1d_update_ref",
-    "cuda_kernels_available",
-    "get_kernels",
-    "mamba1_state_update_ref",
-    "mamba2_state_update_ref",
-    "selective_scan_ref",
-    "ssd_chunk_scan_ref",
-    "ssd_naive_ref",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "KERNEL_CHOICES": "marconi_kernels.choices",
+    "KERNEL_REGISTRY": "marconi_kernels.dispatch",
+    "OPS": "marconi_kernels.dispatch",
+    "KernelSet": "marconi_kernels.dispatch",
+    "get_kernels": "marconi_kernels.dispatch",
+    "triton_unavailable": "marconi_kernels.dispatch",
+    "causal_conv1d_ref": "marconi_kernels.conv",
+    "causal_conv1d_update_ref": "marconi_kernels.conv",
+    "selective_scan_ref": "marconi_kernels.selective_scan",
+    "ssd_chunk_scan_ref": "marconi_kernels.ssd",
+    "ssd_naive_ref": "marconi_kernels.ssd",
+    "mamba1_state_update_ref": "marconi_kernels.state_update",
+    "mamba2_state_update_ref": "marconi_kernels.state_update",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'marconi_kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,27 +1,47 @@
-"""Kernel selection: one place that decides between the pure-torch references and CUDA.
+"""Kernel selection: one place that decides between the pure-torch references and Triton.
 
 ``get_kernels(device, prefer)`` returns a frozen :class:`KernelSet`; callers never import
-mamba_ssm or causal_conv1d themselves. The "cuda" builder imports them lazily, so CPU
-machines never touch those packages.
+mamba_ssm or triton themselves. The "triton" set combines mamba-ssm's Triton kernels (the
+Mamba-2 chunked scan and the single-step state updates) with our own (the causal conv1d
+and its step, the Mamba-1 selective scan). It runs on CUDA tensors, and on CPU tensors
+under Triton's interpreter (``TRITON_INTERPRET=1``), which is how CI tests it.
+
+A set never falls back silently: each op's implementation is named in
+``KernelSet.backends`` and a requested "triton" set that cannot be built raises with the
+reason. Only ``prefer="auto"`` chooses, and it logs why it did not pick triton.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
+from .choices import KERNEL_CHOICES
 from .conv import causal_conv1d_ref, causal_conv1d_update_ref
 from .selective_scan import selective_scan_ref
 from .ssd import ssd_chunk_scan_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
+from .triton_runtime import can_launch_on
+
+log = logging.getLogger(__name__)
+
+OPS = (
+    "ssd_chunk_scan",
+    "mamba2_state_update",
+    "mamba1_state_update",
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "selective_scan",
+)
 
 
 @dataclass(frozen=True)
 class KernelSet:
-    """The kernels one engine uses; every field has the signature of its ``_ref`` twin.
+    """The kernels one engine uses; every op has the signature of its ``_ref`` twin.
 
     ssd_chunk_scan: see ``ssd_chunk_scan_ref`` (x [b, L, H, P] -> y, state, emitted).
     mamba2_state_update: see ``mamba2_state_update_ref`` (state [b, H, P, N] in place).
@@ -29,7 +49,8 @@ class KernelSet:
     causal_conv1d: see ``causal_conv1d_ref`` (x [b, C, L] -> y, state, emitted).
     causal_conv1d_update: see ``causal_conv1d_update_ref`` (state [b, C, K] in place).
     selective_scan: see ``selective_scan_ref`` (u [b, Dm, L] -> y, state, emitted).
-    name: registry key of the set ("ref" or "cuda").
+    name: registry key of the set ("ref" or "triton").
+    backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
 
     ssd_chunk_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -39,6 +60,12 @@ class KernelSet:
     causal_conv1d_update: Callable[..., torch.Tensor]
     selective_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     name: str
+    backends: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [op for op in OPS if op not in self.backends]
+        if missing:
+            raise ValueError(f"kernel set {self.name!r} names no backend for {missing}")
 
 
 def _build_ref() -> KernelSet:
@@ -51,68 +78,90 @@ def _build_ref() -> KernelSet:
         causal_conv1d_update=causal_conv1d_update_ref,
         selective_scan=selective_scan_ref,
         name="ref",
+        backends=dict.fromkeys(OPS, "ref"),
     )
 
 
 @functools.lru_cache(maxsize=1)
-def _import_cuda_error() -> str | None:
-    """None when mamba_ssm and causal_conv1d import with CUDA present, else the reason."""
-    if not torch.cuda.is_available():
-        return "torch.cuda.is_available() is False"
+def _triton_set() -> KernelSet | str:
+    """The triton set, or why it cannot be built (imports only; the device is checked
+    separately). Cached: imports are tried once per process."""
     try:
-        from . import cuda_ops  # noqa: F401  (imports mamba_ssm and causal_conv1d)
-    except Exception as exc:  # a broken build fails with more than ImportError
-        return f"importing mamba_ssm / causal_conv1d failed: {exc!r}"
-    return None
+        from . import mamba_ssm_ops
+        from .mamba_ssm_import import mamba_ssm_version
+        from .triton_conv import causal_conv1d_triton, causal_conv1d_update_triton
+        from .triton_selective_scan import selective_scan_triton
 
-
-def cuda_kernels_available() -> bool:
-    """True when the "cuda" kernel set can be built on this machine."""
-    return _import_cuda_error() is None
-
-
-def _build_cuda() -> KernelSet:
-    """mamba-ssm / causal-conv1d kernels; the Mamba-1 full scan stays on the reference
-    (mamba-ssm's ``selective_scan_fn`` takes no initial state). Raises RuntimeError when
-    CUDA or the packages are missing."""
-    error = _import_cuda_error()
-    if error is not None:
-        raise RuntimeError(
-            f"kernel set 'cuda' is unavailable ({error}); install the 'gpu' extra "
-            "(mamba-ssm, causal-conv1d) on a CUDA machine or use prefer='ref'"
-        )
-    from . import cuda_ops
-
+        mamba = mamba_ssm_ops.load()
+    except ImportError as exc:
+        return str(exc)
+    upstream = f"triton:mamba-ssm {mamba_ssm_version()}"
     return KernelSet(
-        ssd_chunk_scan=cuda_ops.ssd_chunk_scan_cuda,
-        mamba2_state_update=cuda_ops.mamba2_state_update_cuda,
-        mamba1_state_update=cuda_ops.mamba1_state_update_cuda,
-        causal_conv1d=cuda_ops.causal_conv1d_cuda,
-        causal_conv1d_update=cuda_ops.causal_conv1d_update_cuda,
-        selective_scan=selective_scan_ref,
-        name="cuda",
+        ssd_chunk_scan=mamba.ssd_chunk_scan,
+        mamba2_state_update=mamba.mamba2_state_update,
+        mamba1_state_update=mamba.mamba1_state_update,
+        causal_conv1d=causal_conv1d_triton,
+        causal_conv1d_update=causal_conv1d_update_triton,
+        selective_scan=selective_scan_triton,
+        name="triton",
+        backends={
+            "ssd_chunk_scan": upstream,
+            "mamba2_state_update": upstream,
+            "mamba1_state_update": upstream,
+            "causal_conv1d": "triton:marconi",
+            "causal_conv1d_update": "triton:marconi",
+            "selective_scan": "triton:marconi",
+        },
     )
 
 
-KERNEL_REGISTRY: dict[str, Callable[[], KernelSet]] = {"ref": _build_ref, "cuda": _build_cuda}
+def triton_unavailable(device: torch.device | str = "cuda") -> str | None:
+    """None when the "triton" set can run on ``device``'s tensors, else the reason."""
+    reason = can_launch_on(torch.device(device))
+    if reason is not None:
+        return reason
+    built = _triton_set()
+    return built if isinstance(built, str) else None
+
+
+def _build_triton(device: torch.device) -> KernelSet:
+    reason = triton_unavailable(device)
+    if reason is not None:
+        raise RuntimeError(
+            f"kernel set 'triton' is unavailable on {device}: {reason}. Install it with "
+            "`make install-gpu` (triton + mamba-ssm's Triton kernels, no nvcc), or use "
+            "kernels='ref'"
+        )
+    built = _triton_set()
+    assert isinstance(built, KernelSet)
+    return built
+
+
+KERNEL_REGISTRY: dict[str, Callable[[torch.device], KernelSet]] = {
+    "ref": lambda _device: _build_ref(),
+    "triton": _build_triton,
+}
+assert set(KERNEL_CHOICES) == {"auto", *KERNEL_REGISTRY}, "choices.py lists every set"
 
 
 def get_kernels(device: torch.device | str = "cpu", prefer: str = "auto") -> KernelSet:
-    """Pick the kernel set for ``device``.
+    """Pick the kernel set for tensors on ``device``.
 
-    prefer: "auto" (CUDA kernels when the device is CUDA and mamba_ssm + causal_conv1d
-    import, else "ref"), or a registry key ("ref", "cuda"). Raises ValueError for an unknown
-    ``prefer`` or "cuda" with a non-CUDA device, RuntimeError when "cuda" is requested but
-    CUDA or the packages are missing.
+    prefer: "auto" (triton on a CUDA device when it can be built, else "ref", logging why
+    not), "ref" (pure torch, any device) or "triton" (CUDA, or CPU under
+    ``TRITON_INTERPRET=1``). Raises ValueError for an unknown ``prefer``, RuntimeError
+    naming the reason when "triton" cannot run here.
     """
     dev = torch.device(device)
     if prefer == "auto":
-        prefer = "cuda" if dev.type == "cuda" and cuda_kernels_available() else "ref"
+        reason = "not a CUDA device" if dev.type != "cuda" else triton_unavailable(dev)
+        if reason is None:
+            prefer = "triton"
+        else:
+            log.info("kernels=auto on %s: using the torch references (%s)", dev, reason)
+            prefer = "ref"
     if prefer not in KERNEL_REGISTRY:
         raise ValueError(
-            f"unknown kernel set prefer={prefer!r}; choose 'auto' or one of "
-            f"{sorted(KERNEL_REGISTRY)}"
+            f"unknown kernel set {prefer!r}; choose one of {list(KERNEL_CHOICES)}"
         )
-    if prefer == "cuda" and dev.type != "cuda":
-        raise ValueError(f"prefer='cuda' needs a CUDA device, got device={str(dev)!r}")
-    return KERNEL_REGISTRY[prefer]()
+    return KERNEL_REGISTRY[prefer](dev)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.core.systems import SYSTEMS
 from marconi_ray.engine.model_presets import DTYPE_NAMES
 
@@ -64,7 +65,24 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (default: 0)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per turn")
+    p.add_argument(
+        "--kernels",
+        choices=KERNEL_CHOICES,
+        default="auto",
+        help="SSM kernels: auto (Triton on CUDA when installed, else the torch references; "
+        "the log says why), ref (pure torch), triton (mamba-ssm's and our Triton kernels; "
+        "CUDA, or CPU under TRITON_INTERPRET=1; fails loudly when it cannot run) "
+        "(default: auto)",
+    )
+    p.add_argument(
+        "--device", default="cpu", metavar="DEV", help="torch device, e.g. cuda:0 (default: cpu)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per turn: reply, token ids, usage (prompt, completion, "
+        "cached tokens), timings and the backend each kernel op used",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,7 +95,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     torch.set_num_threads(1)
     engine = Engine(
-        args.model, system=args.system, cache_bytes=int(args.cache_bytes), dtype=args.dtype
+        args.model,
+        system=args.system,
+        cache_bytes=int(args.cache_bytes),
+        dtype=args.dtype,
+        device=args.device,
+        kernels=args.kernels,
     )
     tok = engine.tokenizer
     end_ids = [i for i in (tok.convert_tokens_to_ids("<|end|>"),) if isinstance(i, int) and i >= 0]
@@ -106,20 +129,23 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         record = {
             "turn": turn,
             "reply": reply,
+            "token_ids": list(result.tokens),
             "finish_reason": result.finish_reason,
             "prompt_tokens": result.usage.prompt_tokens,
             "completion_tokens": result.usage.completion_tokens,
             "cached_tokens": result.usage.cached_tokens,
             "ttft_ms": round(1e3 * result.timings.ttft, 2),
             "total_ms": round(1e3 * result.timings.total, 2),
+            "kernels": engine.model.kernels.name,
+            "backends": dict(engine.model.kernels.backends),
         }
         if args.json:
             sys.stdout.write(json.dumps(record) + "\n")
         else:
             sys.stdout.write(
-                f"[turn {turn}] prompt {record['prompt_tokens']} tokens "
-                f"({record['cached_tokens']} cached), {record['completion_tokens']} generated, "
-                f"TTFT {record['ttft_ms']} ms\n  {reply!r}\n"
+                f"[turn {turn}] prompt {result.usage.prompt_tokens} tokens "
+                f"({result.usage.cached_tokens} cached), {result.usage.completion_tokens} "
+                f"generated, TTFT {record['ttft_ms']} ms\n  {reply!r}\n"
             )
     stats = engine.cache.stats
     sys.stdout.write(

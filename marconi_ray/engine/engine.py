@@ -92,8 +92,11 @@ class Engine:
         tuner: bootstrap tuner settings for tuned systems.
         tp: tensor-parallel rank; None for a single process.
         max_batch: most requests decoded together in one step.
-        kernels: `auto` (mamba-ssm kernels on CUDA when installed, else the pure-torch
-            references), `ref` or `cuda`.
+        kernels: SSM kernel set: `auto` (Triton on a CUDA device when installed, else
+            the pure-torch references, logging why), `ref`, or `triton` (mamba-ssm's and
+            our Triton kernels: CUDA, or CPU under `TRITON_INTERPRET=1`; RuntimeError
+            naming the reason when it cannot run). `model.kernels.backends` names each
+            op's implementation.
     """
 
     def __init__(

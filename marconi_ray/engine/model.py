@@ -12,6 +12,7 @@ Both update the given `SeqState`s in place (KV appended, SSM states replaced).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -275,6 +276,23 @@ class HybridModel(nn.Module):
                 h = mixer(h)
             x = x + h
         return x, conv_out, ssm_out
+
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """Run every kernel once on a throwaway sequence (a prefill that emits a state
+        mid-chunk, then two decode steps), so Triton's JIT compilation and autotuning
+        happen at set-up, before health checks and collective timeouts can fire.
+        Under tensor parallelism every rank must call it. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        n = min(self.cfg.max_position - 2, 19)
+        ids = torch.arange(n, device=self.device) % self.cfg.vocab_size
+        state = self.new_state()
+        self.prefill(ids, state, emit_at=[max(1, n // 2)])
+        for _ in range(2):
+            self.decode(ids[:1], [state])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
 
     @torch.inference_mode()
     def forward_logits(self, ids: torch.Tensor) -> torch.Tensor:

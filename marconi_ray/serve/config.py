@@ -127,6 +127,12 @@ class ServeConfig(BaseModel):
     device: Literal["cpu", "cuda"] = Field(
         default="cpu", description="Where shards run (cuda: one GPU per shard)."
     )
+    kernels: Literal["auto", "ref", "triton"] = Field(
+        default="auto",
+        description="SSM kernels: auto (Triton on CUDA when installed, else the torch "
+        "references, logged), ref (pure torch), triton (mamba-ssm's and our Triton kernels; "
+        "a shard that cannot run them fails its set-up with the reason).",
+    )
     max_batch: int = Field(default=8, ge=1, description="Most requests a replica decodes together.")
     routing: str = Field(
         default=DEFAULT_ROUTING,
@@ -317,6 +323,7 @@ class ServeConfig(BaseModel):
             port=self.port,
             dtype=self.dtype,
             device=self.device,
+            kernels=self.kernels,
             max_batch=self.max_batch,
             routing=self.routing,
             route_load_weight=self.route_load_weight,

@@ -58,6 +58,10 @@ class ModelReplica:
         self.rebuilds = 0
         self.shards: list[Any] = []
         self.info = ray.get(self._start_shards())
+        log.info(
+            "replica %s: kernels %s %s, warmed up in %.2f s",
+            self.replica_id, self.info["kernels"], self.info["backends"], self.info["warm_up_s"],
+        )
         self.coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
         registered: Any = self.coordinator.register_replica.remote(
             self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
@@ -87,7 +91,9 @@ class ModelReplica:
         ]
         address = ray.get(self.shards[0].address.remote())
         infos = [
-            shard.setup.remote(s.model_dir, address, s.dtype, s.device, s.max_batch)
+            shard.setup.remote(
+                s.model_dir, address, s.dtype, s.device, s.max_batch, s.kernels
+            )
             for shard in self.shards
         ]
         return infos[0]

@@ -37,6 +37,7 @@ class ServeSettings:
         system: `marconi`, `sglang+`, `vllm+` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
+        kernels: SSM kernel set, `auto`, `ref` or `triton` (see `marconi_kernels`).
         max_batch: most requests one replica decodes together.
         app_name: the Serve application's name; the coordinator and tuner actors are
             named after it, so several applications can share one Ray cluster.
@@ -72,6 +73,7 @@ class ServeSettings:
     port: int = 8000
     dtype: str = "float32"
     device: str = "cpu"
+    kernels: str = "auto"
     max_batch: int = 8
     routing: str = "cache_aware"
     route_load_weight: float = 256.0

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from marconi_kernels import get_kernels
 from marconi_ray.engine.engine import torch_dtype
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
@@ -22,6 +23,17 @@ from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 
 DIST_TIMEOUT = timedelta(seconds=120)
+
+
+def bind_device(device: str) -> torch.device:
+    """This process's device, made current. Ray exposes the GPU it assigned to a shard
+    as its only visible device, so a bare ``cuda`` means ``cuda:0``; the process group
+    and every kernel launch then use it, and NCCL never guesses a device."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", 0 if dev.index is None else dev.index)
+        torch.cuda.set_device(dev)
+    return dev
 
 
 def free_address() -> str:
@@ -47,22 +59,36 @@ class ShardActor:
         return free_address()
 
     def setup(
-        self, model_dir: str, address: str, dtype: str, device: str, max_batch: int
-    ) -> dict[str, int]:
-        """Join the process group (world > 1), load this rank's shard; returns the store's
-        per-token KV bytes and per-state bytes and the model's limits."""
+        self,
+        model_dir: str,
+        address: str,
+        dtype: str,
+        device: str,
+        max_batch: int,
+        kernels: str = "auto",
+    ) -> dict[str, Any]:
+        """Bind this rank's device, join the process group (world > 1), load this rank's
+        shard and warm its kernels up (JIT and autotuning happen here, not in the first
+        request); returns the store's per-token KV bytes and per-state bytes, the model's
+        limits, and the kernel set with the backend of each op."""
+        dev = bind_device(device)
         if self.world > 1:
             dist.init_process_group(
-                backend="nccl" if device == "cuda" else "gloo",
+                backend="nccl" if dev.type == "cuda" else "gloo",
                 init_method=address,
                 rank=self.rank,
                 world_size=self.world,
                 timeout=DIST_TIMEOUT,
+                device_id=dev if dev.type == "cuda" else None,
             )
         tp = TPGroup(self.rank, self.world)
-        model = load_model(model_dir, tp, torch_dtype(dtype), device)
+        model = load_model(model_dir, tp, torch_dtype(dtype), dev, get_kernels(dev, kernels))
+        warm_s = model.warm_up()
         self.worker = Worker(model, max_batch)
         return {
+            "kernels": model.kernels.name,
+            "backends": dict(model.kernels.backends),
+            "warm_up_s": round(warm_s, 3),
             "kv_bytes_per_token": self.worker.store.kv_bytes_per_token,
             "state_bytes": self.worker.store.state_bytes,
             "max_position": model.cfg.max_position,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.layers.linear import column, row
@@ -14,6 +15,33 @@ from marconi_ray.engine.layers.rope import Rope
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import AttentionConfig
 from marconi_ray.engine.parallel import Segment, TPGroup
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the last Lq of Lk positions, without an O(Lq x Lk) mask.
+
+    q [H, Lq, hd]; k, v [KV, Lk, hd] with Lq <= Lk and H % KV == 0. Query i sits at
+    position Lk - Lq + i (a prefill resumed after Lk - Lq cached tokens). Returns
+    [H, Lq, hd]. A fresh prefill (Lq == Lk) is SDPA's own causal case; a resumed one
+    uses the lower-right causal bias, which runs on flash / memory-efficient kernels on
+    GPU where an explicit boolean mask would fall back to the math kernel and
+    materialise Lq x Lk scores. Those kernels take equal head counts, so grouped KV heads
+    are expanded for that case only.
+    """
+    n_q, n_k = q.shape[1], k.shape[1]
+    gqa = q.shape[0] != k.shape[0]
+    if n_q == n_k or n_q == 1:
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=n_q > 1, enable_gqa=gqa
+        )
+        return out[0]
+    if gqa:
+        group = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    out = F.scaled_dot_product_attention(
+        q[None], k[None], v[None], attn_mask=causal_lower_right(n_q, n_k)
+    )
+    return out[0]
 
 
 class Attention(nn.Module):
@@ -65,22 +93,8 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, positions)
         kv.append(k, v)
         keys, values = kv.view()
-        n_q, n_k = q.shape[1], keys.shape[1]
-        mask = None
-        if n_k != n_q:
-            offset = n_k - n_q
-            cols = torch.arange(n_k, device=x.device)
-            rows = torch.arange(n_q, device=x.device)
-            mask = cols[None, :] <= rows[:, None] + offset
-        out = F.scaled_dot_product_attention(
-            q[None],
-            keys[None],
-            values[None],
-            attn_mask=mask,
-            is_causal=mask is None,
-            enable_gqa=self.n_heads != self.n_kv,
-        )
-        return self.o(out[0].transpose(0, 1).reshape(n_q, -1))
+        out = causal_attention(q, keys, values)
+        return self.o(out.transpose(0, 1).reshape(q.shape[1], -1))
 
     def decode(
         self, x: torch.Tensor, positions: torch.Tensor, kvs: Sequence[KVBuffer]
