@@ -17,6 +17,7 @@ _EXPORTS = {
     "KERNEL_REGISTRY": "marconi_kernels.dispatch",
     "OPS": "marconi_kernels.dispatch",
     "KernelSet": "marconi_kernels.dispatch",
+    "KernelUnavailable": "marconi_kernels.dispatch",
     "get_kernels": "marconi_kernels.dispatch",
     "triton_unavailable": "marconi_kernels.dispatch",
     "causal_conv1d_ref": "marconi_kernels.conv",

@@ -39,6 +39,10 @@ OPS = (
 )
 
 
+class KernelUnavailable(RuntimeError):
+    """The requested kernel set cannot run here; the message says why and what to do."""
+
+
 @dataclass(frozen=True)
 class KernelSet:
     """The kernels one engine uses; every op has the signature of its ``_ref`` twin.
@@ -127,7 +131,7 @@ def triton_unavailable(device: torch.device | str = "cuda") -> str | None:
 def _build_triton(device: torch.device) -> KernelSet:
     reason = triton_unavailable(device)
     if reason is not None:
-        raise RuntimeError(
+        raise KernelUnavailable(
             f"kernel set 'triton' is unavailable on {device}: {reason}. Install it with "
             "`make install-gpu` (triton + mamba-ssm's Triton kernels, no nvcc), or use "
             "kernels='ref'"
@@ -149,8 +153,8 @@ def get_kernels(device: torch.device | str = "cpu", prefer: str = "auto") -> Ker
 
     prefer: "auto" (triton on a CUDA device when it can be built, else "ref", logging why
     not), "ref" (pure torch, any device) or "triton" (CUDA, or CPU under
-    ``TRITON_INTERPRET=1``). Raises ValueError for an unknown ``prefer``, RuntimeError
-    naming the reason when "triton" cannot run here.
+    ``TRITON_INTERPRET=1``). Raises ValueError for an unknown ``prefer``,
+    :class:`KernelUnavailable` naming the reason when "triton" cannot run here.
     """
     dev = torch.device(device)
     if prefer == "auto":

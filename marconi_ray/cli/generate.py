@@ -90,18 +90,22 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Load the engine, play the turns, print each reply."""
     import torch
 
+    from marconi_kernels import KernelUnavailable
     from marconi_ray.engine.engine import Engine
     from marconi_ray.engine.sampling import SamplingParams
 
     torch.set_num_threads(1)
-    engine = Engine(
-        args.model,
-        system=args.system,
-        cache_bytes=int(args.cache_bytes),
-        dtype=args.dtype,
-        device=args.device,
-        kernels=args.kernels,
-    )
+    try:
+        engine = Engine(
+            args.model,
+            system=args.system,
+            cache_bytes=int(args.cache_bytes),
+            dtype=args.dtype,
+            device=args.device,
+            kernels=args.kernels,
+        )
+    except KernelUnavailable as exc:  # a usage error here: the CLI reports it in one line
+        raise ValueError(str(exc)) from exc
     tok = engine.tokenizer
     end_ids = [i for i in (tok.convert_tokens_to_ids("<|end|>"),) if isinstance(i, int) and i >= 0]
     params = SamplingParams(
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 f"generated, TTFT {record['ttft_ms']} ms\n  {reply!r}\n"
             )
     stats = engine.cache.stats
-    sys.stdout.write(
+    (sys.stderr if args.json else sys.stdout).write(
         f"token hit rate {100 * stats.token_hit_rate:.1f}%, cache holds "
         f"{engine.cache.bytes_used:,} of {engine.cache.capacity:,} bytes\n"
     )

@@ -20,12 +20,15 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.core.systems import SYSTEMS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
 from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
-_FLAG_KEYS = ("model", "port", "host", "tp", "replicas", "system", "cache_bytes", "routing")
+_FLAG_KEYS = (
+    "model", "port", "host", "tp", "replicas", "system", "cache_bytes", "routing", "kernels"
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -74,6 +77,13 @@ def add_parser(subparsers: Any) -> None:
         "each replica's cached prefix saves against its queue and keeps a session on the "
         "replica holding its last state; round_robin cycles; least_loaded picks the "
         f"fewest open requests (default: {DEFAULT_ROUTING})",
+    )
+    p.add_argument(
+        "--kernels",
+        choices=KERNEL_CHOICES,
+        help="SSM kernels of the shards: auto (Triton on CUDA when installed, else the "
+        "torch references, logged), ref, or triton (fails the shard's set-up with the reason "
+        "when it cannot run) (default: auto)",
     )
     p.set_defaults(func=run)
 

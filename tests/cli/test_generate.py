@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from marconi_kernels import OPS
 from marconi_ray.cli.main import main
 from marconi_ray.engine.factory import make_model
 
@@ -22,3 +25,32 @@ def test_generate_multi_turn_reuses_history(tmp_path, capsys):
 def test_generate_bad_model_dir_exits_2(tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path / "none"), "--prompt", "x"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+@pytest.mark.triton
+def test_generate_triton_json_equals_ref_and_names_every_op(tmp_path, capsys):
+    """`--kernels triton --json` (under TRITON_INTERPRET=1 without a GPU) gives the same
+    tokens as `--kernels ref`, and each line names triton for every kernel op."""
+    model = make_model("tiny", "nemotron_h", tmp_path / "m")
+    argv = ["generate", "--model", str(model), "--prompt", "Hi!", "--prompt", "More?"]
+    runs = {}
+    for kernels in ("ref", "triton"):
+        assert main([*argv, "--max-tokens", "6", "--json", "--kernels", kernels]) == 0
+        out = capsys.readouterr().out
+        runs[kernels] = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert [r["token_ids"] for r in runs["triton"]] == [r["token_ids"] for r in runs["ref"]]
+    assert all(len(r["token_ids"]) == r["completion_tokens"] for r in runs["triton"])
+    assert runs["triton"][1]["cached_tokens"] > 0
+    for record in runs["triton"]:
+        assert record["kernels"] == "triton"
+        assert set(record["backends"]) == set(OPS)
+        assert all(b.startswith("triton:") for b in record["backends"].values())
+    assert set(runs["ref"][0]["backends"].values()) == {"ref"}
+
+
+def test_generate_triton_without_a_way_to_run_it_fails_loudly(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model = make_model("tiny", "nemotron_h", tmp_path / "m")
+    argv = ["generate", "--model", str(model), "--prompt", "Hi!", "--kernels", "triton"]
+    assert main(argv) == 2
+    assert "'triton' is unavailable on cpu" in capsys.readouterr().err

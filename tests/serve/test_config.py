@@ -43,6 +43,7 @@ def test_defaults() -> None:
         "cpu",
         8,
     )
+    assert c.kernels == "auto"
     assert c.tuner.grid == list(default_grid()) and c.tuner.workers >= 1
     assert c.tuner.retune_every is None
     assert (c.max_body_bytes, c.redis_url) == (1_048_576, None)
@@ -104,6 +105,7 @@ def test_cache_bytes_accepts_floats_and_numeric_strings() -> None:
         ({"cache_bytes": "lots"}, "cache_bytes"),
         ({"dtype": "int8"}, "dtype"),
         ({"device": "tpu"}, "device"),
+        ({"kernels": "cuda"}, "kernels"),
         ({"max_batch": 0}, "max_batch"),
         ({"route_load_weight": -1}, "route_load_weight"),
         ({"tuner": {"grid": []}}, "tuner.grid"),
@@ -196,6 +198,8 @@ def test_to_settings(models_root: Path) -> None:
     assert s.tuner == TunerSettings(multiplier=5, grid=(0.0, 1.0), retune_every=None, workers=3)
     fixed = config_from_mapping({"alpha": 0.7, "model_name": "my-model"}).to_settings(models_root)
     assert (fixed.alpha, fixed.model_name) == (0.7, "my-model")
+    triton = config_from_mapping({"kernels": "triton"}).to_settings(models_root)
+    assert (s.kernels, triton.kernels) == ("auto", "triton")
 
 
 def test_security_keys(monkeypatch: pytest.MonkeyPatch, models_root: Path) -> None:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.nn.attention.bias import causal_lower_right
+from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.layers.linear import column, row
@@ -31,14 +31,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     n_q, n_k = q.shape[1], k.shape[1]
     gqa = q.shape[0] != k.shape[0]
     if n_q == n_k or n_q == 1:
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             q[None], k[None], v[None], is_causal=n_q > 1, enable_gqa=gqa
         )
         return out[0]
     if gqa:
         group = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-    out = F.scaled_dot_product_attention(
+    out = sdpa(
         q[None], k[None], v[None], attn_mask=causal_lower_right(n_q, n_k)
     )
     return out[0]
@@ -105,7 +105,7 @@ class Attention(nn.Module):
         for b, kv in enumerate(kvs):
             kv.append(k[:, b : b + 1], v[:, b : b + 1])
             keys, values = kv.view()
-            o = F.scaled_dot_product_attention(
+            o = sdpa(
                 q[None, :, b : b + 1],
                 keys[None],
                 values[None],
