@@ -42,10 +42,14 @@ $(GPU_STAMP): $(STAMP) $(WHEELS)/.mamba-ssm-$(MAMBA_SSM)
 ## with `TRITON_INTERPRET=1 marconi-ray generate --kernels triton ...` on a CPU.
 install-gpu: $(GPU_STAMP)
 
-## What scripts/gpu_check.sh needs on a GPU machine with no network: the mamba-ssm wheel.
+## What scripts/gpu_check.sh needs on a GPU machine with no network (build/gpu-bundle,
+## about 4 MB): the mamba-ssm wheel, msgpack for CPython 3.10-3.13, pytest.
 gpu-bundle: $(WHEELS)/.mamba-ssm-$(MAMBA_SSM)
-	mkdir -p build/gpu-bundle
+	rm -rf build/gpu-bundle && mkdir -p build/gpu-bundle
 	cp $(WHEELS)/mamba_ssm-$(MAMBA_SSM)-*.whl build/gpu-bundle/
+	for v in 3.10 3.11 3.12 3.13; do $(PY) -m pip download -q --no-deps --only-binary=:all: \
+		--python-version $$v --platform manylinux2014_x86_64 -d build/gpu-bundle msgpack; done
+	$(PY) -m pip download -q --no-deps -d build/gpu-bundle pytest pluggy iniconfig pygments
 
 ## The main job: the OpenAI-compatible service with the tiny preset model on
 ## 127.0.0.1:8000 (local Ray, embedded defaults; it prints how to send a request).

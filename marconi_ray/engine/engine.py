@@ -21,7 +21,7 @@ own identical planner); rank 0's sampled tokens are broadcast so all ranks agree
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,8 @@ class Engine:
             our Triton kernels: CUDA, or CPU under `TRITON_INTERPRET=1`; RuntimeError
             naming the reason when it cannot run). `model.kernels.backends` names each
             op's implementation.
+        weights: checkpoint tensors by key to load instead of the folder's safetensors
+            (see `loader.load_model`).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class Engine:
         tp: TPGroup | None = None,
         max_batch: int = 8,
         kernels: str = "auto",
+        weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         get_system(system)
         self.model_dir = Path(model_dir)
@@ -119,7 +122,7 @@ class Engine:
         self.config = cfg
         self.system = system
         model = load_model(
-            model_dir, tp, torch_dtype(dtype), device, get_kernels(device, prefer=kernels)
+            model_dir, tp, torch_dtype(dtype), device, get_kernels(device, prefer=kernels), weights
         )
         self.worker = Worker(model, max_batch)
         self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner)

@@ -8,6 +8,7 @@ or a checkpoint weight the model has no place for.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +62,11 @@ def _key_index(files: list[Path]) -> dict[str, Path]:
     return where
 
 
-def _prefix(where: dict[str, Path], anchor: str) -> str:
+def _prefix(where: Mapping[str, str], anchor: str) -> str:
     for p in _PREFIXES:
         if p + anchor in where:
             return p
-    files = sorted({str(f) for f in where.values()})
+    files = sorted(set(where.values()))
     raise ValueError(f"{files}: missing weight {anchor!r} (tried prefixes {list(_PREFIXES)})")
 
 
@@ -75,29 +76,56 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     kernels: KernelSet | None = None,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> HybridModel:
-    """Build this rank's `HybridModel` from `model_dir` and load its weight shards."""
+    """Build this rank's `HybridModel` from `model_dir` and load its weight shards.
+
+    weights: checkpoint tensors by key (e.g. a transformers model's `state_dict()`, on any
+    device) to load instead of the folder's safetensors; `model_dir` then only needs its
+    config.json. Used to compare with transformers on the same weights without writing
+    them to disk.
+    """
     cfg, _ = read_config(model_dir)
     model = HybridModel(cfg, tp, dtype, device, kernels)
-    load_weights(model, model_dir)
+    if weights is None:
+        load_weights(model, model_dir)
+    else:
+        _copy_weights(model, dict.fromkeys(weights, "state dict"), weights.__getitem__, model_dir)
     return model.eval()
 
 
 def load_weights(model: HybridModel, model_dir: str | Path) -> None:
     """Copy every local parameter's slice from the checkpoint in `model_dir`."""
     files = _weight_files(Path(model_dir))
-    where = _key_index(files)
+    where = {k: str(f) for k, f in _key_index(files).items()}
+    handles = {str(f): safe_open(str(f), framework="pt", device="cpu") for f in files}
+
+    def get(key: str) -> torch.Tensor:
+        handle: Any = handles[where[key]]
+        tensor: torch.Tensor = handle.get_tensor(key)
+        return tensor
+
+    _copy_weights(model, where, get, model_dir)
+
+
+def _copy_weights(
+    model: HybridModel,
+    where: Mapping[str, str],
+    get: Callable[[str], torch.Tensor],
+    model_dir: str | Path,
+) -> None:
+    """Copy each local parameter's slice of tensor `get(key)`; `where[key]` names its
+    origin (a file) for error messages. Every checkpoint key must be used."""
     specs = model.weight_specs()
     prefix = _prefix(where, specs["embed"].key)
     params = dict(model.named_parameters(remove_duplicate=False))
     used: set[str] = set()
-    handles = {f: safe_open(str(f), framework="pt", device="cpu") for f in files}
     for name, spec in specs.items():
         key = spec.key if spec.key == "lm_head.weight" else prefix + spec.key
         if key not in where:
-            raise ValueError(f"{[str(f) for f in files]}: missing weight {key!r} for {name}")
-        handle: Any = handles[where[key]]
-        tensor: torch.Tensor = handle.get_tensor(key)
+            files = sorted(set(where.values()))
+            raise ValueError(f"{files}: missing weight {key!r} for {name}")
+        tensor = get(key)
         if spec.dim is not None:
             segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
             try:

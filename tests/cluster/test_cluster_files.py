@@ -153,7 +153,7 @@ def test_launcher_installs_project_and_starts_ray(name: str) -> None:
         assert "torch==2.13.0" in commands
         # torch is pinned before the project pulls in its own (unpinned) torch dependency.
         assert commands.index("torch==2.13.0") < commands.index(" -e ")
-    assert "-e '.[gpu]'" in worker
+    assert "-e '.[gpu]'" in worker and "make install-gpu" in worker
     assert "redis-server --bind" in head and "redis-server --bind" not in worker
     assert any("ray start --head" in c for c in config["head_start_ray_commands"])
     assert any("ray start --address" in c for c in config["worker_start_ray_commands"])

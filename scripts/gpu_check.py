@@ -1,0 +1,387 @@
+"""One-shot GPU check of the engine's CUDA path (run by scripts/gpu_check.sh; no Ray).
+
+Sections, each recorded even when another fails (its error is kept in the JSON):
+  kernels   every op of the "triton" set against its torch reference, fp32 and bf16, at
+            serving shapes, with the time of each (triton vs ref, CUDA events);
+  exactness the `small` preset (nemotron_h, jamba) in fp32 on the triton set: greedy tokens
+            resumed from a mid-prompt checkpoint equal those of a full run (16 tokens) and
+            those of the reference kernels;
+  prefill   the `paper-7b-shape` model in bf16: prefill tokens/s of a 4k-token prompt,
+            ours (triton) vs transformers' implementation of the same weights;
+  ttft      time to first token of a turn whose 90% prefix is cached vs a cold prompt;
+  decode    decode tokens/s at batch 1, 16 and 64 (model steps, and the engine end to end).
+Writes <out>/gpu_check.json and <out>/summary.md. `--device cpu --preset tiny --quick`
+runs the same code on a CPU under TRITON_INTERPRET=1 (a dry run of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# The triton set first: it registers mamba-ssm's kernel package before transformers looks.
+from marconi_kernels import OPS, get_kernels
+from marconi_kernels.mamba_ssm_import import mamba_ssm_version
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.factory import build_model
+from marconi_ray.engine.kv_buffer import KVBuffer
+from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.engine.seq_state import SeqState
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", default=str(REPO / "benchmarks/results/gpu"), help="result folder")
+    p.add_argument("--device", default="cuda", help="torch device (cpu: a dry run)")
+    p.add_argument("--preset", default="paper-7b-shape", help="model of prefill/ttft/decode")
+    p.add_argument("--prompt-len", type=int, default=4096, help="prefill prompt tokens")
+    p.add_argument("--batches", default="1,16,64", help="decode batch sizes")
+    p.add_argument("--quick", action="store_true", help="small kernel shapes (CPU dry run)")
+    p.add_argument(
+        "--sections",
+        default="kernels,exactness,prefill,ttft,decode",
+        help="comma-separated sections to run",
+    )
+    return p.parse_args(argv)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device, reps: int = 3) -> tuple[float, Any]:
+    """Median seconds of `reps` calls after one warm-up call, and the last result."""
+    out = fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def scaled_err(a: torch.Tensor, e: torch.Tensor) -> float:
+    """max |a - e| / max(1, max |e|) in float64."""
+    a64, e64 = a.double(), e.double()
+    if not e64.numel():
+        return 0.0
+    return float((a64 - e64).abs().max() / max(1.0, float(e64.abs().max())))
+
+
+# ---------------------------------------------------------------------------- kernels
+def kernel_cases(dev: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Any]:
+    """op -> (args, kwargs, in-place state index or None) at serving-like shapes."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape: int, scale: float = 1.0, dt: torch.dtype = dtype) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(dev, dt)
+
+    L, H, P, G, N, cs = (40, 4, 8, 2, 16, 16) if quick else (2048, 32, 64, 8, 128, 128)
+    C = 24 if quick else 4096 + 2 * G * N
+    Dm, N1 = (20, 6) if quick else (2048, 16)
+    B = 3 if quick else 64
+    emit = [1, cs, L // 2 + 3, L]
+    f32 = torch.float32
+    return {
+        "ssd_chunk_scan": (
+            (rnd(1, L, H, P), rnd(1, L, H), -torch.rand(H, generator=g).to(dev) - 0.5,
+             rnd(1, L, G, N), rnd(1, L, G, N)),
+            {"chunk_size": cs, "D": rnd(H, dt=f32), "dt_bias": rnd(H, dt=f32),
+             "dt_limit": (0.001, 100.0), "initial_state": rnd(1, H, P, N, dt=f32),
+             "emit_at": emit},
+        ),
+        "mamba2_state_update": (
+            (rnd(B, H, P, N, dt=f32), rnd(B, H, P), rnd(B, H),
+             -torch.rand(H, generator=g).to(dev) - 0.5, rnd(B, G, N), rnd(B, G, N)),
+            {"D": rnd(H, dt=f32), "dt_bias": rnd(H, dt=f32), "dt_limit": (0.001, 100.0)},
+        ),
+        "causal_conv1d": (
+            (rnd(1, C, L), rnd(C, 4), rnd(C)), {"initial_state": rnd(1, C, 4), "emit_at": emit}
+        ),
+        "causal_conv1d_update": ((rnd(B, C), rnd(B, C, 4), rnd(C, 4), rnd(C)), {}),
+        "selective_scan": (
+            (rnd(1, Dm, L), rnd(1, Dm, L), -torch.rand(Dm, N1, generator=g).to(dev) - 0.5,
+             rnd(1, N1, L), rnd(1, N1, L)),
+            {"D": rnd(Dm, dt=f32), "z": rnd(1, Dm, L), "delta_bias": rnd(Dm, dt=f32),
+             "initial_state": rnd(1, Dm, N1, dt=f32), "emit_at": emit},
+        ),
+        "mamba1_state_update": (
+            (rnd(B, Dm, N1, dt=f32), rnd(B, Dm), rnd(B, Dm),
+             -torch.rand(Dm, N1, generator=g).to(dev) - 0.5, rnd(B, N1), rnd(B, N1)),
+            {"D": rnd(Dm, dt=f32), "z": rnd(B, Dm), "delta_bias": rnd(Dm, dt=f32)},
+        ),
+    }
+
+
+def run_kernels(dev: torch.device, quick: bool) -> dict[str, Any]:
+    fast, ref = get_kernels(dev, "triton"), get_kernels(dev, "ref")
+    out: dict[str, Any] = {"backends": dict(fast.backends)}
+    for dtype, tol in ((torch.float32, 5e-3), (torch.bfloat16, 5e-2)):
+        name = str(dtype).removeprefix("torch.")
+        for op, (args, kwargs) in kernel_cases(dev, dtype, quick).items():
+            in_place = op.endswith("update")
+            state_arg = 1 if op == "causal_conv1d_update" else 0
+
+            def call(ks: Any, a: tuple[Any, ...] = args, kw: dict[str, Any] = kwargs,
+                     op: str = op) -> Any:
+                if in_place:  # fresh copy of the state each call
+                    a = tuple(t.clone() if i == state_arg else t for i, t in enumerate(a))
+                    y = getattr(ks, op)(*a, **kw)
+                    return (y, a[state_arg])
+                return getattr(ks, op)(*a, **kw)
+
+            t_fast, got = timed(lambda c=call: c(fast), dev)
+            t_ref, want = timed(lambda c=call: c(ref), dev)
+            errs = [scaled_err(a, e) for a, e in zip(got, want, strict=True)]
+            out[f"{op}/{name}"] = {
+                "max_scaled_err": max(errs),
+                "tol": tol,
+                "ok": max(errs) <= tol,
+                "triton_ms": round(1e3 * t_fast, 3),
+                "ref_ms": round(1e3 * t_ref, 3),
+                "speedup": round(t_ref / t_fast, 2) if t_fast > 0 else None,
+            }
+            print(f"  kernels {op}/{name}: {out[f'{op}/{name}']}", flush=True)
+    out["ok"] = all(v["ok"] for k, v in out.items() if "/" in k)
+    return out
+
+
+# ---------------------------------------------------------------------------- models
+def hf_on_device(preset: str, family: str, dev: torch.device, dtype: str) -> tuple[Any, Path]:
+    """transformers' random-weight model of `preset` on `dev` and a folder with its
+    config.json (our loader reads the config there and takes the weights from memory)."""
+    hf = build_model(preset, family, dtype=dtype, device=str(dev))
+    folder = Path(tempfile.mkdtemp(prefix=f"gpu-check-{preset}-{family}-"))
+    hf.config.save_pretrained(folder)
+    return hf, folder
+
+
+def greedy(model: Any, st: SeqState, n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        assert st.logits is not None
+        out.append(int(st.logits.argmax()))
+        model.decode(torch.tensor([out[-1]], device=model.device), [st])
+    return out
+
+
+def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
+    """Resume from a mid-prompt checkpoint == full run, 16 greedy tokens, fp32."""
+    out: dict[str, Any] = {}
+    for family in ("nemotron_h", "bamba"):
+        hf, folder = hf_on_device(preset, family, dev, "float32")
+        weights = hf.state_dict()
+        fast = load_model(folder, device=dev, kernels=get_kernels(dev, "triton"), weights=weights)
+        ref = load_model(folder, device=dev, kernels=get_kernels(dev, "ref"), weights=weights)
+        del hf, weights
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(3, 258, (300,), generator=g).to(dev)
+        full = fast.new_state()
+        ckpts = fast.prefill(ids, full, emit_at=[77, 200])
+        want = greedy(fast, full, 16)
+        ref_state = ref.new_state()
+        ref.prefill(ids, ref_state)
+        res: dict[str, Any] = {"full": want, "ref_equal": greedy(ref, ref_state, 16) == want}
+        state0 = fast.new_state()
+        fast.prefill(ids, state0)  # fresh KV for the slices below
+        for ck in ckpts:
+            st = SeqState(length=ck.depth, logits=ck.logits)
+            for i in fast.attn_blocks:
+                k, v = state0.kv[i].view()
+                st.kv[i] = KVBuffer(k[:, : ck.depth].clone(), v[:, : ck.depth].clone())
+            st.conv = {i: t.clone() for i, t in ck.conv.items()}
+            st.ssm = {i: t.clone() for i, t in ck.ssm.items()}
+            fast.prefill(ids[ck.depth :], st)
+            res[f"resume_at_{ck.depth}_equal"] = greedy(fast, st, 16) == want
+        res["ok"] = all(v for k, v in res.items() if k.endswith("equal"))
+        out[family] = res
+        print(f"  exactness {family}: {res}", flush=True)
+        del fast, ref
+    out["ok"] = all(v["ok"] for v in out.values() if isinstance(v, dict))
+    return out
+
+
+def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
+    """prefill (vs transformers), ttft and decode on the big model in bf16."""
+    sections = set(args.sections.split(","))
+    out: dict[str, Any] = {}
+    hf, folder = hf_on_device(args.preset, "nemotron_h", dev, "bfloat16")
+    weights = hf.state_dict()
+    n = args.prompt_len
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 258, (n,), generator=g).to(dev)
+    if "prefill" in sections:
+        try:
+            ours = load_model(folder, dtype=torch.bfloat16, device=dev,
+                              kernels=get_kernels(dev, "triton"), weights=weights)
+            t_ours, logits = timed(lambda: ours.forward_logits(ids), dev)
+            with torch.no_grad():
+                t_hf, hf_out = timed(lambda: hf(input_ids=ids[None], use_cache=False).logits, dev)
+            hf_logits = hf_out[0].float()
+            agree = float((logits.argmax(-1) == hf_logits.argmax(-1)).float().mean())
+            out["prefill"] = {
+                "prompt_tokens": n,
+                "ours_tok_s": round(n / t_ours, 1),
+                "transformers_tok_s": round(n / t_hf, 1),
+                "speedup": round(t_hf / t_ours, 2),
+                "top1_agreement": round(agree, 4),
+                "max_abs_logit_diff": float((logits - hf_logits).abs().max()),
+            }
+            print(f"  prefill: {out['prefill']}", flush=True)
+            del ours
+        except Exception:
+            out["prefill"] = {"error": traceback.format_exc()}
+    del hf
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    engine = Engine(folder, "marconi", 40 * 2**30, dtype="bfloat16", device=str(dev),
+                    kernels="triton", weights=weights, max_batch=64)
+    del weights
+    if "ttft" in sections:
+        try:
+            out["ttft"] = ttft(engine, ids.tolist(), n)
+            print(f"  ttft: {out['ttft']}", flush=True)
+        except Exception:
+            out["ttft"] = {"error": traceback.format_exc()}
+    if "decode" in sections:
+        try:
+            out["decode"] = decode(engine, [int(b) for b in args.batches.split(",")], dev)
+            print(f"  decode: {out['decode']}", flush=True)
+        except Exception:
+            out["decode"] = {"error": traceback.format_exc()}
+    return out
+
+
+def ttft(engine: Engine, prompt: list[int], n: int) -> dict[str, Any]:
+    """TTFT of a turn whose first 90% is a cached conversation vs a cold prompt."""
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    head = prompt[: int(0.9 * n)]
+    first = engine.generate(head, one)  # caches the state after the whole first turn
+    turn = head + list(first.tokens)
+    turn += prompt[len(turn) :] if len(turn) < n else []
+    warm = engine.generate(turn, one)
+    cold_prompt = [3 + (t + 7) % 250 for t in prompt]
+    cold = engine.generate(cold_prompt, one)
+    return {
+        "prompt_tokens": len(turn),
+        "cached_tokens": warm.usage.cached_tokens,
+        "ttft_cached_ms": round(1e3 * warm.timings.ttft, 2),
+        "ttft_cold_ms": round(1e3 * cold.timings.ttft, 2),
+        "cold_over_cached": round(cold.timings.ttft / max(warm.timings.ttft, 1e-9), 2),
+    }
+
+
+def decode(engine: Engine, batches: list[int], dev: torch.device) -> dict[str, Any]:
+    """Decode tokens/s: bare model steps over a batch (no sampling or planning), and the
+    engine end to end (64 greedy tokens per request, prefill of 128 tokens included)."""
+    model = engine.model
+    out: dict[str, Any] = {}
+    g = torch.Generator().manual_seed(3)
+    for b in batches:
+        prompts = [torch.randint(3, 258, (128,), generator=g).tolist() for _ in range(b)]
+        states = []
+        for p in prompts:
+            st = model.new_state()
+            model.prefill(torch.tensor(p, device=dev), st)
+            states.append(st)
+        tok = torch.zeros(b, dtype=torch.long, device=dev)
+        model.decode(tok, states)
+        sync(dev)
+        steps = 32
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            model.decode(tok, states)
+        sync(dev)
+        step_s = (time.perf_counter() - t0) / steps
+        params = [SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)] * b
+        t0 = time.perf_counter()
+        results = engine.generate_many(prompts, params)
+        sync(dev)
+        wall = time.perf_counter() - t0
+        out[f"batch_{b}"] = {
+            "model_step_ms": round(1e3 * step_s, 2),
+            "model_tok_s": round(b / step_s, 1),
+            "engine_tok_s": round(sum(len(r.tokens) for r in results) / wall, 1),
+        }
+    return out
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = ["# GPU check", "", f"device: {result['env'].get('device_name')}", ""]
+    for section in ("kernels", "exactness", "prefill", "ttft", "decode"):
+        value = result.get(section)
+        if value is None:
+            continue
+        lines += [f"## {section}", "", "```", json.dumps(value, indent=1)[:6000], "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "mamba_ssm": mamba_ssm_version(),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "ops": list(OPS),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError as exc:
+        env["triton"] = f"missing: {exc}"
+    result: dict[str, Any] = {"env": env, "args": vars(args)}
+    sections = args.sections.split(",")
+    path = out_dir / "gpu_check.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        (out_dir / "summary.md").write_text(summary(result))
+
+    for name, fn in (("kernels", lambda: run_kernels(dev, args.quick)),
+                     ("exactness", lambda: run_exactness(dev, "tiny" if args.quick else "small"))):
+        if name in sections:
+            print(f"[gpu_check] {name}", flush=True)
+            t0 = time.perf_counter()
+            try:
+                result[name] = fn()
+            except Exception:
+                result[name] = {"error": traceback.format_exc()}
+            result[name]["seconds"] = round(time.perf_counter() - t0, 1)
+            save()
+    if {"prefill", "ttft", "decode"} & set(sections):
+        print("[gpu_check] prefill / ttft / decode", flush=True)
+        try:
+            result.update(run_engine_sections(args, dev))
+        except Exception:
+            result["engine_sections_error"] = traceback.format_exc()
+        save()
+    save()
+    print(f"[gpu_check] wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
