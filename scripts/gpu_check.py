@@ -3,7 +3,7 @@
 Sections, each recorded even when another fails (its error is kept in the JSON):
   kernels   every op of the "triton" set against its torch reference, fp32 and bf16, at
             serving shapes, with the time of each (triton vs ref, CUDA events);
-  exactness the `small` preset (nemotron_h, jamba) in fp32 on the triton set: greedy tokens
+  exactness the `small` preset (nemotron_h, bamba) in fp32 on the triton set: greedy tokens
             resumed from a mid-prompt checkpoint equal those of a full run (16 tokens) and
             those of the reference kernels;
   prefill   the `paper-7b-shape` model in bf16: prefill tokens/s of a 4k-token prompt,
@@ -130,25 +130,24 @@ def kernel_cases(dev: torch.device, dtype: torch.dtype, quick: bool) -> dict[str
     }
 
 
+def call_op(ks: Any, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run `op` of kernel set `ks`; an in-place step gets a fresh copy of its state and
+    returns (y, new state) so both can be compared."""
+    if not op.endswith("update"):
+        return getattr(ks, op)(*args, **kwargs)
+    state_arg = 1 if op == "causal_conv1d_update" else 0
+    args = tuple(t.clone() if i == state_arg else t for i, t in enumerate(args))
+    return getattr(ks, op)(*args, **kwargs), args[state_arg]
+
+
 def run_kernels(dev: torch.device, quick: bool) -> dict[str, Any]:
     fast, ref = get_kernels(dev, "triton"), get_kernels(dev, "ref")
     out: dict[str, Any] = {"backends": dict(fast.backends)}
     for dtype, tol in ((torch.float32, 5e-3), (torch.bfloat16, 5e-2)):
         name = str(dtype).removeprefix("torch.")
         for op, (args, kwargs) in kernel_cases(dev, dtype, quick).items():
-            in_place = op.endswith("update")
-            state_arg = 1 if op == "causal_conv1d_update" else 0
-
-            def call(ks: Any, a: tuple[Any, ...] = args, kw: dict[str, Any] = kwargs,
-                     op: str = op) -> Any:
-                if in_place:  # fresh copy of the state each call
-                    a = tuple(t.clone() if i == state_arg else t for i, t in enumerate(a))
-                    y = getattr(ks, op)(*a, **kw)
-                    return (y, a[state_arg])
-                return getattr(ks, op)(*a, **kw)
-
-            t_fast, got = timed(lambda c=call: c(fast), dev)
-            t_ref, want = timed(lambda c=call: c(ref), dev)
+            t_fast, got = timed(lambda o=op, a=args, k=kwargs: call_op(fast, o, a, k), dev)
+            t_ref, want = timed(lambda o=op, a=args, k=kwargs: call_op(ref, o, a, k), dev)
             errs = [scaled_err(a, e) for a, e in zip(got, want, strict=True)]
             out[f"{op}/{name}"] = {
                 "max_scaled_err": max(errs),
@@ -183,7 +182,8 @@ def greedy(model: Any, st: SeqState, n: int) -> list[int]:
 
 
 def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
-    """Resume from a mid-prompt checkpoint == full run, 16 greedy tokens, fp32."""
+    """Resume from a mid-prompt checkpoint == full run, 16 greedy tokens, fp32, for a
+    Mamba-2 hybrid of each layout (NemotronH, Bamba; the factory makes no Jamba)."""
     out: dict[str, Any] = {}
     for family in ("nemotron_h", "bamba"):
         hf, folder = hf_on_device(preset, family, dev, "float32")
@@ -218,6 +218,13 @@ def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
     return out
 
 
+def hf_prefill(hf: Any, ids: torch.Tensor, dev: torch.device) -> tuple[float, torch.Tensor]:
+    """Median seconds of transformers' forward over `ids` and its logits [L, V] (fp32)."""
+    with torch.no_grad():
+        seconds, out = timed(lambda: hf(input_ids=ids[None], use_cache=False).logits, dev)
+    return seconds, out[0].float()
+
+
 def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
     """prefill (vs transformers), ttft and decode on the big model in bf16."""
     sections = set(args.sections.split(","))
@@ -232,9 +239,7 @@ def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str
             ours = load_model(folder, dtype=torch.bfloat16, device=dev,
                               kernels=get_kernels(dev, "triton"), weights=weights)
             t_ours, logits = timed(lambda: ours.forward_logits(ids), dev)
-            with torch.no_grad():
-                t_hf, hf_out = timed(lambda: hf(input_ids=ids[None], use_cache=False).logits, dev)
-            hf_logits = hf_out[0].float()
+            t_hf, hf_logits = hf_prefill(hf, ids, dev)
             agree = float((logits.argmax(-1) == hf_logits.argmax(-1)).float().mean())
             out["prefill"] = {
                 "prompt_tokens": n,

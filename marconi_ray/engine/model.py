@@ -116,6 +116,10 @@ class Block(nn.Module):
         return out
 
 
+WARM_UP_LENGTHS = (7, 32, 57, 140)
+"""Prefill lengths of `HybridModel.warm_up`: one per token-block size the Triton conv picks."""
+
+
 class HybridModel(nn.Module):
     """One tensor-parallel rank of a hybrid decoder. Parameters start uninitialised;
     fill them with `engine.loader.load_weights`."""
@@ -279,17 +283,18 @@ class HybridModel(nn.Module):
 
     @torch.inference_mode()
     def warm_up(self) -> float:
-        """Run every kernel once on a throwaway sequence (a prefill that emits a state
-        mid-chunk, then two decode steps), so Triton's JIT compilation and autotuning
-        happen at set-up, before health checks and collective timeouts can fire.
-        Under tensor parallelism every rank must call it. Returns the seconds it took."""
+        """Run every kernel on throwaway sequences (prefills of a few lengths that emit a
+        state mid-chunk, then two decode steps), so Triton's JIT compilation (one variant
+        per block size the lengths select) and autotuning happen at set-up, before health
+        checks and collective timeouts can fire. Under tensor parallelism every rank must
+        call it. Returns the seconds it took."""
         t0 = time.perf_counter()
-        n = min(self.cfg.max_position - 2, 19)
-        ids = torch.arange(n, device=self.device) % self.cfg.vocab_size
-        state = self.new_state()
-        self.prefill(ids, state, emit_at=[max(1, n // 2)])
-        for _ in range(2):
-            self.decode(ids[:1], [state])
+        for n in sorted({min(self.cfg.max_position - 2, n) for n in WARM_UP_LENGTHS}):
+            ids = torch.arange(n, device=self.device) % self.cfg.vocab_size
+            state = self.new_state()
+            self.prefill(ids, state, emit_at=[max(1, n // 2)])
+            for _ in range(2):
+                self.decode(ids[:1], [state])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0

@@ -22,7 +22,7 @@ def test_state_dict_weights_equal_folder_weights(model_dirs, family):
 def test_state_dict_missing_or_extra_weight_is_named(model_dirs):
     weights = dict(hf_model(model_dirs["nemotron_h"]).state_dict())
     key = next(k for k in weights if k.endswith("A_log"))
-    with pytest.raises(ValueError, match="surplus.weight"):
+    with pytest.raises(ValueError, match=r"surplus\.weight"):
         load_model(model_dirs["nemotron_h"], weights={**weights, "surplus.weight": weights[key]})
     del weights[key]
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
