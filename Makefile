@@ -14,7 +14,7 @@ TRITON    ?= 3.9.0
 WHEELS    := build/wheels
 GPU_STAMP := $(VENV)/.installed-gpu
 
-.PHONY: install install-gpu gpu-bundle run demo lint types contracts pytest test clean
+.PHONY: install install-gpu gpu-bundle redis run demo lint types contracts pytest test clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -79,7 +79,24 @@ types: $(STAMP)
 contracts: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-pytest: $(STAMP) $(GPU_STAMP)
+## redis-server for the journal and recovery tests: Debian's package, installed when missing
+## (apt-get as root, sudo otherwise); a clear message where neither works.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
+		elif command -v sudo >/dev/null 2>&1; then SUDO="sudo"; \
+		else echo "redis-server is missing and this user can neither apt-get nor sudo:" \
+			"install Debian's redis-server package (the journal tests start it)" >&2; exit 1; fi; \
+		command -v apt-get >/dev/null 2>&1 || { echo "redis-server is missing and there is" \
+			"no apt-get here: install redis-server (>= 6) with this system's package manager" >&2; \
+			exit 1; }; \
+		echo "installing redis-server (apt-get)"; \
+		$$SUDO apt-get install -y -q redis-server >/dev/null 2>&1 || { \
+			$$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q redis-server >/dev/null; }; \
+	}
+	@redis-server --version
+
+pytest: $(STAMP) $(GPU_STAMP) redis
 	$(PY) -m pytest -q
 
 test: lint types contracts pytest
