@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from marconi_ray.cli.plot import plot_hit_rate_vs_cache
+from marconi_ray.core import cache_codec
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.presets import get_preset
@@ -96,7 +97,8 @@ def tuner_job(requests, cost, capacity: int, window: int) -> TuneJob:  # type: i
             if len(later) < window:
                 break
             pairs = tuple((r.input_tokens, r.output_tokens) for r in later)
-            return TuneJob(cache.snapshot(), pairs, default_grid(), "token_hit_rate", i + 1)
+            snap = cache_codec.snapshot(cache)
+            return TuneJob(snap, pairs, default_grid(), "token_hit_rate", i + 1)
     raise RuntimeError(f"trace too short for a {window}-request window at {capacity} bytes")
 
 

@@ -38,7 +38,7 @@ from marconi_ray.core.trace import Request, Trace
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.traces.registry import load_trace
 
 SYSTEMS = ("marconi", "vanilla")

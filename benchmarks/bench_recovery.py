@@ -62,9 +62,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from marconi_ray.engine.orders import Finished, Release
-from marconi_ray.engine.results import Timings
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import Finished, Release
+from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Dispatch
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 

@@ -57,11 +57,11 @@ from marconi_ray.core.tuner import run_grid
 from marconi_ray.engine.engine import Engine, build_planner
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.loader import load_model, read_config
-from marconi_ray.engine.orders import Finished, PrefillOrder
-from marconi_ray.engine.planner import Planner
-from marconi_ray.engine.results import Timings
-from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.orders import Finished, PrefillOrder
+from marconi_ray.protocol.planner import Planner
+from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.traces.registry import load_trace
 
 PARTS = ("overhead", "tuner", "throughput")

@@ -37,8 +37,8 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import build_model
 from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.protocol.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     from marconi_kernels import KernelUnavailable
     from marconi_ray.engine.engine import Engine
-    from marconi_ray.engine.sampling import SamplingParams
+    from marconi_ray.protocol.sampling import SamplingParams
 
     torch.set_num_threads(1)
     try:

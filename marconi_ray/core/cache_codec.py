@@ -1,8 +1,8 @@
-"""A pickle-free state form of a `PrefixCache`, and its msgpack encoding.
+"""A pickle-free record of a `PrefixCache`, and its msgpack encoding (`core.wire`).
 
-`to_state` turns a cache into a plain structure (dicts with str keys, lists, ints, floats,
+`to_record` turns a cache into a plain structure (dicts with str keys, lists, ints, floats,
 str, bytes, bools, None); numpy columns travel as `{"dtype": "<i8", "data": <raw
-little-endian bytes>}`. `from_state` validates such a structure and rebuilds the cache:
+little-endian bytes>}`. `from_record` validates such a structure and rebuilds the cache:
 every malformed input (wrong version or kind, missing or unknown keys, wrong types or
 dtypes, inconsistent parent indices or slots, lock counts that open plans do not
 explain, ...) raises ValueError naming what is wrong, never another exception.
@@ -23,11 +23,7 @@ no timestamps).
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Collection
-from typing import Any
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 
@@ -36,18 +32,20 @@ from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache, as_tok
 from marconi_ray.core.radix_tree import FlatTree, RadixTree
 from marconi_ray.core.stats import ADMISSION_REASONS, CacheStats
 from marconi_ray.core.tree_types import NO_STATE, Freed
+from marconi_ray.core.wire import (
+    DEFAULT_MAX_BYTES,
+    SCHEMA_VERSION,
+    Fields,
+    Record,
+    check_header,
+    check_int,
+    encode_array,
+    pack,
+    unpack,
+)
 
-SCHEMA_VERSION = 1
 CACHE_KIND = "prefix_cache"
-DEFAULT_MAX_BYTES = 1 << 30
 
-State = dict[str, Any]
-
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
-
-_DTYPES = {"<i4": np.int32, "<i8": np.int64, "<f8": np.float64, "|u1": np.uint8}
-_ARRAY_KEYS = ("dtype", "data")
 _CACHE_KEYS = (
     "kind",
     "version",
@@ -91,132 +89,8 @@ _TREE_KEYS = (*_TREE_COLUMNS, "n_slots")
 _PLAN_KEYS = ("plan_id", "tokens", "hit_len", "hit_node", "checkpoints", "reserved")
 
 
-# --------------------------------------------------------------------- arrays
-def encode_array(arr: npt.ArrayLike, dtype: str) -> State:
-    """A 1-D array as `{"dtype": dtype, "data": raw little-endian bytes}`.
-
-    `dtype` is one of "<i4", "<i8", "<f8", "|u1"; values are cast to it.
-    """
-    if dtype not in _DTYPES:
-        raise ValueError(f"unsupported array dtype {dtype!r}; choose from {sorted(_DTYPES)}")
-    out = np.ascontiguousarray(arr, dtype=np.dtype(dtype))
-    if out.ndim != 1:
-        raise ValueError(f"only 1-D arrays are encoded, got shape {out.shape}")
-    return {"dtype": dtype, "data": out.tobytes()}
-
-
-def decode_array(obj: object, dtype: str, what: str) -> npt.NDArray[Any]:
-    """Inverse of `encode_array`, requiring `dtype`; returns a writable native-order copy."""
-    fields = Fields(obj, what, _ARRAY_KEYS)
-    got = fields.get_str("dtype")
-    if got != dtype:
-        raise ValueError(f"{what}: expected dtype {dtype!r}, got {got!r}")
-    data = fields.get_bytes("data")
-    want = np.dtype(dtype)
-    if len(data) % want.itemsize:
-        raise ValueError(f"{what}: {len(data)} bytes is not a whole number of {dtype} items")
-    native: npt.NDArray[Any] = np.frombuffer(data, dtype=want).astype(_DTYPES[dtype])
-    return native
-
-
-# ---------------------------------------------------------------- field reads
-def _type_name(value: object) -> str:
-    return type(value).__name__
-
-
-class Fields:
-    """Typed reads of one map of a decoded form; every error names the field's path.
-
-    The map must have exactly `keys` (missing or unknown keys raise ValueError).
-    """
-
-    def __init__(self, obj: object, path: str, keys: Collection[str]) -> None:
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}: expected a map, got {_type_name(obj)}")
-        missing = [k for k in keys if k not in obj]
-        if missing:
-            raise ValueError(f"{path}: missing key(s) {missing}")
-        unknown = sorted(str(k) for k in obj if k not in keys)
-        if unknown:
-            raise ValueError(f"{path}: unknown key(s) {unknown}")
-        self.obj: dict[str, Any] = obj
-        self.path = path
-
-    def where(self, key: str) -> str:
-        return f"{self.path}.{key}"
-
-    def get(self, key: str) -> Any:
-        return self.obj[key]
-
-    def get_int(self, key: str, low: int | None = None) -> int:
-        return check_int(self.obj[key], self.where(key), low)
-
-    def get_float(self, key: str) -> float:
-        return check_float(self.obj[key], self.where(key))
-
-    def get_str(self, key: str) -> str:
-        value = self.obj[key]
-        if not isinstance(value, str):
-            raise ValueError(f"{self.where(key)}: expected str, got {_type_name(value)}")
-        return value
-
-    def get_bool(self, key: str) -> bool:
-        value = self.obj[key]
-        if not isinstance(value, bool):
-            raise ValueError(f"{self.where(key)}: expected bool, got {_type_name(value)}")
-        return value
-
-    def get_bytes(self, key: str) -> bytes:
-        value = self.obj[key]
-        if not isinstance(value, bytes):
-            raise ValueError(f"{self.where(key)}: expected bytes, got {_type_name(value)}")
-        return value
-
-    def get_list(self, key: str) -> list[Any]:
-        value = self.obj[key]
-        if not isinstance(value, list):
-            raise ValueError(f"{self.where(key)}: expected a list, got {_type_name(value)}")
-        return value
-
-    def get_array(self, key: str, dtype: str) -> npt.NDArray[Any]:
-        return decode_array(self.obj[key], dtype, self.where(key))
-
-
-def check_int(value: object, what: str, low: int | None = None) -> int:
-    """`value` as an int64 (bools refused), >= `low` when given; else ValueError."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{what}: expected int, got {_type_name(value)}")
-    if not _INT64_MIN <= value <= _INT64_MAX:
-        raise ValueError(f"{what}: {value} does not fit in int64")
-    if low is not None and value < low:
-        raise ValueError(f"{what}: must be >= {low}, got {value}")
-    return value
-
-
-def check_float(value: object, what: str) -> float:
-    """`value` (a float or an int, not a bool) as a finite float; else ValueError."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ValueError(f"{what}: expected a number, got {_type_name(value)}")
-    out = float(value)
-    if not math.isfinite(out):
-        raise ValueError(f"{what}: must be finite, got {out}")
-    return out
-
-
-def check_header(obj: object, path: str, kind: str, keys: Collection[str]) -> Fields:
-    """Read a versioned map: its `kind` and `version` keys must match, then `keys`."""
-    if isinstance(obj, dict):
-        if obj.get("kind") != kind:
-            raise ValueError(f"{path}: expected kind {kind!r}, got {obj.get('kind')!r}")
-        if obj.get("version") != SCHEMA_VERSION:
-            raise ValueError(
-                f"{path}: unsupported version {obj.get('version')!r} (reads {SCHEMA_VERSION})"
-            )
-    return Fields(obj, path, keys)
-
-
 # ----------------------------------------------------------------- encoding
-def to_state(cache: PrefixCache, open_plans: bool = True) -> State:
+def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
     """The cache as a plain structure (see the module docstring).
 
     Args:
@@ -234,7 +108,7 @@ def to_state(cache: PrefixCache, open_plans: bool = True) -> State:
     if not open_plans:
         plans, hits = [], []
         flat = dataclasses.replace(flat, lock=np.zeros_like(flat.lock))
-    tree: State = {
+    tree: Record = {
         name: encode_array(getattr(flat, name), dt) for name, dt in _TREE_COLUMNS.items()
     }
     tree["n_slots"] = int(flat.n_slots)
@@ -300,7 +174,7 @@ def _plan_locks(
 
 
 # ----------------------------------------------------------------- decoding
-def from_state(state: object) -> PrefixCache:
+def from_record(state: object) -> PrefixCache:
     """Validate a `to_state` structure and rebuild the cache; ValueError if malformed."""
     top = check_header(state, "cache", CACHE_KIND, _CACHE_KEYS)
     cost_f = Fields(top.get("cost"), "cache.cost", _COST_KEYS)
@@ -413,51 +287,25 @@ def _check_plans(cache: PrefixCache, flat: FlatTree, plans: list[Plan], reserved
         )
 
 
-# ------------------------------------------------------------------- msgpack
-def pack(state: State) -> bytes:
-    """msgpack bytes of a plain structure (bin type for bytes; anything else raises)."""
-    out: bytes = msgpack.packb(state, use_bin_type=True, datetime=False)
-    return out
-
-
-def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """Inverse of `pack`, bounded: inputs over `max_bytes`, lengths past it, non-str map
-    keys, ext types, truncated or trailing data all raise ValueError."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ValueError(f"expected bytes, got {_type_name(data)}")
-    if len(data) > max_bytes:
-        raise ValueError(f"{len(data)} bytes is over the limit of {max_bytes}")
-    limit = max(1, max_bytes)
-    unpacker = msgpack.Unpacker(
-        raw=False,
-        strict_map_key=True,
-        use_list=True,
-        max_buffer_size=limit,
-        max_bin_len=limit,
-        max_str_len=limit,
-        max_array_len=limit,
-        max_map_len=limit,
-        max_ext_len=0,
-    )
-    try:
-        unpacker.feed(data)
-        obj = unpacker.unpack()
-    except (msgpack.UnpackException, ValueError) as exc:
-        raise ValueError(f"malformed msgpack data: {str(exc) or type(exc).__name__}") from exc
-    try:
-        unpacker.unpack()
-    except msgpack.OutOfData:
-        return obj
-    except (msgpack.UnpackException, ValueError):
-        pass
-    raise ValueError("malformed msgpack data: trailing bytes after the first object")
-
-
 def dumps(cache: PrefixCache, open_plans: bool = True) -> bytes:
-    """`to_state` packed with msgpack."""
-    return pack(to_state(cache, open_plans))
+    """`to_record` packed with msgpack."""
+    return pack(to_record(cache, open_plans))
 
 
 def loads(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> PrefixCache:
-    """`from_state` of bounded-unpacked msgpack bytes; ValueError if malformed."""
-    return from_state(unpack(data, max_bytes))
+    """`from_record` of bounded-unpacked msgpack bytes; ValueError if malformed."""
+    return from_record(unpack(data, max_bytes))
+
+
+def snapshot(cache: PrefixCache) -> bytes:
+    """A self-contained copy of the cache (tree, policies, stats) as msgpack bytes, taken
+    as if every open plan were aborted: without open plans, their reservations and the
+    locks they hold, so nothing stays pinned in a copy that replays other requests.
+    Equal caches give equal bytes."""
+    return dumps(cache, open_plans=False)
+
+
+def restore(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> PrefixCache:
+    """The cache `snapshot` (or `dumps`) encoded; ValueError if `data` is malformed or
+    longer than `max_bytes`."""
+    return loads(data, max_bytes)

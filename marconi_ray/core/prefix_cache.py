@@ -133,24 +133,6 @@ class PrefixCache:
     def open_plans(self) -> int:
         return len(self._open)
 
-    def snapshot(self) -> bytes:
-        """A self-contained copy of the cache (tree, policies, stats) as msgpack bytes
-        (`cache_codec`), taken as if every open plan were aborted: without open plans,
-        their reservations and the locks they hold, so nothing stays pinned in a copy
-        that replays other requests. Equal caches give equal bytes."""
-        from marconi_ray.core import cache_codec
-
-        return cache_codec.dumps(self, open_plans=False)
-
-    @classmethod
-    def restore(cls, data: bytes, max_bytes: int | None = None) -> PrefixCache:
-        """The cache `snapshot` (or `cache_codec.dumps`) encoded; ValueError if `data` is
-        malformed or longer than `max_bytes` (default `cache_codec.DEFAULT_MAX_BYTES`)."""
-        from marconi_ray.core import cache_codec
-
-        limit = cache_codec.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
-        return cache_codec.loads(data, limit)
-
     def get_plan(self, plan_id: int) -> Plan:
         """The open plan with id `plan_id`; ValueError when none is open."""
         plan = self._open.get(plan_id)

@@ -8,7 +8,7 @@ Protocol, driven by whoever serves requests (the replay loop, the live tuner act
   with the best objective (ties: the smallest alpha) and `adopt` it.
 - With `retune_every = k`, a new snapshot is taken at adoption and the next k requests
   form the next window, forever.
-Snapshots are `PrefixCache.snapshot` bytes (msgpack, no pickle); `BootstrapTuner.to_state`
+Snapshots are `cache_codec.snapshot` bytes (msgpack, no pickle); `BootstrapTuner.to_record`
 gives the tuner itself as a plain structure for the coordinator's journal.
 The grid evaluation is a pure function of the job, so serial, process-pool and Ray maps
 give the same answer.
@@ -24,16 +24,17 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.cache_codec import (
+from marconi_ray.core import cache_codec
+from marconi_ray.core.prefix_cache import PrefixCache
+from marconi_ray.core.wire import (
     SCHEMA_VERSION,
     Fields,
-    State,
+    Record,
     check_float,
     check_header,
     decode_array,
     encode_array,
 )
-from marconi_ray.core.prefix_cache import PrefixCache
 
 OBJECTIVES = ("token_hit_rate", "flops_saved")
 
@@ -133,7 +134,7 @@ def _evaluate(
     alpha: float,
     objective: str,
 ) -> float:
-    cache = PrefixCache.restore(snapshot)
+    cache = cache_codec.restore(snapshot)
     cache.set_alpha(alpha)
     before_hit, before_in = cache.stats.hit_tokens, cache.stats.input_tokens
     before_saved = cache.stats.flops_saved
@@ -231,13 +232,13 @@ class BootstrapTuner:
             self._open_window(cache, self.config.retune_every)
 
     def _open_window(self, cache: PrefixCache, size: int) -> None:
-        self.snapshot = cache.snapshot()
+        self.snapshot = cache_codec.snapshot(cache)
         self.window_target = size
         self.window_start = self.seen
         self.window = []
 
     # ------------------------------------------------------------------ state
-    def to_state(self) -> State:
+    def to_record(self) -> Record:
         """The tuner as a plain structure (`cache_codec` conventions): its config, counters,
         the window's snapshot (bytes) and requests (int32 arrays), its history."""
         config = self.config
@@ -272,10 +273,10 @@ class BootstrapTuner:
         }
 
     @classmethod
-    def from_state(cls, state: object) -> BootstrapTuner:
-        """Validate a `to_state` structure and rebuild the tuner; ValueError if malformed.
+    def from_record(cls, state: object) -> BootstrapTuner:
+        """Validate a `to_record` structure and rebuild the tuner; ValueError if malformed.
 
-        The snapshot bytes are checked when a job replays them (`PrefixCache.restore`).
+        The snapshot bytes are checked when a job replays them (`cache_codec.restore`).
         A tuner restored while `pending` waits for `adopt`, as the original did.
         """
         top = check_header(state, "tuner", TUNER_KIND, _TUNER_KEYS)

@@ -16,9 +16,9 @@ from typing import Any
 
 _EXPORTS = {
     "Engine": "marconi_ray.engine.engine",
-    "GenerationResult": "marconi_ray.engine.results",
-    "Usage": "marconi_ray.engine.results",
-    "Timings": "marconi_ray.engine.results",
+    "GenerationResult": "marconi_ray.protocol.results",
+    "Usage": "marconi_ray.protocol.results",
+    "Timings": "marconi_ray.protocol.results",
     "SamplingParams": "marconi_ray.engine.sampling",
     "HybridModel": "marconi_ray.engine.model",
     "load_model": "marconi_ray.engine.loader",

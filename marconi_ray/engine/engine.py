@@ -35,13 +35,13 @@ from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tuner import BootstrapTuner, TunerConfig
 from marconi_ray.engine.loader import load_model, read_config
-from marconi_ray.engine.orders import Finished
 from marconi_ray.engine.parallel import TPGroup
-from marconi_ray.engine.planner import Planner
-from marconi_ray.engine.results import GenerationResult, Usage
-from marconi_ray.engine.sampling import SamplingParams
-from marconi_ray.engine.validation import validate_prompt
 from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.orders import Finished
+from marconi_ray.protocol.planner import Planner
+from marconi_ray.protocol.results import GenerationResult, Usage
+from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.protocol.validation import validate_prompt
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marconi_ray.engine.orders import PrefillOrder
 from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.protocol.orders import PrefillOrder
 
 
 @dataclass

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
-from marconi_ray.engine.results import Timings
 from marconi_ray.engine.sampling import Sampler, make_generator
 from marconi_ray.engine.seq_state import StateCheckpoint
 from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.state_store import StateStore
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
+from marconi_ray.protocol.results import Timings
 
 
 class Worker:

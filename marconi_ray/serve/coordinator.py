@@ -40,18 +40,18 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
-from marconi_ray.core.cache_codec import encode_array
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.hf_config import spec_from_hf_config
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.tree_types import NO_STATE
 from marconi_ray.core.tuner import TuneJob, TunerConfig, TuneResult
+from marconi_ray.core.wire import encode_array
 from marconi_ray.engine.engine import torch_dtype
 from marconi_ray.engine.loader import read_config
-from marconi_ray.engine.orders import Finished, Release
-from marconi_ray.engine.planner import Planner
-from marconi_ray.engine.results import Timings
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import Finished, Release
+from marconi_ray.protocol.planner import Planner
+from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.journal import (
     Journal,
     JournalError,
@@ -233,7 +233,7 @@ class CacheCoordinator:
                     "kv_bytes_per_token": info.kv_bytes_per_token,
                     "state_bytes": info.state_bytes,
                     "generation": info.generation,
-                    "planner": self.planners[rid].to_state(),
+                    "planner": self.planners[rid].to_record(),
                     "leases": self.leases.of_replica(rid),
                 }
                 for rid, info in self.replica_info.items()
@@ -244,7 +244,7 @@ class CacheCoordinator:
         self._next_request = int(state["next_request"])
         for entry in state["replicas"]:
             rid = str(entry["id"])
-            self.planners[rid] = Planner.from_state(
+            self.planners[rid] = Planner.from_record(
                 entry["planner"], on_tune_job=functools.partial(self._send_job, rid)
             )
             self.replica_info[rid] = _Replica(

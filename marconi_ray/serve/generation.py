@@ -17,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
 
-from marconi_ray.engine.orders import TokenEvent
-from marconi_ray.engine.results import Usage
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import TokenEvent
+from marconi_ray.protocol.results import Usage
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
 from marconi_ray.serve.metrics import IngressMetrics
 from marconi_ray.serve.responses import (

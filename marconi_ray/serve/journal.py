@@ -9,7 +9,7 @@ deterministic (logical clocks, no randomness), so replaying the records in order
 last snapshot rebuilds every tree, lock, reservation, open plan and alpha exactly.
 
 Records and snapshots are msgpack maps `{"v": SCHEMA_VERSION, "seq": n, "op": name, ...}`
-with numpy arrays in `cache_codec.encode_array` form. Decoding is bounded (`max_bin_len` and friends
+with numpy arrays in `wire.encode_array` form. Decoding is bounded (`max_bin_len` and friends
 from a byte limit), refuses ext types and never unpickles; a record that fails the schema
 is a `JournalError` naming the offending field.
 
@@ -34,7 +34,7 @@ from typing import Any, Final, Protocol
 
 import numpy.typing as npt
 
-from marconi_ray.core import cache_codec
+from marconi_ray.core import wire
 
 log = logging.getLogger(__name__)
 
@@ -88,19 +88,19 @@ class JournalError(ValueError):
 
 # ---------------------------------------------------------------------- encoding
 def record_array(record: Mapping[str, Any], name: str, dtype: str) -> npt.NDArray[Any]:
-    """Array field `name` of a decoded record, written as `cache_codec.encode_array(arr,
+    """Array field `name` of a decoded record, written as `wire.encode_array(arr,
     dtype)` (the encoding snapshots use too); JournalError naming the field."""
     try:
-        return cache_codec.decode_array(record[name], dtype, name)
+        return wire.decode_array(record[name], dtype, name)
     except ValueError as exc:
         raise JournalError(str(exc)) from None
 
 
 def unpack(data: bytes, limit: int) -> Any:
-    """msgpack-decode `data` with every length bounded by `limit` (`cache_codec.unpack`);
+    """msgpack-decode `data` with every length bounded by `limit` (`wire.unpack`);
     JournalError on any malformed, oversized or ext-typed input."""
     try:
-        return cache_codec.unpack(data, limit)
+        return wire.unpack(data, limit)
     except ValueError as exc:
         raise JournalError(f"undecodable msgpack: {exc}") from None
 
@@ -108,7 +108,7 @@ def unpack(data: bytes, limit: int) -> Any:
 def encode_record(seq: int, op: str, fields: Mapping[str, Any]) -> bytes:
     """One record as bytes (checked against the schema first)."""
     record = {"v": SCHEMA_VERSION, "seq": seq, "op": op, **fields}
-    return cache_codec.pack(check_record(record))
+    return wire.pack(check_record(record))
 
 
 def check_record(record: Any) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def decode_record(data: bytes) -> dict[str, Any]:
 
 
 def encode_snapshot(seq: int, state: Mapping[str, Any]) -> bytes:
-    return cache_codec.pack({"v": SCHEMA_VERSION, "seq": seq, "state": dict(state)})
+    return wire.pack({"v": SCHEMA_VERSION, "seq": seq, "state": dict(state)})
 
 
 def decode_snapshot(data: bytes) -> tuple[int, dict[str, Any]]:

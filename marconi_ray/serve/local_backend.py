@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.orders import Finished, TokenEvent
-from marconi_ray.engine.results import Usage
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import Finished, TokenEvent
+from marconi_ray.protocol.results import Usage
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
 
 Event = TokenEvent | Completed

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 
 from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.engine.orders import PrefillOrder, Release
-from marconi_ray.engine.results import Timings, Usage
+from marconi_ray.protocol.orders import PrefillOrder, Release
+from marconi_ray.protocol.results import Timings, Usage
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.engine.sampling import SamplingParams
-from marconi_ray.engine.validation import validate_prompt
+from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.protocol.validation import validate_prompt
 from marconi_ray.serve.protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     APIError,

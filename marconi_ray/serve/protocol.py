@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16

@@ -12,9 +12,9 @@ import numpy.typing as npt
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.handle import DeploymentHandle
 
-from marconi_ray.engine.orders import TokenEvent
-from marconi_ray.engine.results import Timings, Usage
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import TokenEvent
+from marconi_ray.protocol.results import Timings, Usage
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.generation import EventStream
 from marconi_ray.serve.messages import (
     Completed,

@@ -31,8 +31,8 @@ import ray
 from ray import serve
 from ray.exceptions import RayActorError
 
-from marconi_ray.engine.orders import Finished, Release, TokenEvent
-from marconi_ray.engine.results import Usage
+from marconi_ray.protocol.orders import Finished, Release, TokenEvent
+from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard import ShardActor

@@ -18,9 +18,9 @@ import torch.distributed as dist
 from marconi_kernels import get_kernels
 from marconi_ray.engine.engine import torch_dtype
 from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
 
 DIST_TIMEOUT = timedelta(seconds=120)
 

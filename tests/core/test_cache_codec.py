@@ -16,7 +16,7 @@ from core_helpers import SMALL_COST, cache, toks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi_ray.core import cache_codec
+from marconi_ray.core import cache_codec, wire
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache
 from marconi_ray.core.tree_types import Freed
@@ -204,7 +204,7 @@ def test_snapshot_is_the_cache_with_its_open_plans_aborted():
         driver.apply(op)
     c = driver.cache
     assert c.open_plans >= 2 and c.reserved > 0
-    snap = PrefixCache.restore(c.snapshot())
+    snap = cache_codec.restore(cache_codec.snapshot(c))
     assert snap.open_plans == 0 and snap.reserved == 0
     assert all(n.lock == 0 for n in snap.tree.iter_nodes())
     check_tree(snap.tree)
@@ -212,7 +212,7 @@ def test_snapshot_is_the_cache_with_its_open_plans_aborted():
     for pid in list(aborted._open):
         aborted.abort(aborted.get_plan(pid))
     assert observe(snap) == observe(aborted)
-    assert aborted.snapshot() == c.snapshot()
+    assert cache_codec.snapshot(aborted) == cache_codec.snapshot(c)
     assert c.open_plans >= 2  # taking a snapshot changes nothing
     assert any(n.lock for n in c.tree.iter_nodes())
 
@@ -224,7 +224,7 @@ def test_a_snapshot_copy_does_not_pin_what_open_plans_hold():
     c.serve(toks(1, 2, 3, 4, 5), toks(6))  # 6 KV tokens + a state: 160 bytes
     plan = c.plan(toks(1, 2, 3, 4, 5, 6, 7))
     assert plan.hit_len == 6
-    copy_ = PrefixCache.restore(c.snapshot())
+    copy_ = cache_codec.restore(cache_codec.snapshot(c))
     hit = copy_.tree.match(toks(1, 2, 3, 4, 5, 6)).hit_node
     assert hit.lock == 0 and copy_.tree.table.evictable[hit.slot]
     assert not c.tree.table.evictable[plan.hit_node.slot]
@@ -251,7 +251,7 @@ def test_state_is_plain_data():
     c = cache()
     c.serve(toks(1, 2, 3), toks(4))
     c.plan(toks(1, 2, 3, 4, 5), max_output=3)
-    state = cache_codec.to_state(c)
+    state = cache_codec.to_record(c)
 
     def walk(x: object) -> None:
         if isinstance(x, dict):
@@ -265,9 +265,9 @@ def test_state_is_plain_data():
             assert x is None or type(x) in (int, float, str, bytes, bool), type(x)
 
     walk(state)
-    assert state["version"] == cache_codec.SCHEMA_VERSION
+    assert state["version"] == wire.SCHEMA_VERSION
     assert state["tree"]["edges"]["dtype"] == "<i4"
-    assert cache_codec.from_state(copy.deepcopy(state)).open_plans == 1
+    assert cache_codec.from_record(copy.deepcopy(state)).open_plans == 1
 
 
 def test_a_deep_chain_round_trips_without_recursion():
@@ -289,7 +289,7 @@ def test_restored_cache_can_tune():
     for inp, out in SAMPLE[:10]:
         c.serve(inp[:300], out[:20])
     window = tuple((inp[:300], out[:20]) for inp, out in SAMPLE[10:30])
-    result = run_grid(TuneJob(c.snapshot(), window, (0.0, 1.0), "token_hit_rate", 0))
+    result = run_grid(TuneJob(cache_codec.snapshot(c), window, (0.0, 1.0), "token_hit_rate", 0))
     assert result.best_alpha in (0.0, 1.0) and c.stats.requests == 10
 
 
@@ -335,7 +335,7 @@ def test_limits(small: PrefixCache):
 
 
 def _edited(c: PrefixCache, edit: Any) -> dict[str, Any]:
-    state = cache_codec.to_state(c)
+    state = cache_codec.to_record(c)
     edit(state)
     return state
 
@@ -420,26 +420,26 @@ def test_malformed_state_is_a_value_error(small: PrefixCache, name: str):
     edit, message = BAD_EDITS[name]
     state = _edited(small, edit)
     with pytest.raises(ValueError, match=message):
-        cache_codec.from_state(state)
+        cache_codec.from_record(state)
     with pytest.raises(ValueError, match=message):
-        cache_codec.loads(cache_codec.pack(state))
+        cache_codec.loads(wire.pack(state))
 
 
 def test_sibling_collision_is_named():
     c = cache()
     c.serve(toks(1, 2, 3), toks(4))
     c.serve(toks(1, 2, 5), toks(6))  # root -> [1 2] -> {[3 4], [5 6]}
-    state = cache_codec.to_state(c)
+    state = cache_codec.to_record(c)
     _set_column(state, "edges", lambda a: a.__setitem__(slice(None), np.where(a == 5, 3, a)))
     with pytest.raises(ValueError, match="two children keyed 3"):
-        cache_codec.from_state(state)
+        cache_codec.from_record(state)
 
 
 def test_invariant_two_is_checked():
     c = cache()
     c.serve(toks(1, 2, 3), toks(4))
     c.serve(toks(1, 2, 5), toks(6))
-    state = cache_codec.to_state(c)
+    state = cache_codec.to_record(c)
     # drop the leaf [5 6] and the state of [1 2]: a state-less node with one child
     _set_column(state, "state", _put(1, -1))
     keep = np.array([0, 1, 2])
@@ -450,7 +450,7 @@ def test_invariant_two_is_checked():
     tree["edges"]["data"] = cols["edges"][: int(cols["edge_len"][keep].sum())].tobytes()
     tree["free"]["data"] = np.append(cols["free"], cols["slot"][3]).tobytes()
     with pytest.raises(ValueError, match="< 2 children"):
-        cache_codec.from_state(state)
+        cache_codec.from_record(state)
 
 
 def _leaves(x: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -468,14 +468,14 @@ JUNK = [None, -1, 0, 1, 2**40, -(2**63), 1.5, float("inf"), "x", b"\x01\x02", []
 @given(data=st.data())
 def test_any_edit_is_a_value_error_or_a_valid_cache(small: PrefixCache, data: st.DataObject):
     """Fuzz: replace any leaf of the form by junk, or flip bytes of the encoding."""
-    state = cache_codec.to_state(small)
+    state = cache_codec.to_record(small)
     if data.draw(st.booleans()):
         paths = _leaves(state)
         path = paths[data.draw(st.integers(0, len(paths) - 1))]
         _set_key(path, data.draw(st.sampled_from(JUNK)))(state)
-        encoded = cache_codec.pack(state)
+        encoded = wire.pack(state)
     else:
-        encoded = bytearray(cache_codec.pack(state))
+        encoded = bytearray(wire.pack(state))
         for _ in range(data.draw(st.integers(1, 4))):
             i = data.draw(st.integers(0, len(encoded) - 1))
             encoded[i] = data.draw(st.integers(0, 255))
@@ -491,7 +491,7 @@ def test_any_edit_is_a_value_error_or_a_valid_cache(small: PrefixCache, data: st
 def test_cost_and_config_travel_with_the_cache():
     c = cache(capacity=1234, admission="fine_grained:8", eviction="flop_aware", alpha=0.3)
     c.set_alpha(0.7)
-    restored = cache_codec.loads(c.snapshot())
+    restored = cache_codec.loads(cache_codec.snapshot(c))
     assert restored.cost == SMALL_COST and restored.config == c.config
     assert restored.alpha == 0.7 and restored.capacity == 1234
 

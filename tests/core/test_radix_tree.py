@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from core_helpers import SMALL_COST, cache, toks
 
+from marconi_ray.core import cache_codec
 from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.tree_types import common_prefix_len
 
@@ -77,7 +77,7 @@ def test_unlock_tidies_a_stateless_node_left_alone() -> None:
 def test_snapshot_round_trip_of_a_deep_chain() -> None:
     c = cache(admission="fine_grained:1", eviction="lru")
     c.serve(np.arange(5000, dtype=np.int32) % 7 + 1, toks(3))
-    copy = PrefixCache.restore(c.snapshot())
+    copy = cache_codec.restore(cache_codec.snapshot(c))
     check_tree(copy.tree)
     assert copy.tree.n_states == c.tree.n_states == 5001
     assert copy.lookup(np.arange(4000, dtype=np.int32) % 7 + 1) == 4000

@@ -9,8 +9,8 @@ from core_helpers import SMALL_COST, cache, chat_requests, toks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from marconi_ray.core import cache_codec
 from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import PrefixCache
 
 
 def test_reservation_is_the_upper_bound_and_is_released():
@@ -58,7 +58,7 @@ def test_bad_max_output_changes_nothing():
 def test_snapshot_drops_reservations():
     c = cache()
     c.plan(toks(1, 2), max_output=3)
-    restored = PrefixCache.restore(c.snapshot())
+    restored = cache_codec.restore(cache_codec.snapshot(c))
     assert restored.reserved == 0 and c.reserved > 0
 
 

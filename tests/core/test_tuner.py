@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from core_helpers import SMALL_COST, cache, chat_requests
 
+from marconi_ray.core import cache_codec
 from marconi_ray.core.replay import RunConfig, run_replay
 from marconi_ray.core.tuner import (
     BootstrapTuner,
@@ -76,7 +77,7 @@ def test_grid_shares_interleave_and_cover_every_alpha() -> None:
     for r in reqs:
         c.serve(r.input_tokens, r.output_tokens)
     pairs = tuple((r.input_tokens, r.output_tokens) for r in reqs)
-    job = TuneJob(c.snapshot(), pairs, (0.0, 0.1, 0.2, 0.3, 0.4), "token_hit_rate", 0)
+    job = TuneJob(cache_codec.snapshot(c), pairs, (0.0, 0.1, 0.2, 0.3, 0.4), "token_hit_rate", 0)
     assert [t.alphas for t in job.tasks(2)] == [(0.0, 0.2, 0.4), (0.1, 0.3)]
     assert len(job.tasks()) == 5 and len(job.tasks(99)) == 5 and len(job.tasks(0)) == 1
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 

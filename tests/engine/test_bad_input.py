@@ -9,9 +9,10 @@ import pytest
 from engine_helpers import GREEDY, prompts
 from safetensors.torch import load_file, save_file
 
+from marconi_ray.core import cache_codec
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +35,19 @@ def warm_engine(model_dirs):
     ],
 )
 def test_bad_prompt_changes_nothing(warm_engine, prompt, message):
-    before = (warm_engine.cache.snapshot(), warm_engine.store.bytes_used)
+    before = (cache_codec.snapshot(warm_engine.cache), warm_engine.store.bytes_used)
     with pytest.raises(ValueError, match=message):
         warm_engine.generate(prompt, GREEDY)
-    assert (warm_engine.cache.snapshot(), warm_engine.store.bytes_used) == before
+    assert (cache_codec.snapshot(warm_engine.cache), warm_engine.store.bytes_used) == before
     assert warm_engine.num_running == 0
 
 
 def test_prompt_over_context_limit(warm_engine):
     limit = warm_engine.config.max_position
-    before = warm_engine.cache.snapshot()
+    before = cache_codec.snapshot(warm_engine.cache)
     with pytest.raises(ValueError, match=str(limit)):
         warm_engine.generate([7] * limit, GREEDY)
-    assert warm_engine.cache.snapshot() == before
+    assert cache_codec.snapshot(warm_engine.cache) == before
 
 
 def test_generation_stops_at_context_limit(model_dirs):
@@ -74,14 +75,14 @@ def test_bad_sampling_values(kwargs, field):
 
 
 def test_bad_params_object_and_stop_ids(warm_engine):
-    before = warm_engine.cache.snapshot()
+    before = cache_codec.snapshot(warm_engine.cache)
     with pytest.raises(ValueError, match="SamplingParams"):
         warm_engine.generate([7, 8, 9], {"max_tokens": 3})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="99999"):
         warm_engine.generate([7, 8, 9], SamplingParams(stop_token_ids=(99999,)))
     with pytest.raises(ValueError, match="2 sampling params"):
         warm_engine.generate_many([[7, 8], [9, 10], [11]], [GREEDY, GREEDY])
-    assert warm_engine.cache.snapshot() == before
+    assert cache_codec.snapshot(warm_engine.cache) == before
 
 
 def test_unknown_system_and_dtype(model_dirs):

@@ -1,4 +1,4 @@
-"""Planner (and bootstrap tuner) state: a planner rebuilt from `to_state` mid-run, with
+"""Planner (and bootstrap tuner) state: a planner rebuilt from `to_record` mid-run, with
 requests in flight, plans, commits, aborts and tunes exactly as the original does."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from marconi_ray.core import cache_codec
+from marconi_ray.core import wire
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release
-from marconi_ray.engine.planner import Planner
-from marconi_ray.engine.results import Timings
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
+from marconi_ray.protocol.planner import Planner
+from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.traces.registry import load_sample
 
 SAMPLE = [(r.input_tokens, r.output_tokens) for r in load_sample()]  # real ShareGPT turns
@@ -123,7 +123,7 @@ class Driver:
 
 def state_view(planner: Planner) -> dict[str, Any]:
     """The planner's full state, less the tuner's wall-clock times."""
-    state = planner.to_state()
+    state = planner.to_record()
     if state["tuner"] is not None:
         for result in state["tuner"]["history"]:
             result["wall_s"] = 0.0
@@ -138,10 +138,10 @@ def test_restored_planner_behaves_exactly_like_the_original(system: str):
     for op in ops[:cut]:
         original.apply(op)
     assert original.planner.open_requests >= 3
-    data = cache_codec.pack(original.planner.to_state())
-    planner = Planner.from_state(cache_codec.unpack(data))
+    data = wire.pack(original.planner.to_record())
+    planner = Planner.from_record(wire.unpack(data))
     check_tree(planner.cache.tree)
-    assert cache_codec.pack(planner.to_state()) == data
+    assert wire.pack(planner.to_record()) == data
     assert planner.open_requests == original.planner.open_requests
     assert planner.caching == original.planner.caching and planner.max_position == 4096
     restored = original.rebind(planner)
@@ -177,8 +177,8 @@ def test_tune_jobs_of_a_restored_planner_match():
     original = Driver(planner_for("marconi", capacity=20_000, on_tune_job=jobs.append))
     for op in ops[:cut]:
         step(original, op, jobs, len(jobs))
-    state = cache_codec.unpack(cache_codec.pack(original.planner.to_state()))
-    restored = original.rebind(Planner.from_state(state, on_tune_job=copies.append))
+    state = wire.unpack(wire.pack(original.planner.to_record()))
+    restored = original.rebind(Planner.from_record(state, on_tune_job=copies.append))
     n_before = len(jobs)
     for op in ops[cut:]:
         theirs = step(restored, op, copies, len(copies))
@@ -203,7 +203,7 @@ def test_a_pending_tuner_waits_for_adopt_after_restore():
         if tuner.pending:
             break
     assert tuner.pending
-    restored = Planner.from_state(planner.to_state())
+    restored = Planner.from_record(planner.to_record())
     assert restored.tuner is not None and restored.tuner.phase == "tuning"
     restored.adopt(TuneResult(2.0, ((2.0, 1.0),), 1, 1, 0.0))
     assert restored.cache.alpha == 2.0 and restored.tuner.phase == "done"
@@ -250,13 +250,13 @@ BAD_EDITS: dict[str, tuple[Any, str]] = {
 @pytest.mark.parametrize("name", list(BAD_EDITS))
 def test_malformed_planner_state_is_a_value_error(recording: Planner, name: str):
     edit, message = BAD_EDITS[name]
-    state = recording.to_state()
+    state = recording.to_record()
     edit(state)
     with pytest.raises(ValueError, match=message):
-        Planner.from_state(state)
+        Planner.from_record(state)
     with pytest.raises(ValueError, match=message):
-        Planner.from_state(cache_codec.unpack(cache_codec.pack(state)))
-    assert Planner.from_state(recording.to_state()).open_requests == recording.open_requests
+        Planner.from_record(wire.unpack(wire.pack(state)))
+    assert Planner.from_record(recording.to_record()).open_requests == recording.open_requests
 
 
 def test_tuner_state_round_trip():
@@ -267,8 +267,8 @@ def test_tuner_state_round_trip():
     for op in make_ops(60, seed=9):
         driver.apply(op)
     assert tuner.history and tuner.window and tuner.snapshot is not None
-    copy = BootstrapTuner.from_state(cache_codec.unpack(cache_codec.pack(tuner.to_state())))
-    assert copy.to_state() == tuner.to_state()
+    copy = BootstrapTuner.from_record(wire.unpack(wire.pack(tuner.to_record())))
+    assert copy.to_record() == tuner.to_record()
     assert copy.history == tuner.history and copy.config == tuner.config
     assert all(
         np.array_equal(a, c) and np.array_equal(b, d)

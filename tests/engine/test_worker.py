@@ -7,7 +7,7 @@ import numpy as np
 from engine_helpers import prompts
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 
 LONG = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 from ray import serve
 
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.app import shutdown_app, start_actors
 from marconi_ray.serve.messages import Completed
 from marconi_ray.serve.replica import replica_deployment

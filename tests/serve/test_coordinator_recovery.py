@@ -13,8 +13,8 @@ from redis_server import RedisServer
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.parallel import TPGroup
-from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.coordinator import CacheCoordinator
 from marconi_ray.serve.journal import MemoryJournal, RedisJournal
 from marconi_ray.serve.messages import Dispatch

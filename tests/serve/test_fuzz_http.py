@@ -28,7 +28,7 @@ from hypothesis.control import currently_in_test_context
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress import build_app
 from marconi_ray.serve.local_backend import LocalBackend
 from marconi_ray.serve.messages import Dispatch

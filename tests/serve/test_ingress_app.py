@@ -18,6 +18,7 @@ import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from marconi_ray.core import cache_codec
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.tokenizer import BYTE_OFFSET
@@ -185,11 +186,15 @@ def test_bad_completion_requests(
     code: str | None,
 ) -> None:
     client, engine = served
-    before = (engine.cache.snapshot(), engine.store.bytes_used, engine.cache.stats.to_dict())
+    before = (
+        cache_codec.snapshot(engine.cache),
+        engine.store.bytes_used,
+        engine.cache.stats.to_dict(),
+    )
     err = error_of(client.post("/v1/completions", json={**GREEDY, **fields}), status)
     assert err["param"] == param and err["code"] == code
     assert (
-        engine.cache.snapshot(),
+        cache_codec.snapshot(engine.cache),
         engine.store.bytes_used,
         engine.cache.stats.to_dict(),
     ) == before

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from marconi_ray.core.cache_codec import encode_array
+from marconi_ray.core.wire import encode_array
 from marconi_ray.serve.journal import (
     MAX_RECORD_BYTES,
     SCHEMA_VERSION,

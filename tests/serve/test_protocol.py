@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.protocol import (
     APIError,
     ChatCompletionRequest,

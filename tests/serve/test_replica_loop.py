@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release, TokenEvent
-from marconi_ray.engine.results import Timings
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch
 from marconi_ray.serve.replica import ModelReplica
 from marconi_ray.serve.settings import ServeSettings

@@ -18,9 +18,10 @@ import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from marconi_ray.core import cache_codec
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.config import API_KEY_ENV, config_from_mapping
 from marconi_ray.serve.ingress import ROUTES, build_app
 from marconi_ray.serve.local_backend import LocalBackend
@@ -85,7 +86,7 @@ def state(backend: CountingBackend) -> tuple[Any, ...]:
     engine = backend.engine
     return (
         backend.planned,
-        engine.cache.snapshot(),
+        cache_codec.snapshot(engine.cache),
         engine.store.bytes_used,
         engine.cache.stats.to_dict(),
         engine.planner.open_requests,

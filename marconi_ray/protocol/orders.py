@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.engine.results import Timings
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.sampling import SamplingParams
 
 Slots = npt.NDArray[np.int64]
 

@@ -14,7 +14,6 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core import cache_codec
-from marconi_ray.core.cache_codec import SCHEMA_VERSION, State, check_header, check_int
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import Plan, PrefixCache
 from marconi_ray.core.systems import get_system
@@ -27,8 +26,9 @@ from marconi_ray.core.tuner import (
     TuneResult,
     run_grid,
 )
-from marconi_ray.engine.orders import Finished, PrefillOrder, Release, Slots, no_slots
-from marconi_ray.engine.sampling import SamplingParams
+from marconi_ray.core.wire import SCHEMA_VERSION, Record, check_header, check_int
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, Slots, no_slots
+from marconi_ray.protocol.sampling import SamplingParams
 
 PLANNER_KIND = "planner"
 _PLANNER_KEYS = ("kind", "version", "max_position", "cache", "requests", "tuner")
@@ -113,34 +113,34 @@ class Planner:
         return request_id in self._plans
 
     # ------------------------------------------------------------------- state
-    def to_state(self) -> State:
+    def to_record(self) -> Record:
         """The planner as a plain structure (`cache_codec` conventions; msgpack it with
-        `cache_codec.pack`): its cache with the open plans, which plan each open request
+        `wire.pack`): its cache with the open plans, which plan each open request
         holds, `max_position` and the tuner. Callables (`tune_map`, `on_tune_job`) are
-        not state: `from_state` takes them again."""
+        not state: `from_record` takes them again."""
         return {
             "kind": PLANNER_KIND,
             "version": SCHEMA_VERSION,
             "max_position": int(self.max_position),
-            "cache": cache_codec.to_state(self.cache),
+            "cache": cache_codec.to_record(self.cache),
             "requests": [[int(rid), int(plan.plan_id)] for rid, plan in self._plans.items()],
-            "tuner": None if self.tuner is None else self.tuner.to_state(),
+            "tuner": None if self.tuner is None else self.tuner.to_record(),
         }
 
     @classmethod
-    def from_state(
+    def from_record(
         cls,
         state: object,
         on_tune_job: Callable[[TuneJob], None] | None = None,
         tune_map: MapFn = map,
     ) -> Planner:
-        """Validate a `to_state` structure and rebuild the planner; ValueError if malformed
+        """Validate a `to_record` structure and rebuild the planner; ValueError if malformed
         (also when its requests and the cache's open plans are not one to one). Open
         requests can then be committed or aborted as if nothing had happened."""
         top = check_header(state, "planner", PLANNER_KIND, _PLANNER_KEYS)
-        cache = cache_codec.from_state(top.get("cache"))
+        cache = cache_codec.from_record(top.get("cache"))
         raw_tuner = top.get("tuner")
-        tuner = None if raw_tuner is None else BootstrapTuner.from_state(raw_tuner)
+        tuner = None if raw_tuner is None else BootstrapTuner.from_record(raw_tuner)
         planner = cls(cache, top.get_int("max_position", 1), tuner, tune_map, on_tune_job)
         for i, pair in enumerate(top.get_list("requests")):
             where = f"planner.requests[{i}]"

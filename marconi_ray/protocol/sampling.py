@@ -1,0 +1,77 @@
+"""Per-request sampling settings: `SamplingParams` (torch-free; the engine's `Sampler`
+applies them, see `marconi_ray.engine.sampling` for the sampling order).
+
+Validated on construction, so a bad request fails at the API boundary, before anything in
+the cache or the store changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request; validated on construction.
+
+    `top_k` 0 or -1 means no top-k cut; `top_p` 1.0 means no nucleus cut; `seed` None means
+    an unseeded (non-reproducible) draw. `stop_token_ids` (a list is converted to a tuple)
+    and `ignore_eos` are read by the decode loop, not by the `Sampler`. Invalid values raise
+    ValueError naming the field and the value; bools are not accepted as numbers.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if (
+            not isinstance(self.temperature, (int, float))
+            or isinstance(self.temperature, bool)
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if (
+            not isinstance(self.top_p, (int, float))
+            or isinstance(self.top_p, bool)
+            or not 0 < self.top_p <= 1
+        ):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 or -1: off), got {self.top_k!r}")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
+            self.stop_token_ids, (tuple, list)
+        ):
+            raise ValueError(
+                f"stop_token_ids must be a tuple or list of ints, got {self.stop_token_ids!r}"
+            )
+        stops = tuple(self.stop_token_ids)
+        bad = [t for t in stops if not is_int(t) or t < 0]
+        if bad:
+            raise ValueError(f"stop_token_ids must be ints >= 0, got {bad[0]!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are picked by argmax (temperature 0)."""
+        return self.temperature == 0.0
