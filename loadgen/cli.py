@@ -4,6 +4,10 @@ Subcommands live in modules ``loadgen.<name>`` for each name in ``SUBCOMMANDS``;
 exposes ``add_parser(subparsers)`` registering a parser with ``func(args) -> int``. A
 subcommand whose module is missing is skipped. Bad arguments, unknown traces and missing
 data exit with code 2 and a one-line error naming the value.
+
+The load generator speaks HTTP only (import-linter contract "loadgen speaks HTTP only"):
+``compare``, which deploys our service once per caching system, forwards its arguments to
+``benchmarks/compare_systems.py`` in a child process (``loadgen.compare``).
 """
 
 from __future__ import annotations

@@ -1,259 +1,92 @@
-"""`marconi-loadgen compare`: the end-to-end comparison of the caching systems.
+"""`marconi-loadgen compare`: forwards to the end-to-end comparison of the caching systems,
+`benchmarks/compare_systems.py`.
 
-One local Ray instance; for each system in turn our service is deployed (its own app,
-coordinator and tuner), the SAME `LoadConfig` is run against it over HTTP (`prompt_mode
-tokens`, the model's vocabulary, `history live`), its run is written under
-`OUT/<system>/`, and it is torn down before the next one. Beside each measured hit rate
-stands the replay simulator's prediction over exactly the requests that system served
-(their input/output ids, in completion order) with the live cache's cost model and
-capacity. Concurrent requests interleave plans and commits, which the simulator (one
-request at a time) does not do, and the live tuner adopts alpha asynchronously: the two
-hit rates can differ slightly under load; with one request at a time they are equal.
+The comparison deploys our service (a local Ray, one Serve app per caching system, each
+cache's cost model read from its coordinator), and the load generator speaks HTTP only
+(import-linter contract "loadgen speaks HTTP only": nothing under `loadgen/` imports
+`marconi_ray.serve`, `marconi_ray.cli`, `marconi_ray.engine`, `ray`, `torch` or
+`marconi_kernels`). So the deployment lives in `benchmarks/compare_systems.py`, and this
+subcommand runs it as a child process with the same interpreter:
 
-Writes `OUT/compare.json`, `OUT/compare.md`, `OUT/ttft_cdf.png`, `OUT/ttft_by_turn.png`.
+    marconi-loadgen compare ARGS   ==   python benchmarks/compare_systems.py ARGS
+
+same options (`marconi-loadgen compare --help` lists them), same outputs
+(`OUT/<system>/`, `OUT/compare.json`, `OUT/compare.md`, `OUT/ttft_cdf.png`,
+`OUT/ttft_by_turn.png`), same exit code; usage and errors name `marconi-loadgen compare`.
+The script is looked up in the marconi-ray checkout this package was installed from
+(`pip install -e .`); a wheel install has no `benchmarks/`, and then `compare` exits 2
+saying where to get it. Ctrl-C reaches the child too (same process group), which tears
+its deployment down; this process waits for it.
+
+What the load generator keeps of the comparison is the analysis,
+`loadgen.compare_report` (the simulator's requests, the table, `write_report`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import subprocess
 import sys
-import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from loadgen.compare_report import (
-    markdown_table,
-    parse_systems,
-    relative_lines,
-    sim_config,
-    sim_requests,
-    system_row,
-)
-from loadgen.config import LoadConfig
-from loadgen.options import add_load_options, add_options, load_kwargs
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.replay import run_replay
-from marconi_ray.serve.settings import ServeSettings
-
-DEFAULT_SYSTEMS = "vanilla,vllm+,sglang+,marconi"
+NAME = "compare"
+PROG = f"marconi-loadgen {NAME}"
+# The comparison's script in the checkout next to this package.
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_systems.py"
+# Tells the script which name to show in usage and errors (compare_systems.PROG_ENV).
+PROG_ENV = "MARCONI_COMPARE_PROG"
 EXIT_USAGE = 2
 
 
-@dataclass(frozen=True)
-class CompareConfig:
-    """One comparison: which systems, which service shape, and the one load run."""
-
-    model: str
-    systems: tuple[str, ...]
-    cache_bytes: int
-    out: Path
-    load: LoadConfig
-    tp: int = 1
-    port: int = 8000
-    max_batch: int = 8
-
-
-def validate(args: argparse.Namespace) -> CompareConfig:
-    """The options as a `CompareConfig` (the model is resolved, a preset built on first
-    use); ValueError naming the bad value."""
-    from loadgen.validate import validate_config
-    from marconi_ray.serve.model_source import resolve_model
-
-    systems = parse_systems(args.systems)
-    for name, low in (("--cache-bytes", 1), ("--tp", 1), ("--max-batch", 1), ("--port", 1)):
-        value = getattr(args, name[2:].replace("-", "_"))
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
-    if args.port > 65535:
-        raise ValueError(f"--port must be <= 65535, got {args.port}")
-    load = LoadConfig(
-        url=f"http://127.0.0.1:{args.port}", prompt_mode="tokens", **load_kwargs(args)
-    )
-    validate_config(load)  # ValueError naming the field
-    model_dir = resolve_model(args.model)
-    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    return CompareConfig(
-        model=str(model_dir),
-        systems=systems,
-        cache_bytes=args.cache_bytes,
-        out=Path(args.out),
-        load=replace(load, vocab_size=vocab),
-        tp=args.tp,
-        port=args.port,
-        max_batch=args.max_batch,
-    )
-
-
-# ---------------------------------------------------------------- the live runs
-@dataclass
-class SystemRun:
-    """What one system's live run leaves behind for the report."""
-
-    result: Any  # loadgen.runner.LoadResult
-    cost: CostModel
-    settings: ServeSettings
-
-
-def settings_for(cfg: CompareConfig, system: str) -> ServeSettings:
-    """Our service for one system of the comparison (its own app and actors)."""
-    return ServeSettings(
-        model_dir=cfg.model,
-        model_name=Path(cfg.model).name,
-        tp=cfg.tp,
-        cache_bytes=cfg.cache_bytes,
-        system=system,
-        port=cfg.port,
-        max_batch=cfg.max_batch,
-        app_name=f"cmp-{system}",
-    )
-
-
-def serve_and_load(settings: ServeSettings, load: LoadConfig, progress: bool) -> SystemRun:
-    """Deploy one system, run the load against it, read its cost model, tear it down."""
-    import ray
-    from ray import serve
-
-    from loadgen.runner import run_load
-    from marconi_ray.serve.app import build_app, shutdown_app, start_actors
-    from marconi_ray.serve.settings import NAMESPACE
-
-    try:
-        start_actors(settings)
-        serve.run(build_app(settings), name=settings.app_name, route_prefix="/")
-        coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
-        replicas: list[str] = ray.get(coordinator.replicas.remote())
-        cost: CostModel = ray.get(coordinator.cost.remote(replicas[0]))
-        result = run_load(replace(load, model=settings.model_name), progress=progress)
-    finally:
-        shutdown_app(settings)
-    return SystemRun(result, cost, settings)
-
-
-def report(runs: Mapping[str, SystemRun], cfg: CompareConfig) -> dict[str, Any]:
-    """Simulate each system's served requests; write compare.json/.md and the plots."""
-    from loadgen.plots import plot_ttft_by_turn, plot_ttft_cdf
-    from loadgen.server_metrics import delta
-
-    rows: dict[str, dict[str, Any]] = {}
-    cdf: dict[str, list[float]] = {}
-    by_turn: dict[str, dict[int, float]] = {}
-    for name, run in runs.items():
-        res = run.result
-        sim = run_replay(sim_requests(res.records), run.cost, sim_config(run.settings))
-        server = None
-        if res.server_before is not None and res.server_after is not None:
-            server = delta(res.server_before, res.server_after)
-        rows[name] = system_row(res.summary, server, sim)
-        rows[name]["wall_s"] = res.wall_s
-        cdf[name] = [
-            r.ttft_ms for r in res.records if r.error is None and not r.warmup and r.ttft_ms
-        ]
-        turns = res.summary.get("ttft_by_turn_ms") or {}
-        by_turn[name] = {int(t): float(v["mean"]) for t, v in turns.items()}
-    relative = relative_lines(rows)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "config": {
-            **{k: v for k, v in asdict(cfg).items() if k not in ("load", "out")},
-            "load": asdict(cfg.load),
-            "cost_model": asdict(next(iter(runs.values())).cost) if runs else None,
-        },
-        "systems": rows,
-        "relative": relative,
-    }
-    (cfg.out / "compare.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    table = markdown_table(rows)
-    (cfg.out / "compare.md").write_text(table + "\n\n" + "\n".join(relative) + "\n")
-    plot_ttft_cdf(cdf, cfg.out / "ttft_cdf.png")
-    plot_ttft_by_turn(by_turn, cfg.out / "ttft_by_turn.png")
-    return doc
-
-
-def compare(cfg: CompareConfig, progress: bool = True) -> dict[str, Any]:
-    """The whole comparison on a local Ray started here (see the module docstring)."""
-    import ray
-    from ray import serve
-
-    from loadgen.output import write_run
-    from marconi_ray.cli.serve import cpus_needed
-    from marconi_ray.serve.settings import NAMESPACE
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    first = settings_for(cfg, cfg.systems[0])
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, cpus_needed(first)),
-            include_dashboard=False,
-            namespace=NAMESPACE,
-            log_to_driver=False,
-        )
-    runs: dict[str, SystemRun] = {}
-    try:
-        serve.start(http_options={"host": first.host, "port": cfg.port})
-        for system in cfg.systems:
-            t0 = time.perf_counter()
-            print(f"[compare] {system}: deploying and running the load", file=sys.stderr)
-            runs[system] = serve_and_load(settings_for(cfg, system), cfg.load, progress)
-            write_run(runs[system].result, cfg.out / system)
-            print(f"[compare] {system}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    finally:
-        if started:
-            serve.shutdown()  # type: ignore[no-untyped-call]
-            ray.shutdown()
-    return report(runs, cfg)
-
-
-# ---------------------------------------------------------------- the command
-def _bytes(text: str) -> int:
-    return round(float(text))
-
-
-# (flag, type, default, help); the help gets " [default]" appended when there is one.
-OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
-    ("--model", str, "small", "model folder or preset (tiny, small, tiny:bamba)"),
-    ("--systems", str, DEFAULT_SYSTEMS, "comma-separated caching systems, run in this order"),
-    ("--cache-bytes", _bytes, 250_000_000, "prefix-cache budget per replica, bytes (KV + SSM)"),
-    ("--tp", int, 1, "tensor-parallel ranks per replica"),
-    ("--port", int, 8000, "HTTP port the service listens on (127.0.0.1)"),
-    ("--max-batch", int, 8, "most requests a replica decodes together"),
-)
-
-
-def add_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse.ArgumentParser:
-    """Register `compare` on the `marconi-loadgen` subcommands (`func=run`)."""
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `compare` on the `marconi-loadgen` subcommands: every argument after it,
+    `--help` included, goes to the script unparsed (`func=run`)."""
     p = subparsers.add_parser(
-        "compare",
+        NAME,
         help="deploy our service once per caching system, run the same load against each, "
-        "compare TTFT and hit rates (measured vs simulated)",
+        "compare TTFT and hit rates (measured vs simulated); runs "
+        "benchmarks/compare_systems.py (--help: its options)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,  # `--help` is the script's
+        prefix_chars="+",  # so that no `-`/`--` argument is taken as ours
     )
-    p.add_argument("--out", required=True, help="output folder (one subfolder per system)")
-    add_options(p, OPTIONS)
-    add_load_options(p, rate_default=0.1)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="benchmarks/compare_systems.py's")
     p.set_defaults(func=run)
-    return p
+
+
+def command(args: Sequence[str], script: Path = SCRIPT) -> list[str]:
+    """The child's command line: this interpreter, the script, `args` unchanged."""
+    return [sys.executable, str(script), *args]
+
+
+def missing_message(script: Path) -> str:
+    return (
+        f"{script} not found: the comparison deploys our service, which the load generator "
+        "(HTTP only) does not do; it lives in benchmarks/compare_systems.py of a marconi-ray "
+        "checkout. Run `python benchmarks/compare_systems.py --help` there, or install the "
+        "checkout with `pip install -e .` to have `marconi-loadgen compare` forward to it."
+    )
+
+
+def forward(args: Sequence[str], script: Path = SCRIPT) -> int:
+    """Run the comparison script with `args` and return its exit code (128 + N when
+    signal N ended it); 2 with a one-line error when the script is not there."""
+    if not script.is_file():
+        print(f"{PROG}: error: {missing_message(script)}", file=sys.stderr)
+        return EXIT_USAGE
+    env = {**os.environ, PROG_ENV: PROG}
+    proc = subprocess.Popen(command(args, script), env=env)
+    while True:
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            continue  # the child got the same SIGINT and is shutting its deployment down
+        return code if code >= 0 else 128 - code
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, compare, print the table and the headline ratios; 0 (2 on bad input)."""
-    try:
-        cfg = validate(args)
-    except ValueError as exc:
-        print(f"marconi-loadgen compare: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    doc = compare(cfg, progress=not args.no_progress)
-    print(markdown_table(doc["systems"]))
-    for line in doc["relative"]:
-        print(line)
-    print(f"wrote {cfg.out / 'compare.json'}")
-    return 0
+    """The `compare` subcommand: `forward` its arguments."""
+    return forward(args.args)

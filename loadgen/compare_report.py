@@ -1,20 +1,33 @@
-"""The pure side of `marconi-loadgen compare`: the simulator's requests and settings for a
-system's served records, one table row per system, the Markdown table and the headline
-P95 ratios."""
+"""The analysis side of the end-to-end comparison (`benchmarks/compare_systems.py`, also
+reached as `marconi-loadgen compare`): the simulator's requests for a system's served
+records, one table row per system, the Markdown table, the headline P95 ratios, and
+`write_report` (`compare.json`, `compare.md` and the TTFT plots).
+
+Nothing here deploys or reaches into the service: what the report needs beyond the load
+runs (each system's cost model and the replay run matching its deployment: system,
+capacity, alpha, tuner) comes in as plain `marconi_ray.core` values from the caller
+(`SystemRun`), which the deployer reads from its own coordinator and settings. The live
+side comes over HTTP only (`/metrics`, in each run's `server_before`/`server_after`).
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loadgen.config import RequestRecord
-from marconi_ray.core.replay import RunConfig, RunResult
+from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.replay import RunConfig, RunResult, run_replay
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.trace import Request
-from marconi_ray.core.tuner import TunerConfig
-from marconi_ray.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from loadgen.runner import LoadResult
 
 
 def parse_systems(text: str) -> tuple[str, ...]:
@@ -54,11 +67,11 @@ def sim_requests(records: Sequence[RequestRecord]) -> list[Request]:
     return out
 
 
-def sim_config(settings: ServeSettings) -> RunConfig:
-    """The replay run matching a deployment: system, capacity, alpha and tuner window."""
-    t = settings.tuner
-    tuner = TunerConfig(t.multiplier, tuple(t.grid), retune_every=t.retune_every)
-    return RunConfig(settings.system, settings.cache_bytes, alpha=settings.alpha, tuner=tuner)
+def simulate(records: Sequence[RequestRecord], cost: CostModel, run: RunConfig) -> RunResult:
+    """The replay simulator's prediction over exactly the requests the server served
+    (`sim_requests`), with the live cache's cost model and the run matching its
+    deployment (both plain values from the caller)."""
+    return run_replay(sim_requests(records), cost, run)
 
 
 def relative_p95(rows: Mapping[str, Mapping[str, Any]], a: str, b: str) -> str | None:
@@ -157,3 +170,59 @@ def relative_lines(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """marconi's P95 TTFT against vanilla and vllm+ (the headline ratios)."""
     pairs = [("marconi", "vanilla"), ("marconi", "vllm+"), ("marconi", "sglang+")]
     return [s for a, b in pairs if (s := relative_p95(rows, a, b)) is not None]
+
+
+# ---------------------------------------------------------------- the report
+@dataclass
+class SystemRun:
+    """What one system's live run leaves behind for the report: the load run, the cost
+    model its cache priced with, and the replay run matching its deployment (system,
+    capacity, alpha, tuner window). The service publishes neither of the last two over
+    HTTP, so the caller that deployed it passes them as plain values."""
+
+    result: LoadResult
+    cost: CostModel
+    sim: RunConfig
+
+
+def write_report(
+    runs: Mapping[str, SystemRun], out: Path, config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Simulate each system's served requests; write `out/compare.json` (`config` plus the
+    first system's `cost_model`, one row per system, the headline ratios), `compare.md`,
+    `ttft_cdf.png` and `ttft_by_turn.png`; return the JSON document."""
+    from loadgen.plots import plot_ttft_by_turn, plot_ttft_cdf
+    from loadgen.server_metrics import delta
+
+    rows: dict[str, dict[str, Any]] = {}
+    cdf: dict[str, list[float]] = {}
+    by_turn: dict[str, dict[int, float]] = {}
+    for name, run in runs.items():
+        res = run.result
+        sim = simulate(res.records, run.cost, run.sim)
+        server = None
+        if res.server_before is not None and res.server_after is not None:
+            server = delta(res.server_before, res.server_after)
+        rows[name] = system_row(res.summary, server, sim)
+        rows[name]["wall_s"] = res.wall_s
+        cdf[name] = [
+            r.ttft_ms for r in res.records if r.error is None and not r.warmup and r.ttft_ms
+        ]
+        turns = res.summary.get("ttft_by_turn_ms") or {}
+        by_turn[name] = {int(t): float(v["mean"]) for t, v in turns.items()}
+    relative = relative_lines(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "config": {
+            **config,
+            "cost_model": asdict(next(iter(runs.values())).cost) if runs else None,
+        },
+        "systems": rows,
+        "relative": relative,
+    }
+    (out / "compare.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    table = markdown_table(rows)
+    (out / "compare.md").write_text(table + "\n\n" + "\n".join(relative) + "\n")
+    plot_ttft_cdf(cdf, out / "ttft_cdf.png")
+    plot_ttft_by_turn(by_turn, out / "ttft_by_turn.png")
+    return doc

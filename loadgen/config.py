@@ -1,7 +1,8 @@
 """What a load run is (`LoadConfig`) and what it records per request (`RequestRecord`).
 
-Shared by the runner (`marconi-loadgen run`) and the comparison (`marconi-loadgen
-compare`). Frozen dataclasses; the CLI validates its arguments into them once.
+Shared by the runner (`marconi-loadgen run`) and the comparison
+(`benchmarks/compare_systems.py`, also reached as `marconi-loadgen compare`). Frozen
+dataclasses; the CLI validates its arguments into them once.
 """
 
 from __future__ import annotations

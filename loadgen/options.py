@@ -1,4 +1,5 @@
-"""The load options `run` and `compare` share: one table of flags and their mapping onto
+"""The load options `run` and the comparison (`benchmarks/compare_systems.py`, what
+`marconi-loadgen compare` runs) share: one table of flags and their mapping onto
 `LoadConfig` fields, so both commands spell, default and document them the same way."""
 
 from __future__ import annotations

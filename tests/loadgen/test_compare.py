@@ -1,19 +1,23 @@
-"""Pure parts of `marconi-loadgen compare`: simulator requests from records, the table
-and relative-P95 math, and argument validation."""
+"""The load generator's side of the comparison (`loadgen.compare_report`: simulator
+requests from records, the table and relative-P95 math, the report files) and
+`marconi-loadgen compare` forwarding to `benchmarks/compare_systems.py` (whose own
+arguments and deployment settings are tested in test_compare_systems.py)."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from loadgen import compare, compare_report
+from loadgen import cli, compare, compare_report
 from loadgen.config import RequestRecord
+from loadgen.runner import LoadResult
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.replay import RunConfig, run_replay
-from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
 
 def _rec(sid, turn, start, e2el, inp, out, error=None, warmup=False):
@@ -30,12 +34,6 @@ def _rec(sid, turn, start, e2el, inp, out, error=None, warmup=False):
         input_ids=list(inp),
         output_ids=list(out),
     )
-
-
-def _parser():
-    top = argparse.ArgumentParser()
-    compare.add_parser(top.add_subparsers(dest="command"))
-    return top
 
 
 # ---------------------------------------------------------------- simulator requests
@@ -64,16 +62,6 @@ def test_sim_requests_replay_like_the_cache():
     ]
     res = run_replay(compare_report.sim_requests(recs), cost, RunConfig("sglang+", 10**9))
     assert res.token_hit_rate == pytest.approx(22 / (20 + 24))
-
-
-def test_sim_config_matches_the_deployment():
-    tuner = TunerSettings(multiplier=3, grid=(0.0, 1.0), retune_every=50)
-    s = ServeSettings(model_dir="m", model_name="m", cache_bytes=123, system="marconi", tuner=tuner)
-    cfg = compare_report.sim_config(s)
-    assert (cfg.system, cfg.cache_bytes, cfg.alpha) == ("marconi", 123, None)
-    assert (cfg.tuner.multiplier, cfg.tuner.grid, cfg.tuner.retune_every) == (3, (0.0, 1.0), 50)
-    fixed = compare_report.sim_config(ServeSettings("m", "m", system="vllm+", alpha=0.5))
-    assert (fixed.system, fixed.alpha) == ("vllm+", 0.5)
 
 
 # ---------------------------------------------------------------- table and ratios
@@ -133,63 +121,103 @@ def test_markdown_table_one_line_per_system():
     assert "| 0.6000 |" in lines[3] and "| - |" in lines[2]
 
 
-# ---------------------------------------------------------------- arguments
-def test_help_covers_every_option():
-    sub = _parser()._subparsers._group_actions[0].choices["compare"]
-    for action in sub._actions:
-        assert action.help, action.option_strings
+# ---------------------------------------------------------------- the report
+def test_simulate_is_the_replay_of_the_served_requests():
+    cost = CostModel(1e6, 1.0, 16, 1000)
+    recs = [_rec(0, 0, 0.0, 1.0, [1, 2], [3]), _rec(0, 1, 1.0, 1.0, [1, 2, 3, 4], [5])]
+    run = RunConfig("sglang+", 10**9)
+    sim = compare_report.simulate(recs, cost, run)
+    direct = run_replay(compare_report.sim_requests(recs), cost, run)
+    assert sim.token_hit_rate == direct.token_hit_rate
+    assert sim.token_hit_rate == pytest.approx(3 / 6)
 
 
-@pytest.mark.parametrize(
-    ("argv", "needle"),
-    [
-        (["--systems", "vanilla,lmcache"], "'lmcache'"),
-        (["--systems", "marconi,marconi"], "marconi"),
-        (["--systems", " , "], "--systems"),
-        (["--cache-bytes", "0"], "--cache-bytes must be >= 1, got 0"),
-        (["--tp", "0"], "--tp must be >= 1, got 0"),
-        (["--port", "70000"], "--port must be <= 65535, got 70000"),
-        (["--session-rate", "0"], "session_rate must be finite and > 0, got 0.0"),
-        (["--session-rate", "none"], "concurrency"),
-        (["--sessions", "0"], "sessions must be >= 1, got 0"),
-        (["--max-output", "0"], "max_output must be >= 1, got 0"),
-        (["--think", "sometimes"], "sometimes"),
-        (["--burstiness", "-1"], "burstiness must be finite and > 0, got -1.0"),
-        (["--model", "no-such-model"], "'no-such-model'"),
-    ],
-)
-def test_bad_arguments_exit_2_naming_the_value(argv, needle, tmp_path, capsys):
-    args = _parser().parse_args(["compare", "--out", str(tmp_path), *argv])
-    assert args.func is compare.run
-    with pytest.raises(ValueError, match=r"."):
-        compare.validate(args)
-    assert compare.run(args) == 2
-    err = capsys.readouterr().err
-    assert needle in err and err.startswith("marconi-loadgen compare: error:")
+def test_write_report_from_plain_values(tmp_path):
+    """The report needs no service: load results, a cost model and a `RunConfig` each."""
+    cost = CostModel(1e6, 1.0, 16, 1000)
+    recs = [_rec(0, 0, 0.0, 1.0, [1, 2], [3]), _rec(0, 1, 1.0, 1.0, [1, 2, 3, 4], [5])]
+    summary = {**_summary(), "ttft_by_turn_ms": {"0": {"mean": 10.0}, "1": {"mean": 8.0}}}
+    before = {"hit_tokens": 0.0, "input_tokens": 0.0, "alpha": {}}
+    after = {"hit_tokens": 3.0, "input_tokens": 6.0, "evictions": 0.0, "alpha": {"r": 0.0}}
+    runs = {
+        "vanilla": compare_report.SystemRun(
+            LoadResult(recs, summary, None, None, 1.5), cost, RunConfig("vanilla", 10**9)
+        ),
+        "marconi": compare_report.SystemRun(
+            LoadResult(recs, summary, before, after, 2.0), cost, RunConfig("sglang+", 10**9)
+        ),
+    }
+    doc = compare_report.write_report(runs, tmp_path / "o", {"model": "m", "port": 1})
+    for name in ("compare.json", "compare.md", "ttft_cdf.png", "ttft_by_turn.png"):
+        assert (tmp_path / "o" / name).stat().st_size > 0
+    on_disk = json.loads((tmp_path / "o" / "compare.json").read_text())
+    assert on_disk["systems"] == json.loads(json.dumps(doc["systems"]))
+    config = on_disk["config"]
+    assert config["model"] == "m" and config["cost_model"]["state_bytes"] == 1000
+    row = on_disk["systems"]["marconi"]
+    assert row["server_hit_rate"] == row["sim_hit_rate"] == pytest.approx(0.5)
+    assert on_disk["systems"]["vanilla"]["server_hit_rate"] is None
+    assert on_disk["systems"]["vanilla"]["wall_s"] == 1.5
+    assert "| marconi |" in (tmp_path / "o" / "compare.md").read_text()
+
+
+# ---------------------------------------------------------------- `marconi-loadgen compare`
+def test_compare_forwards_to_the_benchmark_script():
+    assert compare.SCRIPT.is_file() and compare.SCRIPT.parent.name == "benchmarks"
+    assert compare.command(["--out", "x", "--help"]) == [
+        sys.executable,
+        str(compare.SCRIPT),
+        "--out",
+        "x",
+        "--help",
+    ]
+    args = cli.build_parser().parse_args(["compare", "--out", "o", "-h", "--", "--tp", "2"])
+    assert args.func is compare.run and args.args == ["--out", "o", "-h", "--", "--tp", "2"]
+
+
+def test_compare_help_is_the_scripts(capfd):
+    assert cli.main(["compare", "--help"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("usage: marconi-loadgen compare")
+    for opt in ("--out", "--model", "--systems", "--cache-bytes", "--tp", "--port", "--max-batch",
+                "--session-rate", "--trace", "--sessions", "--no-progress"):  # fmt: skip
+        assert opt in out, opt
+
+
+def test_compare_bad_arguments_exit_2_through_the_cli(tmp_path, capfd):
+    argv = ["compare", "--out", str(tmp_path), "--systems", "vanilla,lmcache"]
+    assert cli.main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("marconi-loadgen compare: error:") and "'lmcache'" in err
     assert not any(tmp_path.iterdir())
 
 
-def test_validate_builds_one_load_config(tmp_path):
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 512}))
-    argv = ["compare", "--out", str(tmp_path / "o"), "--model", str(model), "--port", "8123"]
-    argv += ["--systems", "vanilla,marconi", "--cache-bytes", "3e8", "--session-rate", "0.25"]
-    argv += ["--think", "exp:2", "--slo-ttft-ms", "500", "--max-output", "16"]
-    cfg = compare.validate(_parser().parse_args(argv))
-    assert cfg.systems == ("vanilla", "marconi") and cfg.cache_bytes == 300_000_000
-    load = cfg.load
-    assert (load.url, load.prompt_mode, load.vocab_size, load.history) == (
-        "http://127.0.0.1:8123",
-        "tokens",
-        512,
-        "live",
+def test_compare_without_the_script_says_where_it_is(tmp_path, capsys):
+    assert compare.forward(["--help"], script=tmp_path / "compare_systems.py") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("marconi-loadgen compare: error:")
+    assert "benchmarks/compare_systems.py" in err and len(err.strip().splitlines()) == 1
+
+
+def test_loadgen_loads_no_server_module():
+    """At run time too: every loadgen module and the CLI's parser, in a fresh interpreter,
+    bring in none of the modules the "loadgen speaks HTTP only" contract forbids."""
+    bad = ("marconi_ray.serve", "marconi_ray.cli", "marconi_ray.engine", "ray", "torch")
+    code = (
+        "import importlib, pkgutil, sys, loadgen\n"
+        "for m in pkgutil.iter_modules(loadgen.__path__):\n"
+        "    importlib.import_module('loadgen.' + m.name)\n"
+        "from loadgen import cli\n"
+        "cli.build_parser()\n"
+        f"bad = {(*bad, 'marconi_kernels')!r}\n"
+        "print(sorted(m for m in sys.modules if m.startswith(tuple(b + '.' for b in bad))"
+        " or m in bad))\n"
     )
-    assert (load.session_rate, load.think, load.slo_ttft_ms, load.max_output) == (
-        0.25,
-        "exp:2",
-        500.0,
-        16,
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent,
     )
-    s = compare.settings_for(cfg, "vllm+")
-    assert (s.system, s.app_name, s.port, s.cache_bytes) == ("vllm+", "cmp-vllm+", 8123, 3 * 10**8)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,10 +1,12 @@
 """The load generator against our real service (local Ray + Serve, the tiny preset):
 a multi-turn run's summary and cache hits, the measured hit rate equal to the
-simulator's on the same requests (one request at a time), and a small `compare`."""
+simulator's on the same requests (one request at a time), and a small `compare`
+(`benchmarks/compare_systems.py`, what `marconi-loadgen compare` runs)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 import ray
 from ray import serve
 
-from loadgen import compare
+from loadgen import compare_report
 from loadgen.config import LoadConfig
 from loadgen.runner import run_load
 from loadgen.server_metrics import delta
@@ -21,6 +23,9 @@ from marconi_ray.core.replay import run_replay
 from marconi_ray.engine.factory import make_model
 from marconi_ray.serve.app import build_app, shutdown_app, start_actors
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import compare_systems
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 PORT = 8137
@@ -110,7 +115,9 @@ def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, s
     server = delta(result.server_before, result.server_after)
     assert server is not None and server["requests"] == len(result.records)
     assert server["evictions"] > 0
-    sim = run_replay(compare.sim_requests(result.records), cost, compare.sim_config(settings))
+    sim = run_replay(
+        compare_report.sim_requests(result.records), cost, compare_systems.sim_config(settings)
+    )
     assert sim.token_hit_rate == server["token_hit_rate"] > 0
     assert sim.evictions == server["evictions"]
     assert sim.states_dropped == server["states_dropped"]
@@ -127,7 +134,7 @@ def test_compare_end_to_end(model_dir, local_serve, tmp_path):
         max_output=4,
         max_prompt=384,
     )
-    cfg = compare.CompareConfig(
+    cfg = compare_systems.CompareConfig(
         model=str(model_dir),
         systems=("vanilla", "marconi"),
         cache_bytes=10**8,
@@ -135,7 +142,7 @@ def test_compare_end_to_end(model_dir, local_serve, tmp_path):
         load=load,
         port=PORT,
     )
-    doc = compare.compare(cfg, progress=False)
+    doc = compare_systems.compare(cfg, progress=False)
     for name in cfg.systems:
         assert (tmp_path / name).is_dir() and any((tmp_path / name).iterdir())
     for name in ("compare.json", "compare.md", "ttft_cdf.png", "ttft_by_turn.png"):
