@@ -4,7 +4,8 @@ Values are those the classes declare (transformers 5.x `configuration_*.py`); a 
 whose value is None or "auto" is derived by the parser the way the class's
 `__post_init__` or the model code derives it. `head_dim` None means hidden_size //
 num_attention_heads (the model code's fallback when the config has no head_dim).
-Immutable registries only.
+Keys under "# details" matter to the engine only (norms, activations, biases, RoPE, scan
+chunk size, dt clamp, embeddings tying, EOS). Immutable registries only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
+_ROPE_FULL: Final[Mapping[str, object]] = MappingProxyType(
+    {"rope_theta": 10000.0, "rope_type": "default"}
+)
+_ROPE_HALF: Final[Mapping[str, object]] = MappingProxyType(
+    {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"}
+)
 NEMOTRON_H: Final[Mapping[str, object]] = MappingProxyType(
     {
         "vocab_size": 131072,
@@ -34,6 +41,17 @@ NEMOTRON_H: Final[Mapping[str, object]] = MappingProxyType(
         "moe_shared_expert_intermediate_size": 7688,
         "moe_latent_size": None,
         "num_experts_per_tok": 2,
+        # details
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "attention_bias": False,
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": False,
+        "chunk_size": 128,
+        "use_conv_bias": True,
+        "use_bias": False,
+        "time_step_min": 0.001,
     }
 )
 NEMOTRON_H_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
@@ -42,8 +60,15 @@ NEMOTRON_H_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "conv_kernel": ("mamba_d_conv",),
         "n_routed_experts": ("num_local_experts",),
         "layers_block_type": ("layer_types",),
+        "use_conv_bias": ("mamba_conv_bias",),
+        "chunk_size": ("mamba_chunk_size",),
+        "time_step_min": ("mamba_dt_min",),
     }
 )
+NEMOTRON_H_PATTERN: Final[Mapping[str, str]] = MappingProxyType(
+    {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+)
+"""hybrid_override_pattern character -> layer type (the legacy pattern string)."""
 NEMOTRON_H_DEFAULT_LAYERS: Final = ("linear_attention", "moe", "full_attention", "mlp")
 
 BAMBA: Final[Mapping[str, object]] = MappingProxyType(
@@ -63,6 +88,18 @@ BAMBA: Final[Mapping[str, object]] = MappingProxyType(
         "mamba_d_state": 256,
         "mamba_d_conv": 4,
         "mamba_expand": 2,
+        # details
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_parameters": _ROPE_HALF,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "time_step_limit": (0.0, float("inf")),
     }
 )
 
@@ -86,6 +123,13 @@ JAMBA: Final[Mapping[str, object]] = MappingProxyType(
         "mamba_d_conv": 4,
         "mamba_expand": 2,
         "mamba_dt_rank": "auto",
+        # details
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
     }
 )
 JAMBA_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
@@ -109,6 +153,17 @@ ZAMBA2: Final[Mapping[str, object]] = MappingProxyType(
         "num_key_value_heads": None,
         "use_shared_attention_adapter": False,
         "adapter_rank": 128,
+        # details
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+        "hidden_act": "gelu",
+        "use_mem_rope": False,
+        "rope_parameters": _ROPE_FULL,
+        "chunk_size": 256,
+        "use_conv_bias": True,
+        "add_bias_linear": False,
+        "time_step_min": 0.001,
     }
 )
 ZAMBA2_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
@@ -142,6 +197,18 @@ FALCON_H1: Final[Mapping[str, object]] = MappingProxyType(
         "mamba_d_state": 256,
         "mamba_d_conv": 4,
         "mamba_expand": 2,
+        # details
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_parameters": _ROPE_FULL,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "time_step_limit": (0.0, float("inf")),
     }
 )
 
@@ -165,6 +232,18 @@ GRANITE_MOE_HYBRID: Final[Mapping[str, object]] = MappingProxyType(
         "mamba_d_head": "auto",
         "mamba_d_conv": 4,
         "mamba_expand": 2,
+        # details
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "position_embedding_type": None,
+        "rope_parameters": _ROPE_FULL,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "time_step_limit": (0.0, float("inf")),
     }
 )
 GRANITE_MOE_HYBRID_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(

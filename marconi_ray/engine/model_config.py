@@ -1,79 +1,34 @@
-"""`HybridConfig`: the engine's own description of a hybrid decoder, parsed from a HF config.
+"""`HybridConfig`: the engine's view of a hybrid decoder, derived from one HF config parse.
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
 mixer kind: `mamba2`, `mamba1`, `attention` or `mlp`. NemotronH maps one HF layer to one
 block (pattern string `M`, `*`, `-`); Bamba and Jamba map each HF decoder layer to two
 blocks (the mixer with `input_layernorm`, then the MLP with `pre_ff_layernorm`).
 
-Family parsers live in `marconi_ray.engine.hf_families` (a registry keyed by
-`model_type`); this file only holds the frozen dataclasses they produce.
+The per-mixer configs (`AttentionConfig`, `MLPConfig`, `Mamba2Config`, `Mamba1Config`)
+are the core's `marconi_ray.core.hf_arch` dataclasses, re-exported: the config keys are
+interpreted once, in `marconi_ray.core.hf_families`, and `marconi_ray.engine.hf_families`
+derives a `HybridConfig` from that parse.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marconi_ray.core.hf_arch import AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig
+
+__all__ = [
+    "BLOCK_KINDS",
+    "PATTERN_CHARS",
+    "AttentionConfig",
+    "HybridConfig",
+    "MLPConfig",
+    "Mamba1Config",
+    "Mamba2Config",
+]
+
 BLOCK_KINDS = ("mamba2", "mamba1", "attention", "mlp")
 PATTERN_CHARS = {"M": "mamba2", "S": "mamba1", "*": "attention", "-": "mlp"}
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """GQA attention. `rotary_dim` 0 means no positional encoding (NemotronH)."""
-
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    rotary_dim: int = 0
-    rope_theta: float = 10000.0
-    bias: bool = False
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    """`down(act(up(x)))`, or `down(act(gate(x)) * up(x))` when `gated`."""
-
-    intermediate_size: int
-    activation: str
-    gated: bool
-    bias: bool = False
-
-
-@dataclass(frozen=True)
-class Mamba2Config:
-    """Mamba-2 (SSD) mixer. d_inner = n_heads * head_dim; conv over x, B and C."""
-
-    n_heads: int
-    head_dim: int
-    n_groups: int
-    d_state: int
-    d_conv: int
-    chunk_size: int
-    conv_bias: bool = True
-    proj_bias: bool = False
-    dt_min: float = 0.0
-    dt_max: float = float("inf")
-
-    @property
-    def d_inner(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.d_state
-
-
-@dataclass(frozen=True)
-class Mamba1Config:
-    """Mamba-1 (selective scan) mixer as in Jamba, with RMSNorms on dt, B and C."""
-
-    d_inner: int
-    d_state: int
-    d_conv: int
-    dt_rank: int
-    conv_bias: bool = True
-    proj_bias: bool = False
-    inner_norms: bool = True
 
 
 @dataclass(frozen=True)

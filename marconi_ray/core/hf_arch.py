@@ -1,0 +1,224 @@
+"""`HfArchitecture`: one hybrid model as its Hugging Face config describes it (pure data).
+
+`hf_families` parses a `config.json` dict into one `HfArchitecture`: the residual blocks in
+execution order, each with the frozen config of its operator (attention, Mamba-2, Mamba-1,
+MLP, MoE or a bare projection) and the HF decoder layer that holds its weights, plus the
+model-wide norms, embeddings and limits. Both views of a model derive from it: the core's
+`ModelSpec` (FLOPs and bytes, `hf_config.spec_from_architecture`) and the engine's
+`HybridConfig` (`engine.hf_families.hybrid_config`), which re-exports these block configs.
+
+Sizes are checked where the cost model builds its layer specs (`layers.py`):
+`hf_config.parse_hf_config` only returns architectures whose `ModelSpec` builds. The
+dataclasses here check only what the cost model does not see (chunk size, rotary width).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from marconi_ray.core.spec_checks import require_non_negative, require_positive
+
+KIND_ATTENTION: Final = "attention"
+KIND_MAMBA2: Final = "mamba2"
+KIND_MAMBA1: Final = "mamba1"
+KIND_MLP: Final = "mlp"
+KIND_MOE: Final = "moe"
+KIND_LINEAR: Final = "linear"
+BLOCK_CONFIG_KINDS: Final = (
+    KIND_ATTENTION,
+    KIND_MAMBA2,
+    KIND_MAMBA1,
+    KIND_MLP,
+    KIND_MOE,
+    KIND_LINEAR,
+)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Grouped-query self-attention (`n_kv_heads` divides `n_heads`).
+
+    Attributes:
+        rotary_dim: leading channels of each head that RoPE rotates; 0 means no positional
+            encoding (then `rope_theta` and `rope_type` mean nothing).
+        rope_theta: the RoPE base.
+        bias: the q/k/v/o projections have biases.
+        input_dim: width the q/k/v projections read; None means the hidden size (Zamba2's
+            shared block reads the 2*D concatenation of hidden state and embeddings).
+        rope_type: the HF `rope_type`; "default" is plain RoPE.
+    """
+
+    kind: ClassVar[str] = KIND_ATTENTION
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rotary_dim: int = 0
+    rope_theta: float = 10000.0
+    bias: bool = False
+    input_dim: int | None = None
+    rope_type: str = "default"
+
+    def __post_init__(self) -> None:
+        require_non_negative("rotary_dim", self.rotary_dim)
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim={self.rotary_dim} exceeds head_dim={self.head_dim}")
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """`down(act(up(x)))`, or `down(act(gate(x)) * up(x))` when `gated`."""
+
+    kind: ClassVar[str] = KIND_MLP
+    intermediate_size: int
+    activation: str
+    gated: bool
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Mixture of experts: a router picks `top_k` of `n_experts` experts (MLPs of width
+    `intermediate_size`) per token; `n_shared_experts` always-on experts of width
+    `shared_intermediate_size` run beside them. With `latent_dim` (NemotronH) the routed
+    experts run between projections D -> latent -> D."""
+
+    kind: ClassVar[str] = KIND_MOE
+    intermediate_size: int
+    n_experts: int
+    top_k: int
+    activation: str
+    gated: bool
+    n_shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    latent_dim: int | None = None
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """Mamba-2 (SSD) mixer. d_inner = n_heads * head_dim; the conv runs over x, B and C.
+
+    Attributes:
+        chunk_size: tokens per chunk of the chunked scan.
+        conv_bias: the depthwise conv has a bias.
+        proj_bias: in_proj and out_proj have biases.
+        dt_min, dt_max: the clamp applied to dt after softplus.
+    """
+
+    kind: ClassVar[str] = KIND_MAMBA2
+    n_heads: int
+    head_dim: int
+    n_groups: int
+    d_state: int
+    d_conv: int
+    chunk_size: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+
+    def __post_init__(self) -> None:
+        require_positive("chunk_size", self.chunk_size)
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+
+@dataclass(frozen=True)
+class Mamba1Config:
+    """Mamba-1 (selective scan) mixer as in Jamba; `inner_norms`: RMSNorms on dt, B and C."""
+
+    kind: ClassVar[str] = KIND_MAMBA1
+    d_inner: int
+    d_state: int
+    d_conv: int
+    dt_rank: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    inner_norms: bool = True
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """A bare projection d_in -> d_out (Zamba2's shared-block adapters and output linear)."""
+
+    kind: ClassVar[str] = KIND_LINEAR
+    d_in: int
+    d_out: int
+
+
+BlockConfig = AttentionConfig | MLPConfig | MoEConfig | Mamba2Config | Mamba1Config | LinearConfig
+
+
+@dataclass(frozen=True)
+class Block:
+    """One operator of the model in execution order, normally `x = x + op(norm(x))`.
+
+    Attributes:
+        config: the operator; `config.kind` is one of `BLOCK_CONFIG_KINDS`.
+        hf_layer: index of the HF decoder layer that runs it (and holds its weights).
+        shared: its weights are shared by several layers (Zamba2's shared transformer
+            block, which every "hybrid" layer runs before its Mamba-2).
+    """
+
+    config: BlockConfig
+    hf_layer: int
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        require_non_negative("hf_layer", self.hf_layer)
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
+
+DEFAULT_CONTEXT_LIMIT: Final = 4096
+"""Context limit of a model whose config sets no `max_position_embeddings`."""
+
+
+@dataclass(frozen=True)
+class HfArchitecture:
+    """Everything both the cost model and the engine read from one HF config.
+
+    Attributes:
+        family: the HF `model_type`.
+        vocab_size: rows of the embedding table.
+        hidden_size: the residual width D.
+        blocks: the operators in execution order (non-empty).
+        norm_eps: epsilon of the model's RMS/layer norms.
+        tie_embeddings: the LM head reuses the embedding table.
+        max_position: the context limit in tokens; None when the config sets none.
+        eos_token_ids: token ids that end generation.
+        parallel_mixers: the mixers of one HF layer read the same normed input and their
+            outputs are summed (FalconH1) instead of running one after the other.
+    """
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    blocks: tuple[Block, ...]
+    norm_eps: float
+    tie_embeddings: bool
+    max_position: int | None
+    eos_token_ids: tuple[int, ...] = ()
+    parallel_mixers: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise ValueError(f"{self.family} config describes no layers")
+
+    @property
+    def context_limit(self) -> int:
+        """The context limit the serving stack enforces: `max_position`, or
+        `DEFAULT_CONTEXT_LIMIT` when the config sets none."""
+        return self.max_position or DEFAULT_CONTEXT_LIMIT
+
+    def configs_of(self, kind: str) -> tuple[BlockConfig, ...]:
+        """The distinct configs of the blocks of `kind`, in order of first use."""
+        return tuple(dict.fromkeys(b.config for b in self.blocks if b.kind == kind))
