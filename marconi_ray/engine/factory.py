@@ -8,22 +8,40 @@ count).
 
 Logit separation: with the usual init (std 0.02) a random model's logits are nearly flat
 (std ~0.02 * sqrt(hidden) across the vocab), so greedy decoding would flip on float
-rounding. After the seeded init, the `lm_head` weight is redrawn from N(0, s^2) with
-s = `LOGIT_STD / sqrt(hidden_size)`; the final RMSNorm leaves hidden states with RMS 1,
-so the logits have std ~`LOGIT_STD` across the vocab. Only the rows of printable ASCII
-bytes and newline stay random; every other row (special tokens, other bytes, the padding
-of the model vocab past `BYTE_VOCAB_SIZE`) is zero, so its logit is exactly 0 while the
-top printable logit is ~+2.5 std: greedy text is plain ASCII, which survives decoding and
-re-encoding (multi-turn chat). Every build checks on a short random prompt that the std
-over the tokenizer's ids at each position is >= `MIN_LOGIT_STD`.
+rounding, and sampling would pick any id, including bytes that are no valid UTF-8 on their
+own (decoded as U+FFFD) and ids the tokenizer does not have. So only the rows of printable
+ASCII bytes and newline (`PRINTABLE_IDS`) are random; every other row of the `lm_head`
+(special tokens, other bytes, the padding of the model vocab past `BYTE_VOCAB_SIZE`) is
+zero, so its logit is exactly 0, and the printable logits are lifted `LOGIT_LIFT` above 0:
+
+- The lift comes from a constant channel: the last layer's MLP (`down_proj.bias`, the
+  presets have `mlp_bias` on, every other MLP bias is 0) adds `LIFT_RATIO` times the
+  median norm of the final residual stream (measured on a calibration prompt) to channel
+  `LIFT_CHANNEL`, so after the final RMSNorm that channel is ~sqrt(hidden) at every
+  position; the printable rows weigh it so that it adds ~`LOGIT_LIFT` to each of them.
+  Nothing but the final norm and the `lm_head` sees the channel, so every layer computes
+  what it computed without it.
+- The other columns of the printable rows are N(0, s^2) with s chosen so that the
+  printable logits have std ~`LOGIT_STD` across those ids at a typical position; the top
+  one is ~+2.5 std above their mean.
+
+Greedy text is then plain ASCII, and so is sampled text at any temperature the OpenAI
+API allows (<= `MAX_TEMPERATURE`): every other id together has probability below
+`MAX_STRAY_PROB` per token, so the text survives decoding and re-encoding (multi-turn
+chat). Every build checks on a short random prompt that the std over the printable ids at
+each position is >= `MIN_LOGIT_STD` and that the stray probability at `MAX_TEMPERATURE`
+is <= `MAX_STRAY_PROB`.
 
 Seeding: the whole build runs under `torch.random.fork_rng` seeded with `seed`, so the
 same (preset, family, seed, dtype) gives bit-identical weights and the caller's global RNG
-is left untouched.
+is left untouched. The seeded init draws the weights of a model without MLP biases
+(`nn.Linear` would draw its bias from the RNG too), and the zero biases are attached
+afterwards, so every other weight is what a build without the lift drew.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -50,6 +68,7 @@ __all__ = [
     "DTYPES",
     "FAMILIES",
     "PRESETS",
+    "PRINTABLE_IDS",
     "ModelPreset",
     "build_model",
     "check_logit_separation",
@@ -67,8 +86,25 @@ DTYPES: Final[Mapping[str, torch.dtype]] = MappingProxyType(
 """Weight dtypes `make_model` accepts, by name."""
 
 LOGIT_STD: Final = 4.0
+"""Std of the printable ids' logits across those ids at a typical position."""
+LOGIT_LIFT: Final = 44.0
+"""How far the printable ids' logits sit above the 0 of every other id."""
+LIFT_RATIO: Final = 8.0
+"""The lift channel's bias over the median norm of the final residual stream."""
+LIFT_CHANNEL: Final = 0
+"""The residual-stream channel that carries the lift."""
 MIN_LOGIT_STD: Final = 1.0
+MAX_TEMPERATURE: Final = 2.0
+"""The highest temperature the OpenAI API accepts (`serve.protocol`)."""
+MAX_STRAY_PROB: Final = 1e-6
+"""Most probability per token that any non-printable id may get at `MAX_TEMPERATURE`."""
 CHECK_PROMPT_LEN: Final = 8
+CALIBRATION_LEN: Final = 32
+CALIBRATION_SEED: Final = 0
+PRINTABLE_IDS: Final = (BYTE_OFFSET + ord("\n"), *range(BYTE_OFFSET + 32, BYTE_OFFSET + 127))
+"""The ids whose `lm_head` rows are random: newline and printable ASCII (0x20..0x7e)."""
+_MLP_PROJECTIONS: Final = ("gate_proj", "up_proj", "down_proj")
+_FINAL_NORM: Final = {"nemotron_h": "norm_f", "bamba": "final_layernorm"}
 MARCONI_FILE: Final = "marconi.json"
 
 _OUTPUT_FILES: Final = re.compile(
@@ -130,33 +166,89 @@ def _remove_stale_outputs(out: Path) -> None:
                 path.unlink()
 
 
+def _printable_mask(vocab_size: int) -> torch.Tensor:
+    keep = torch.zeros(vocab_size, dtype=torch.bool)
+    keep[list(PRINTABLE_IDS)] = True
+    return keep
+
+
+def _attach_mlp_biases(model: Any) -> Any:
+    """Give every MLP projection a zero bias (in place, no RNG draw); return the last MLP's
+    `down_proj`. ValueError when the model's last layer does not end with an MLP (the lift
+    channel must be written after every mixer).
+    """
+    mlps = [m for m in model.modules() if type(m).__name__.endswith("MLP")]
+    if not mlps or not any(m is mlps[-1] for m in model.model.layers[-1].modules()):
+        raise ValueError("the last layer of a preset must end with an MLP ('-')")
+    for mlp in mlps:
+        for name in _MLP_PROJECTIONS:
+            linear = getattr(mlp, name, None)
+            if isinstance(linear, torch.nn.Linear) and linear.bias is None:
+                weight = linear.weight
+                zeros = torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device)
+                linear.bias = torch.nn.Parameter(zeros, requires_grad=weight.requires_grad)
+    model.config.mlp_bias = True
+    return mlps[-1].down_proj
+
+
+def _final_residual_norm(model: Any) -> float:
+    """Median over the positions of a calibration prompt of the final norm's input norm."""
+    norm = getattr(model.model, _FINAL_NORM[model.config.model_type])
+    seen: list[torch.Tensor] = []
+    hook = norm.register_forward_hook(lambda _m, args, _out: seen.append(args[0].detach()))
+    g = torch.Generator().manual_seed(CALIBRATION_SEED)
+    prompt = torch.randint(BYTE_OFFSET, BYTE_VOCAB_SIZE, (1, CALIBRATION_LEN), generator=g)
+    try:
+        with torch.no_grad():
+            model(input_ids=prompt.to(model.device))
+    finally:
+        hook.remove()
+    return float(seen[0][0].float().norm(dim=-1).median())
+
+
 def _separate_logits(model: Any, hidden_size: int) -> None:
-    """Redraw the lm_head weight so logits have std ~LOGIT_STD (see module docstring)."""
+    """Zero every non-printable `lm_head` row and lift the printable logits by ~LOGIT_LIFT
+    through a constant channel written by the last MLP (see the module docstring)."""
     head = model.get_output_embeddings().weight
     fresh = torch.randn(head.shape, dtype=torch.float32) * (LOGIT_STD / math.sqrt(hidden_size))
-    # Only printable ASCII and newline keep a random row; every other id's logit is 0, far
-    # below the largest of ~95 draws of N(0, LOGIT_STD^2), so greedy text is plain ASCII
-    # (it round-trips through detokenize -> re-encode, which multi-turn chat relies on).
-    keep = torch.zeros(head.shape[0], dtype=torch.bool)
-    keep[BYTE_OFFSET + 32 : BYTE_OFFSET + 127] = True
-    keep[BYTE_OFFSET + ord("\n")] = True
+    down = _attach_mlp_biases(model)
+    scale = math.sqrt(1.0 + LIFT_RATIO**2)
+    # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
+    # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
+    # sqrt(hidden) * r / sqrt(R^2 + r^2), where r = |residual| / its median (~1): `scale`
+    # keeps the printable spread at ~LOGIT_STD, the lift column makes the lift ~LOGIT_LIFT.
+    keep = _printable_mask(head.shape[0])
     fresh[~keep] = 0.0
+    fresh[keep] *= scale
+    fresh[keep, LIFT_CHANNEL] = LOGIT_LIFT * scale / (LIFT_RATIO * math.sqrt(hidden_size))
+    bias = LIFT_RATIO * _final_residual_norm(model)
     with torch.no_grad():
         head.copy_(fresh.to(head.dtype))
+        down.bias[LIFT_CHANNEL] = bias
 
 
 def check_logit_separation(model: Any) -> float:
-    """Smallest per-position logit std over the tokenizer's ids on a random byte prompt.
+    """Smallest per-position logit std over the printable ids on a random byte prompt.
 
     Raises RuntimeError when it is below `MIN_LOGIT_STD` (greedy decoding would not be
-    robust to float rounding). Draws the prompt from torch's global RNG.
+    robust to float rounding), or when at `MAX_TEMPERATURE` the other ids together get
+    more than `MAX_STRAY_PROB` at some position (sampled text could leave printable
+    ASCII). Draws the prompt from torch's global RNG.
     """
     prompt = torch.randint(BYTE_OFFSET, BYTE_VOCAB_SIZE, (1, CHECK_PROMPT_LEN)).to(model.device)
     with torch.no_grad():
-        logits = model(input_ids=prompt).logits[0, :, :BYTE_VOCAB_SIZE].float()
-    min_std = float(logits.std(dim=-1).min())
+        logits = model(input_ids=prompt).logits[0].double().cpu()
+    keep = _printable_mask(logits.shape[-1])
+    min_std = float(logits[:, keep].std(dim=-1).min())
     if not min_std >= MIN_LOGIT_STD:
         raise RuntimeError(f"random model logits too flat: std {min_std:.3f} < {MIN_LOGIT_STD}")
+    scaled = logits / MAX_TEMPERATURE
+    stray = float((scaled[:, ~keep].logsumexp(-1) - scaled.logsumexp(-1)).exp().max())
+    if not stray <= MAX_STRAY_PROB:
+        raise RuntimeError(
+            f"non-printable ids get probability {stray:.3g} > {MAX_STRAY_PROB} per token "
+            f"at temperature {MAX_TEMPERATURE}"
+        )
     return min_std
 
 
@@ -175,12 +267,14 @@ def build_model(
     from transformers import AutoModelForCausalLM
 
     auto: Any = AutoModelForCausalLM  # untyped in transformers
+    init_config = copy.deepcopy(config)
+    init_config.mlp_bias = False  # the biases are attached, zero, after the seeded init
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):
-            model = auto.from_config(config, dtype=torch_dtype)
-        _separate_logits(model, config.hidden_size)
+            model = auto.from_config(init_config, dtype=torch_dtype)
         model.eval()
+        _separate_logits(model, config.hidden_size)
         check_logit_separation(model)
     return model
 
@@ -230,6 +324,7 @@ def make_model(
         "dtype": dtype,
         "num_parameters": n_params,
         "logit_std": LOGIT_STD,
+        "logit_lift": LOGIT_LIFT,
         "build_version": BUILD_VERSION,
     }
     (out / MARCONI_FILE).write_text(json.dumps(record, indent=2) + "\n")

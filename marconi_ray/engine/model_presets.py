@@ -8,13 +8,16 @@ mix. NemotronH MLPs are plain relu2 (`up`, `down`); Bamba MLPs are gated SiLU (`
 `down`), so Bamba uses 2/3 of the intermediate size (rounded up to a multiple of 64) to
 keep the parameter count about the same.
 
+Every MLP has biases (`mlp_bias`): `factory.make_model` uses the last one to lift the
+printable logits (all the others stay 0).
+
 Exact parameter counts (from `count_parameters`, meta device):
 
 | preset          | nemotron_h    | bamba         |
 |-----------------|---------------|---------------|
-| tiny            | 229,924       | 303,780       |
-| small           | 48,380,800    | 48,380,800    |
-| paper-7b-shape  | 6,819,509,248 | 6,826,849,280 |
+| tiny            | 230,500       | 305,380       |
+| small           | 48,416,640    | 48,426,880    |
+| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 |
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from typing import Any, Final
 
 from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
 
-BUILD_VERSION: Final = 2
+BUILD_VERSION: Final = 3
 """Version of how `factory.make_model` builds a preset's weights, written to its record.
 Bumped whenever the same preset and seed would give different weights (2: only printable
-ASCII rows of the LM head are random), so cached preset folders are rebuilt."""
+ASCII rows of the LM head are random; 3: MLP biases, the last one lifting the printable
+logits far above every other id's, so sampled text is printable ASCII too), so cached
+preset folders are rebuilt."""
 
 FAMILIES: Final = ("nemotron_h", "bamba")
 """Model families a preset can be built as (transformers `model_type` names)."""
@@ -197,6 +202,7 @@ def _common(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
         "max_position_embeddings": p.max_position_embeddings,
         "initializer_range": initializer_range,
         "tie_word_embeddings": False,
+        "mlp_bias": True,  # the last MLP's down_proj bias lifts the printable logits
         "pad_token_id": PAD_ID,
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
