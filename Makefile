@@ -1,5 +1,5 @@
 # marconi-ray developer entry points. `make test` is what CI runs (.ci/run).
-# Everything installs into $(VENV); torch is pinned to the CPU build first (see DESIGN.md).
+# Everything installs into $(VENV); torch is pinned to the CPU build first (see docs/ARCHITECTURE.md).
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python

@@ -35,7 +35,6 @@ from marconi_kernels import OPS, get_kernels
 from marconi_kernels.mamba_ssm_import import mamba_ssm_version
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import build_model
-from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.seq_state import SeqState
 from marconi_ray.protocol.sampling import SamplingParams
@@ -202,12 +201,7 @@ def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
         state0 = fast.new_state()
         fast.prefill(ids, state0)  # fresh KV for the slices below
         for ck in ckpts:
-            st = SeqState(length=ck.depth, logits=ck.logits)
-            for i in fast.attn_blocks:
-                k, v = state0.kv[i].view()
-                st.kv[i] = KVBuffer(k[:, : ck.depth].clone(), v[:, : ck.depth].clone())
-            st.conv = {i: t.clone() for i, t in ck.conv.items()}
-            st.ssm = {i: t.clone() for i, t in ck.ssm.items()}
+            st = SeqState.resumed(ck, state0)
             fast.prefill(ids[ck.depth :], st)
             res[f"resume_at_{ck.depth}_equal"] = greedy(fast, st, 16) == want
         res["ok"] = all(v for k, v in res.items() if k.endswith("equal"))

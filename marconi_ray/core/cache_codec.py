@@ -31,7 +31,7 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache, as_tokens
 from marconi_ray.core.radix_tree import FlatTree, RadixTree
 from marconi_ray.core.stats import ADMISSION_REASONS, CacheStats
-from marconi_ray.core.tree_types import NO_STATE, Freed
+from marconi_ray.core.tree_types import NO_STATE, Reclaimed
 from marconi_ray.core.wire import (
     DEFAULT_MAX_BYTES,
     SCHEMA_VERSION,
@@ -266,7 +266,7 @@ def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
         node,
         tuple(checkpoints),
         fields.get_int("reserved", 0),
-        Freed(),
+        Reclaimed(),
     )
 
 

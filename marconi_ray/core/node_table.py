@@ -6,7 +6,7 @@ candidate masks. The tree keeps them current on every mutation (see
 `RadixTree._refresh`); a policy then picks a victim with a few numpy reductions over
 the masked slots, O(slots) in C instead of O(nodes) in Python.
 
-Invariants (checked by `RadixTree.check_invariants`):
+Invariants (checked by `core.invariants.check_tree`):
 - `evictable[s]` is True iff slot s belongs to a live non-root node that holds an SSM
   state, has at most one child and is not locked.
 - `leaf[s]` is True iff `evictable[s]` and that node has no children.

@@ -23,7 +23,7 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
-from marconi_ray.core.tree_types import NO_STATE, Freed, KVHandle, Node, Tokens
+from marconi_ray.core.tree_types import NO_STATE, KVHandle, Node, Reclaimed, Tokens
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Plan:
     hit_node: Node
     checkpoints: tuple[Checkpoint, ...]
     reserved: int = 0
-    freed: Freed = field(default_factory=Freed)
+    freed: Reclaimed = field(default_factory=Reclaimed)
 
     @property
     def hit_state(self) -> int:
@@ -77,7 +77,7 @@ class CommitResult:
 
     admitted: tuple[tuple[int, int, str], ...]
     rejected_states: tuple[int, ...]
-    freed: Freed
+    freed: Reclaimed
     dropped: int
 
 
@@ -177,6 +177,32 @@ class PrefixCache:
         """Reusable length for `tokens`, without side effects."""
         return self.tree.match(as_tokens(tokens)).hit_len
 
+    def peek(self, tokens: object) -> tuple[int, bool]:
+        """(reusable length for `tokens`, whether that hit is a leaf: the tree ends at the
+        state there, as it does after a conversation's last turn), without side effects."""
+        match = self.tree.match(as_tokens(tokens))
+        return match.hit_len, match.hit_len > 0 and not match.hit_node.children
+
+    # ------------------------------------------------------------------ views
+    def node_count(self) -> int:
+        """Nodes in the tree, the root excluded."""
+        return len(self.tree.iter_nodes())
+
+    def referenced(self) -> tuple[set[int], set[int]]:
+        """(state ids, KV slot ids) the tree's nodes refer to: what a store must hold."""
+        states: set[int] = set()
+        slots: set[int] = set()
+        for node in self.tree.iter_nodes():
+            if node.state != NO_STATE:
+                states.add(int(node.state))
+            if node.kv is not None and len(node.kv):
+                slots.update(int(s) for s in node.kv)
+        return states, slots
+
+    def locked_nodes(self) -> int:
+        """Nodes held by a lock (0 when no plan is open)."""
+        return sum(n.lock > 0 for n in self.tree.iter_nodes())
+
     def plan(self, tokens: object, max_output: int | None = None) -> Plan:
         """Match `tokens`, lock the hit and choose the prefill checkpoints.
 
@@ -193,7 +219,7 @@ class PrefixCache:
         self.eviction.on_hit(self.tree, match, now)
         self.tree.lock(match.hit_node)
         ckpts = tuple(self.admission.prefill_checkpoints(match, len(arr)))
-        freed = Freed()
+        freed = Reclaimed()
         granted = 0
         if max_output is not None and max_output < 0:
             self.tree.unlock(match.hit_node)
@@ -217,7 +243,7 @@ class PrefixCache:
             return 0
         return self.cost.kv_bytes(n_max - hit_len) + states * self.cost.state_bytes
 
-    def _reserve(self, want: int, freed: Freed, now: float) -> int:
+    def _reserve(self, want: int, freed: Reclaimed, now: float) -> int:
         """Hold back up to `want` bytes, evicting unlocked entries; returns what was held."""
         while want > self.capacity - self.bytes_used - self.reserved:
             victim = self.eviction.choose(self.tree, now)
@@ -233,7 +259,7 @@ class PrefixCache:
         """True until `plan` is committed or aborted."""
         return plan.plan_id in self._open
 
-    def abort(self, plan: Plan) -> Freed:
+    def abort(self, plan: Plan) -> Reclaimed:
         """Release a plan (and its reservation) without caching anything."""
         self._close(plan)
         return self.tree.unlock(plan.hit_node)
@@ -271,7 +297,7 @@ class PrefixCache:
             ids = [state_ids[d] for d, _ in ckpts]
         self._close(plan)
         now = self._tick()
-        freed = Freed()
+        freed = Reclaimed()
         admitted: list[tuple[int, int, str]] = []
         dropped = 0
         if ckpts:
@@ -356,7 +382,7 @@ class PrefixCache:
         have = {n.depth for n in self.tree.match(tokens[: depths[-1]]).path if n.state != NO_STATE}
         return sum(d not in have for d in depths)
 
-    def _make_room(self, tokens: Tokens, depths: list[int], freed: Freed, now: float) -> int:
+    def _make_room(self, tokens: Tokens, depths: list[int], freed: Reclaimed, now: float) -> int:
         """Evict until all states fit, or nothing is left to evict; return how many fit.
 
         The caller locks the node where `tokens` attach, so the matched path survives.

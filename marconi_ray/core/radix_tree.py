@@ -6,7 +6,7 @@ one SSM checkpoint: the SSM + conv state after the last token of its edge, i.e. 
 h on t's path holds a state: attention needs the KV of every edge above it, which the
 tree always has, and the SSM layers need exactly that state.
 
-Invariants (all checked by `check_invariants`):
+Invariants (all checked by `core.invariants.check_tree`):
 1. Radix shape: children are keyed by the first token of their edge, no two share it, and
    no non-root edge is empty; `depth(n) = depth(parent) + len(edge)`.
 2. A non-root node without a state has >= 2 children, unless it is locked (a locked node
@@ -33,10 +33,10 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.node_table import NodeTable
 from marconi_ray.core.tree_types import (
     NO_STATE,
-    Freed,
     KVHandle,
     Match,
     Node,
+    Reclaimed,
     Tokens,
     common_prefix_len,
 )
@@ -134,9 +134,9 @@ class RadixTree:
             node.lock += 1
             self._refresh(node)
 
-    def unlock(self, node: Node) -> Freed:
+    def unlock(self, node: Node) -> Reclaimed:
         """Release one lock; a state-less node left with < 2 children is tidied away."""
-        freed = Freed()
+        freed = Reclaimed()
         if node is self.root:
             return freed
         if node.lock <= 0:
@@ -210,11 +210,11 @@ class RadixTree:
                 pos += k
         return admitted, duplicates
 
-    def evict(self, node: Node) -> Freed:
+    def evict(self, node: Node) -> Reclaimed:
         """Evict a candidate (state-holding, <= 1 child, unlocked) node."""
         if node is self.root or node.state == NO_STATE or node.lock or len(node.children) > 1:
             raise RuntimeError(f"{node!r} is not an eviction candidate")
-        freed = Freed(states=[node.state])
+        freed = Reclaimed(states=[node.state])
         node.state = NO_STATE
         self.n_states -= 1
         if node.children:
@@ -269,10 +269,10 @@ class RadixTree:
         self._drop(node)
         self._refresh_down(child)
 
-    def _remove_leaf(self, node: Node, freed: Freed) -> None:
+    def _remove_leaf(self, node: Node, freed: Reclaimed) -> None:
         self._tidy(self._detach_leaf(node, freed), freed)
 
-    def _detach_leaf(self, node: Node, freed: Freed) -> Node:
+    def _detach_leaf(self, node: Node, freed: Reclaimed) -> Node:
         """Unlink a childless node, hand its edge's KV to `freed`; return its parent."""
         parent = node.parent
         assert parent is not None and not node.children
@@ -283,7 +283,7 @@ class RadixTree:
         self._drop(node)
         return parent
 
-    def _tidy(self, node: Node, freed: Freed) -> None:
+    def _tidy(self, node: Node, freed: Reclaimed) -> None:
         """Restore invariant 2 at `node` (cascading upwards), then refresh it."""
         while (
             node is not self.root

@@ -62,14 +62,16 @@ class Match:
 
 
 @dataclass
-class Freed:
-    """What a mutation gave back: state ids and KV handles for the state store to free."""
+class Reclaimed:
+    """What a cache mutation reclaimed (evicted, rejected or merged away): state ids and
+    KV handles the state store must free. The planner turns it into the worker's
+    `protocol.orders.Release` (state ids and KV slot ids)."""
 
     states: list[int] = field(default_factory=list)
     kv: list[KVHandle] = field(default_factory=list)
     n_tokens: int = 0
 
-    def extend(self, other: Freed) -> None:
+    def extend(self, other: Reclaimed) -> None:
         self.states.extend(other.states)
         self.kv.extend(other.kv)
         self.n_tokens += other.n_tokens

@@ -157,7 +157,7 @@ class Engine:
     def tokenizer(self) -> Any:
         """The model directory's tokenizer (transformers AutoTokenizer, offline)."""
         if self._tokenizer is None:
-            from marconi_ray.engine.tokenizer import load_tokenizer
+            from marconi_ray.protocol.model_files import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.model_dir)
         return self._tokenizer

@@ -20,6 +20,7 @@ from marconi_ray.engine.hf_families import hybrid_config
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_config import HybridConfig
 from marconi_ray.engine.parallel import Segment, TPGroup, shard
+from marconi_ray.protocol.model_files import read_config_json
 
 _PREFIXES = ("model.", "backbone.", "")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -27,19 +28,11 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def read_config(model_dir: str | Path) -> tuple[HybridConfig, dict[str, object]]:
     """Parse `model_dir/config.json`; returns the engine config and the raw dict."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+    raw = read_config_json(model_dir)
     try:
         return hybrid_config(raw), raw
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise ValueError(f"{Path(model_dir) / 'config.json'}: {exc}") from None
 
 
 def _weight_files(model_dir: Path) -> list[Path]:

@@ -27,6 +27,22 @@ class SeqState:
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)
     logits: torch.Tensor | None = None
 
+    @classmethod
+    def resumed(cls, ckpt: StateCheckpoint, kv_of: SeqState) -> SeqState:
+        """The state after `ckpt.depth` tokens, as a cache hit restores it: `ckpt`'s SSM
+        states and logits, and the first `depth` keys/values of `kv_of` (a sequence with
+        the same first `depth` tokens that consumed at least that many). Tensors are
+        copies, so both sources stay as they are."""
+        if kv_of.length < ckpt.depth:
+            raise ValueError(f"kv_of has {kv_of.length} tokens, fewer than depth {ckpt.depth}")
+        out = cls(length=ckpt.depth, logits=ckpt.logits)
+        for i, buf in kv_of.kv.items():
+            k, v = buf.view()
+            out.kv[i] = KVBuffer(k[:, : ckpt.depth].clone(), v[:, : ckpt.depth].clone())
+        out.conv = {i: t.clone() for i, t in ckpt.conv.items()}
+        out.ssm = {i: t.clone() for i, t in ckpt.ssm.items()}
+        return out
+
 
 @dataclass(frozen=True)
 class StateCheckpoint:

@@ -148,21 +148,3 @@ def save_tokenizer(out_dir: str | Path, model_max_length: int = DEFAULT_MODEL_MA
     ):
         (out / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
     return out
-
-
-def load_tokenizer(model_dir: str | Path) -> Any:
-    """`AutoTokenizer` from the local folder `model_dir` (never downloads).
-
-    Raises FileNotFoundError naming the path when the folder or its `tokenizer.json` is
-    missing, and ValueError when `model_dir` is not a folder.
-    """
-    path = Path(model_dir)
-    if not path.exists():
-        raise FileNotFoundError(f"tokenizer folder not found: {path}")
-    if not path.is_dir():
-        raise ValueError(f"tokenizer path is not a folder: {path}")
-    if not (path / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {path}")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

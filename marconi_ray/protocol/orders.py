@@ -73,6 +73,10 @@ class Finished:
     kv_slots: Slots
     timings: Timings
 
+    def stored(self) -> Release:
+        """Everything the request stored (to free when the cache keeps none of it)."""
+        return Release(tuple(self.state_ids.values()), self.kv_slots)
+
 
 @dataclass(frozen=True)
 class Release:
@@ -83,3 +87,10 @@ class Release:
 
     def __add__(self, other: Release) -> Release:
         return Release(self.states + other.states, np.concatenate([self.slots, other.slots]))
+
+    def without(self, states: set[int], slots: set[int]) -> Release:
+        """This release less the state ids in `states` and the KV slots in `slots` (what
+        a tree still refers to must not be freed)."""
+        kv = np.asarray(self.slots, dtype=np.int64)
+        keep = ~np.isin(kv, np.fromiter(slots, dtype=np.int64, count=len(slots)))
+        return Release(tuple(s for s in self.states if s not in states), kv[keep])

@@ -17,7 +17,7 @@ from marconi_ray.core import cache_codec
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.prefix_cache import Plan, PrefixCache
 from marconi_ray.core.systems import get_system
-from marconi_ray.core.tree_types import Freed, KVHandle
+from marconi_ray.core.tree_types import KVHandle, Reclaimed
 from marconi_ray.core.tuner import (
     BootstrapTuner,
     MapFn,
@@ -39,7 +39,7 @@ def _slots(handles: Iterable[KVHandle]) -> Slots:
     return np.concatenate(arrays) if arrays else no_slots()
 
 
-def release_of(freed: Freed) -> Release:
+def release_of(freed: Reclaimed) -> Release:
     """What the store must free after a cache mutation."""
     return Release(tuple(freed.states), _slots(freed.kv))
 

@@ -43,7 +43,7 @@ SECRET_KEYS: Final = frozenset({"api_key", "redis_url"})
 REDIS_SCHEMES: Final = ("redis", "rediss")
 
 
-class TunerConfig(BaseModel):
+class TunerOptions(BaseModel):
     """Bootstrap alpha tuning of the `marconi` system (see `core.tuner`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -156,8 +156,8 @@ class ServeConfig(BaseModel):
         "open requests above the least loaded one; within it, a session stays on the "
         "replica that holds its last state.",
     )
-    tuner: TunerConfig = Field(
-        default_factory=TunerConfig, description="Bootstrap alpha tuning settings."
+    tuner: TunerOptions = Field(
+        default_factory=TunerOptions, description="Bootstrap alpha tuning settings."
     )
     api_key: str | None = Field(
         default=None,
@@ -358,7 +358,7 @@ def default_config() -> ServeConfig:
 
 
 def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
-    section: type[BaseModel] = TunerConfig if loc[:1] == ("tuner",) else ServeConfig
+    section: type[BaseModel] = TunerOptions if loc[:1] == ("tuner",) else ServeConfig
     return sorted(section.model_fields)
 
 

@@ -94,7 +94,9 @@ class Detokenizer:
         return self._take(min(stable, len(self.text) - self.hold)), False
 
     def finish(self) -> str:
-        """Everything not yet released."""
+        """Everything not yet released, a trailing U+FFFD included: an output that ends
+        inside (or on an invalid) UTF-8 sequence shows it, so the whole text is always the
+        tokenizer's decode of the ids rather than silently losing tokens."""
         return self._take(len(self.text))
 
     def _take(self, end: int) -> str:

@@ -97,7 +97,10 @@ class _Server:
             ) from None
 
     def _release_orphan(self, task: asyncio.Future[Dispatch]) -> None:
-        if task.cancelled() or task.exception() is not None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:  # nothing was planned, so nothing to release
+            logger.info("planning for a departed client failed: %s", task.exception())
             return
         orphan = asyncio.ensure_future(self._drain(self.backend.generate(task.result())))
         self._orphans.add(orphan)
@@ -256,6 +259,7 @@ def build_app(
         try:
             stats = await asyncio.wait_for(backend.stats(), HEALTH_TIMEOUT_S)
         except Exception as exc:
+            logger.warning("health check: coordinator unavailable (%s)", _cause(exc))
             return error_response(APIError(503, f"coordinator unavailable: {_cause(exc)}"))
         if not stats:
             return error_response(APIError(503, "no model replica is up"))

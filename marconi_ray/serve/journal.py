@@ -8,8 +8,9 @@ gone, lease expired, reconciliation) and `adopt` (an alpha change). The planners
 deterministic (logical clocks, no randomness), so replaying the records in order on the
 last snapshot rebuilds every tree, lock, reservation, open plan and alpha exactly.
 
-Records and snapshots are msgpack maps `{"v": SCHEMA_VERSION, "seq": n, "op": name, ...}`
-with numpy arrays in `wire.encode_array` form. Decoding is bounded (`max_bin_len` and friends
+Records and snapshots are msgpack maps `{"v": SCHEMA_VERSION, "seq": n, "op": name, ...}`;
+an operation's fields are laid out by its typed record in `protocol.ops` (numpy arrays in
+`wire.encode_array` form). Decoding is bounded (`max_bin_len` and friends
 from a byte limit), refuses ext types and never unpickles; a record that fails the schema
 is a `JournalError` naming the offending field.
 
@@ -32,9 +33,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-import numpy.typing as npt
-
 from marconi_ray.core import wire
+from marconi_ray.protocol.ops import Op, decode_op, encode_op
 
 log = logging.getLogger(__name__)
 
@@ -53,49 +53,11 @@ LOAD_PAGE: Final = 5000
 MAX_SNAPSHOT_BYTES: Final = 2 << 30
 """Largest snapshot accepted when decoding."""
 
-OPS: Final[Mapping[str, Mapping[str, type | tuple[type, ...]]]] = {
-    "register": {
-        "replica": str,
-        "kv_bytes_per_token": int,
-        "state_bytes": int,
-        "generation": int,
-    },
-    "unregister": {"replica": str},
-    "plan": {
-        "replica": str,
-        "request": int,
-        "prompt": dict,
-        "params": dict,
-        "submitted": (float, int),
-    },
-    "commit": {
-        "replica": str,
-        "request": int,
-        "tokens": dict,
-        "finish_reason": str,
-        "state_ids": list,
-        "kv_slots": dict,
-    },
-    "abort": {"replica": str, "request": int, "reason": str},
-    "adopt": {"replica": str, "result": dict},
-}
-"""Each operation's required fields and their msgpack types."""
-
-
 class JournalError(ValueError):
     """A record or snapshot that cannot be decoded or fails the schema."""
 
 
 # ---------------------------------------------------------------------- encoding
-def record_array(record: Mapping[str, Any], name: str, dtype: str) -> npt.NDArray[Any]:
-    """Array field `name` of a decoded record, written as `wire.encode_array(arr,
-    dtype)` (the encoding snapshots use too); JournalError naming the field."""
-    try:
-        return wire.decode_array(record[name], dtype, name)
-    except ValueError as exc:
-        raise JournalError(str(exc)) from None
-
-
 def unpack(data: bytes, limit: int) -> Any:
     """msgpack-decode `data` with every length bounded by `limit` (`wire.unpack`);
     JournalError on any malformed, oversized or ext-typed input."""
@@ -105,14 +67,14 @@ def unpack(data: bytes, limit: int) -> Any:
         raise JournalError(f"undecodable msgpack: {exc}") from None
 
 
-def encode_record(seq: int, op: str, fields: Mapping[str, Any]) -> bytes:
-    """One record as bytes (checked against the schema first)."""
-    record = {"v": SCHEMA_VERSION, "seq": seq, "op": op, **fields}
-    return wire.pack(check_record(record))
+def encode_record(seq: int, op: Op) -> bytes:
+    """One record as bytes: `{"v": SCHEMA_VERSION, "seq": seq, "op": name, ...fields}`."""
+    return wire.pack({"v": SCHEMA_VERSION, "seq": seq, **encode_op(op)})
 
 
-def check_record(record: Any) -> dict[str, Any]:
-    """`record` if it is a valid record of this schema version, else JournalError."""
+def check_record(record: Any) -> tuple[int, Op]:
+    """(seq, operation) of a decoded record of this schema version, else JournalError
+    naming the offending field."""
     if not isinstance(record, dict):
         raise JournalError(f"a record must be a map, got {type(record).__name__}")
     if record.get("v") != SCHEMA_VERSION:
@@ -120,18 +82,15 @@ def check_record(record: Any) -> dict[str, Any]:
     seq = record.get("seq")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise JournalError(f"record seq must be a non-negative int, got {seq!r}")
-    op = record.get("op")
-    if not isinstance(op, str) or op not in OPS:
-        raise JournalError(f"unknown record op {op!r}")
-    for name, kind in OPS[op].items():
-        value = record.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise JournalError(f"record {op!r} field {name!r} is {value!r:.80}")
-    return record
+    body = {k: v for k, v in record.items() if k not in ("v", "seq")}
+    try:
+        return seq, decode_op(body, f"record {seq}")
+    except ValueError as exc:
+        raise JournalError(str(exc)) from None
 
 
-def decode_record(data: bytes) -> dict[str, Any]:
-    """A record from its bytes (bounded, validated)."""
+def decode_record(data: bytes) -> tuple[int, Op]:
+    """(seq, operation) of a record's bytes (bounded, validated)."""
     return check_record(unpack(data, MAX_RECORD_BYTES))
 
 

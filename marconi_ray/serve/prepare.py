@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from marconi_ray.core.hf_config import parse_hf_config
+from marconi_ray.protocol.model_files import load_tokenizer, read_config_json
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.validation import validate_prompt
 from marconi_ray.serve.protocol import (
@@ -50,14 +52,11 @@ class ServedModel:
     @classmethod
     def load(cls, model_dir: str | Path, name: str) -> ServedModel:
         """Read the config and tokenizer of `model_dir` (offline)."""
-        from marconi_ray.engine.loader import read_config
-        from marconi_ray.engine.tokenizer import load_tokenizer
-
-        config, _ = read_config(model_dir)
+        arch = parse_hf_config(read_config_json(model_dir))
         tokenizer = load_tokenizer(model_dir)
         vocab = tokenizer.get_vocab()
         stops = (int(vocab[END_OF_TURN]),) if END_OF_TURN in vocab else ()
-        return cls(name, tokenizer, config.vocab_size, config.max_position, stops, int(time.time()))
+        return cls(name, tokenizer, arch.vocab_size, arch.context_limit, stops, int(time.time()))
 
 
 @dataclass(frozen=True)

@@ -365,6 +365,6 @@ def replica_deployment(settings: ServeSettings) -> Any:
         # the first health check starts the heartbeats: well within a lease
         health_check_period_s=min(10.0, settings.lease_s / 3),
         request_router_config=router(
-            request_router_class="marconi_ray.serve.router.PinnedReplicaRouter"
+            request_router_class="marconi_ray.serve.pinned_router.PinnedReplicaRouter"
         ),
     )

@@ -46,7 +46,7 @@ from typing import ClassVar, Final
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.prefix_cache import PrefixCache, as_tokens
+from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.serve.settings import ServeSettings
 
 DEFAULT_ROUTING: Final = "cache_aware"
@@ -84,8 +84,7 @@ class ReplicaView:
     ) -> ReplicaView:
         """The view of a replica whose cache is `cache` (read only, no side effects);
         one open request is worth the prefill FLOPs of `load_tokens` tokens."""
-        match = cache.tree.match(as_tokens(prompt))
-        hit = match.hit_len
+        hit, at_leaf = cache.peek(prompt)
         cost = cache.cost  # total_flops(load_tokens), for a real-valued length:
         load = float(cost.flops_linear * load_tokens + cost.flops_quadratic * load_tokens**2)
         return cls(
@@ -94,7 +93,7 @@ class ReplicaView:
             flops_saved=cost.prefill_flops(hit) if hit else 0.0,
             open_requests=open_requests,
             queue_flops=load,
-            holds_session=hit > 0 and not match.hit_node.children,
+            holds_session=at_leaf,
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marconi_ray.core.tuner import default_grid
+from marconi_ray.core.tuner import TunerConfig
 
 COORDINATOR_NAME = "marconi-coordinator"
 TUNER_NAME = "marconi-tuner"
@@ -12,17 +12,20 @@ NAMESPACE = "marconi"
 
 
 @dataclass(frozen=True)
-class TunerSettings:
-    """Bootstrap alpha tuning (see `core.tuner.TunerConfig`) and its parallelism.
+class TunerSettings(TunerConfig):
+    """Bootstrap alpha tuning (the `core.tuner.TunerConfig` every replica's planner
+    uses) and how the tuner actor runs its grid.
 
     Attributes:
         workers: Ray tasks (one CPU each) the alpha grid is split across.
     """
 
-    multiplier: int = 5
-    grid: tuple[float, ...] = field(default_factory=default_grid)
-    retune_every: int | None = None
     workers: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from marconi_ray.core import cache_codec, wire
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache
-from marconi_ray.core.tree_types import Freed
+from marconi_ray.core.tree_types import Reclaimed
 from marconi_ray.core.tuner import TuneJob, run_grid
 from marconi_ray.traces.registry import load_sample
 
@@ -61,7 +61,7 @@ def cut_point(ops: list[Op], min_open: int = 3) -> int:
     raise AssertionError("no cut point")
 
 
-def freed_view(freed: Freed) -> tuple[Any, ...]:
+def freed_view(freed: Reclaimed) -> tuple[Any, ...]:
     kv = tuple(None if h is None else np.asarray(h, np.int64).tobytes() for h in freed.kv)
     return tuple(freed.states), kv, freed.n_tokens
 

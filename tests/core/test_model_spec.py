@@ -81,7 +81,7 @@ def test_paper_state_sizes(paper: ModelSpec) -> None:
     assert 0.060 < conv_share < 0.062  # paper: conv is 6.1% of the SSM state
     assert paper.ssm_state_bytes == paper.ssm_recurrent_bytes + paper.ssm_conv_bytes
     assert 26e6 < paper.ssm_state_bytes < 28e6  # ~27 MB per checkpoint
-    # one checkpoint weighs as much as ~400 tokens of KV (DESIGN.md)
+    # one checkpoint weighs as much as ~400 tokens of KV (docs/ARCHITECTURE.md)
     assert 350 < paper.ssm_state_bytes / paper.kv_bytes_per_token < 450
 
 

@@ -1,4 +1,4 @@
-"""Hypothesis property tests of the DESIGN.md invariants on random token streams.
+"""Hypothesis property tests of the docs/ARCHITECTURE.md invariants on random token streams.
 
 Streams mix shared prefixes (branches), continuations (multi-turn) and fresh sequences;
 every hit is checked against a brute-force reference, the tree invariants and the byte

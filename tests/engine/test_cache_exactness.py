@@ -10,7 +10,6 @@ import torch
 from engine_helpers import GREEDY, prompts
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.seq_state import SeqState
 from marconi_ray.protocol.sampling import SamplingParams
@@ -97,12 +96,7 @@ def test_resume_from_any_checkpoint_depth(model_dirs, family):
 
     scratch = greedy(model.new_state(), ids, 5)
     for ck in ckpts:
-        resumed = SeqState(length=ck.depth, logits=ck.logits)
-        for i in model.attn_blocks:
-            k, v = state.kv[i].view()
-            resumed.kv[i] = KVBuffer(k[:, : ck.depth].clone(), v[:, : ck.depth].clone())
-        resumed.conv = {i: t.clone() for i, t in ck.conv.items()}
-        resumed.ssm = {i: t.clone() for i, t in ck.ssm.items()}
+        resumed = SeqState.resumed(ck, state)
         assert greedy(resumed, ids, 5) == scratch, ck.depth
 
 

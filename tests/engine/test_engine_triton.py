@@ -15,7 +15,6 @@ from engine_helpers import GREEDY, prompts
 
 from marconi_kernels import OPS, KernelSet, get_kernels
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.seq_state import SeqState
 
@@ -77,12 +76,7 @@ def test_resume_from_every_checkpoint_equals_reference(model_dirs, family):
     scratch = greedy(ref, ref_state, 4)
     assert greedy(fast, state, 4) == scratch
     for ck in ckpts:
-        resumed = SeqState(length=ck.depth, logits=ck.logits)
-        for i in fast.attn_blocks:
-            k, v = state.kv[i].view()
-            resumed.kv[i] = KVBuffer(k[:, : ck.depth].clone(), v[:, : ck.depth].clone())
-        resumed.conv = {i: t.clone() for i, t in ck.conv.items()}
-        resumed.ssm = {i: t.clone() for i, t in ck.ssm.items()}
+        resumed = SeqState.resumed(ck, state)
         if ck.depth < len(ids):
             fast.prefill(tensor[ck.depth :], resumed)
         assert greedy(fast, resumed, 4) == scratch, ck.depth

@@ -15,9 +15,9 @@ from marconi_ray.engine.tokenizer import (
     SPECIAL_TOKENS,
     TOKENIZER_FILES,
     build_byte_tokenizer,
-    load_tokenizer,
     save_tokenizer,
 )
+from marconi_ray.protocol.model_files import load_tokenizer
 
 TEXTS = [
     "",

@@ -1,4 +1,4 @@
-"""Kernel tests run single-threaded (see DESIGN.md: busy 2-core machines)."""
+"""Kernel tests run single-threaded (see docs/ARCHITECTURE.md: busy 2-core machines)."""
 
 import torch
 

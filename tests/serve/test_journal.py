@@ -9,7 +9,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from marconi_ray.core.wire import encode_array
+from marconi_ray.protocol.ops import Abort, Plan
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.journal import (
     MAX_RECORD_BYTES,
     SCHEMA_VERSION,
@@ -20,11 +21,11 @@ from marconi_ray.serve.journal import (
     decode_snapshot,
     encode_record,
     encode_snapshot,
-    record_array,
     unpack,
 )
 
 ABORT = {"replica": "r0", "request": 7, "reason": "client"}
+ABORT_OP = Abort(**ABORT)
 
 
 def _raw(record: dict) -> bytes:
@@ -33,20 +34,14 @@ def _raw(record: dict) -> bytes:
 
 def test_records_round_trip_with_arrays():
     prompt = np.arange(5, 300, dtype=np.int32)
-    data = encode_record(
-        3,
-        "plan",
-        {
-            "replica": "r0",
-            "request": 9,
-            "prompt": encode_array(prompt, "<i4"),
-            "params": {"max_tokens": 4},
-            "submitted": 1.5,
-        },
-    )
-    record = decode_record(data)
-    assert record["seq"] == 3 and record["op"] == "plan" and record["v"] == SCHEMA_VERSION
-    assert np.array_equal(record_array(record, "prompt", "<i4"), prompt)
+    params = SamplingParams(max_tokens=4, stop_token_ids=(2, 3))
+    data = encode_record(3, Plan("r0", 9, prompt, params, 1.5))
+    raw = msgpack.unpackb(data)
+    assert raw["seq"] == 3 and raw["op"] == "plan" and raw["v"] == SCHEMA_VERSION
+    seq, op = decode_record(data)
+    assert seq == 3 and isinstance(op, Plan)
+    assert np.array_equal(op.prompt, prompt)
+    assert (op.replica, op.request, op.params, op.submitted) == ("r0", 9, params, 1.5)
 
 
 @pytest.mark.parametrize(
@@ -56,8 +51,9 @@ def test_records_round_trip_with_arrays():
         ({"v": SCHEMA_VERSION, "seq": -1, "op": "abort", **ABORT}, "seq"),
         ({"v": SCHEMA_VERSION, "seq": 1, "op": "drop_table", **ABORT}, "unknown record op"),
         ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", "replica": "r0"}, "'request'"),
-        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "request": "7"}, "'request'"),
-        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "request": True}, "'request'"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "request": "7"}, r"\.request"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "request": True}, r"\.request"),
+        ({"v": SCHEMA_VERSION, "seq": 1, "op": "abort", **ABORT, "extra": 1}, "'extra'"),
         ([1, 2, 3], "must be a map"),
     ],
 )
@@ -67,7 +63,7 @@ def test_schema_violations_name_the_field(record, message):
 
 
 def test_hostile_bytes_are_journal_errors_never_pickle():
-    good = encode_record(1, "abort", ABORT)
+    good = encode_record(1, ABORT_OP)
     for data in (good[:-3], b"", b"\xc1", pickle.dumps({"op": "abort"})):
         with pytest.raises(JournalError):
             decode_record(data)
@@ -79,8 +75,10 @@ def test_hostile_bytes_are_journal_errors_never_pickle():
     claims_huge = b"\xc6\x7f\xff\xff\xff" + b"x" * 10  # bin32 of 2 GiB, 10 bytes follow
     with pytest.raises(JournalError):
         unpack(claims_huge, 1024)
+    plan = msgpack.unpackb(encode_record(2, Plan("r0", 1, np.arange(3), SamplingParams(), 0.0)))
+    plan["prompt"] = {"dtype": "<i4", "data": b"\x00" * 5}
     with pytest.raises(JournalError, match="whole number"):
-        record_array({"prompt": {"dtype": "<i4", "data": b"\x00" * 5}}, "prompt", "<i4")
+        decode_record(_raw(plan))
     assert MAX_RECORD_BYTES >= 1 << 20
 
 
@@ -93,8 +91,8 @@ def test_snapshot_round_trip_and_errors():
 
 def test_memory_journal_snapshot_replaces_records():
     journal = MemoryJournal()
-    journal.append(encode_record(1, "abort", ABORT))
-    journal.append(encode_record(2, "abort", ABORT))
+    journal.append(encode_record(1, ABORT_OP))
+    journal.append(encode_record(2, ABORT_OP))
     assert journal.load()[0] is None and len(journal.load()[1]) == 2
     journal.snapshot(encode_snapshot(2, {}))
     snapshot, records = journal.load()
@@ -104,25 +102,25 @@ def test_memory_journal_snapshot_replaces_records():
 def test_redis_journal_layout_and_outage(redis_server):
     journal = RedisJournal(redis_server.url, "marconi:j", retry_s=0.0, max_backlog=2)
     for seq in (1, 2):
-        journal.append(encode_record(seq, "abort", ABORT))
+        journal.append(encode_record(seq, ABORT_OP))
     client = redis_server.client()
     assert client.xlen("marconi:j:journal") == 2
     assert journal.snapshot(encode_snapshot(2, {"x": 1}))
     assert client.xlen("marconi:j:journal") == 0 and client.exists("marconi:j:snapshot")
-    journal.append(encode_record(3, "abort", ABORT))
+    journal.append(encode_record(3, ABORT_OP))
     redis_server.stop()
-    journal.append(encode_record(4, "abort", ABORT))
+    journal.append(encode_record(4, ABORT_OP))
     assert not journal.healthy and journal.status()["backlog"] == 1
     assert not journal.snapshot(encode_snapshot(4, {}))
     redis_server.start()
-    journal.append(encode_record(5, "abort", ABORT))
+    journal.append(encode_record(5, ABORT_OP))
     assert journal.healthy and journal.status()["backlog"] == 0
     snapshot, records = RedisJournal(redis_server.url, "marconi:j").load()
     assert decode_snapshot(snapshot) == (2, {"x": 1})
-    assert [decode_record(r)["seq"] for r in records] == [3, 4, 5]
+    assert [decode_record(r)[0] for r in records] == [3, 4, 5]
     redis_server.stop()
     for seq in (6, 7, 8):
-        journal.append(encode_record(seq, "abort", ABORT))
+        journal.append(encode_record(seq, ABORT_OP))
     assert journal.status()["lost"] == 3 and journal.status()["backlog"] == 0
     redis_server.start()
     assert journal.needs_snapshot

@@ -1,0 +1,236 @@
+"""`CacheState`: what the coordinator's journal rebuilds, and the one `apply(op)` that
+changes it, live and in replay.
+
+The state is one `Planner` (prefix cache + bootstrap tuner) per registered replica, what
+the coordinator knows of each replica (`ReplicaInfo`), the lease table, and the next
+request id. Every change goes through `apply` with a typed operation
+(`protocol.ops`); the coordinator journals the operation after applying it, and a
+restarted coordinator applies the same operations to the last snapshot
+(`to_record`/`from_record`), so both paths run the same code.
+
+Invariants (checked by `check_invariants`): one lease per open plan; every replica with a
+planner has its info and vice versa; each cache's radix tree is well formed and
+`bytes_used + reserved <= capacity`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.tuner import TuneJob
+from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
+from marconi_ray.protocol.planner import Planner
+from marconi_ray.serve.leases import LeaseTable
+from marconi_ray.serve.settings import ServeSettings
+
+log = logging.getLogger(__name__)
+
+SendJob = Callable[[str, TuneJob], None]
+
+
+@dataclass
+class ReplicaInfo:
+    """What the coordinator knows of one registered replica besides its planner.
+
+    `confirmed`: its store matches its tree (a replica restored from the journal is not,
+    until it reconciles, and gets no traffic). `last_seen`: its last heartbeat.
+    """
+
+    kv_bytes_per_token: int
+    state_bytes: int
+    generation: int
+    confirmed: bool
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The result of applying a `Plan`: the order for the replica, what planning evicted
+    (the replica must free it), and the lease deadline."""
+
+    order: PrefillOrder
+    release: Release
+    deadline: float
+
+
+class CacheState:
+    """The journalled state of the coordinator (see the module docstring).
+
+    Args:
+        settings: the deployment (system, cache size, alpha, tuner, lease_s).
+        flops: (linear, quadratic) prefill FLOP coefficients of the model.
+        max_position: the model's context limit.
+        clock: wall-clock seconds (lease deadlines).
+        send_job: called with (replica id, job) when a replica's tuner wants a grid
+            search; never during replay (`replaying`).
+    """
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        flops: tuple[float, float],
+        max_position: int,
+        clock: Callable[[], float],
+        send_job: SendJob,
+    ) -> None:
+        self.settings = settings
+        self.flops = flops
+        self.max_position = max_position
+        self.clock = clock
+        self._send_job = send_job
+        self.planners: dict[str, Planner] = {}
+        self.replicas: dict[str, ReplicaInfo] = {}
+        self.leases = LeaseTable()
+        self.next_request = 0
+        self.replaying = False
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            Register: self._register,
+            Unregister: self._unregister,
+            Plan: self._plan,
+            Commit: self._commit,
+            Abort: self._abort,
+            Adopt: self._adopt,
+        }
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, op: Op) -> Any:
+        """Apply one operation: `Plan` -> `Planned`, `Commit`/`Abort` -> `Release`,
+        `Adopt` -> whether the replica took it, others -> None."""
+        return self._handlers[type(op)](op)
+
+    def _on_job(self, replica_id: str, job: TuneJob) -> None:
+        if not self.replaying:
+            self._send_job(replica_id, job)
+
+    def _register(self, op: Register) -> None:
+        s = self.settings
+        self.planners[op.replica] = Planner.for_system(
+            s.system,
+            self.flops,
+            op.kv_bytes_per_token,
+            op.state_bytes,
+            s.cache_bytes,
+            self.max_position,
+            s.alpha,
+            s.tuner,
+            on_tune_job=functools.partial(self._on_job, op.replica),
+        )
+        self.replicas[op.replica] = ReplicaInfo(
+            op.kv_bytes_per_token, op.state_bytes, op.generation, True, self.clock()
+        )
+
+    def _unregister(self, op: Unregister) -> None:
+        self.planners.pop(op.replica, None)
+        self.replicas.pop(op.replica, None)
+        self.leases.drop_replica(op.replica)
+
+    def _plan(self, op: Plan) -> Planned:
+        order, release = self.planners[op.replica].order(
+            op.request, op.prompt, op.params, op.submitted
+        )
+        deadline = self.clock() + self.settings.lease_s
+        self.leases.grant(op.request, op.replica, deadline)
+        self.next_request = max(self.next_request, op.request + 1)
+        return Planned(order, release, deadline)
+
+    def _commit(self, op: Commit) -> Release:
+        planner = self.planners[op.replica]
+        self.leases.release(op.done.request_id)
+        try:
+            return planner.commit(op.done)
+        except (RuntimeError, ValueError) as exc:
+            log.warning(
+                "commit of request %d on replica %s refused (%s): aborted, nothing cached",
+                op.done.request_id, op.replica, exc,
+            )
+            return planner.abort(op.done.request_id, op.done)
+
+    def _abort(self, op: Abort) -> Release:
+        self.leases.release(op.request)
+        return self.planners[op.replica].abort(op.request, op.done)
+
+    def _adopt(self, op: Adopt) -> bool:
+        planner = self.planners.get(op.replica)
+        if planner is None or planner.tuner is None:
+            return False
+        planner.adopt(op.result)
+        return True
+
+    # ------------------------------------------------------------------ queries
+    def is_planned(self, replica_id: str, request_id: int) -> bool:
+        planner = self.planners.get(replica_id)
+        return planner is not None and planner.is_planned(request_id)
+
+    def orphan_release(self, replica_id: str, done: Finished) -> Release:
+        """What a request this state no longer plans stored, less what a tree refers to."""
+        if replica_id not in self.planners:
+            return done.stored()
+        states, slots = self.planners[replica_id].cache.referenced()
+        return done.stored().without(states, slots)
+
+    def node_count(self) -> int:
+        return sum(p.cache.node_count() for p in self.planners.values())
+
+    def cost(self, replica_id: str) -> CostModel:
+        return self.planners[replica_id].cache.cost
+
+    def check_invariants(self) -> int:
+        """Full-scan check (see the module docstring); AssertionError on a violation.
+        Returns the number of nodes checked."""
+        assert set(self.planners) == set(self.replicas), (set(self.planners), set(self.replicas))
+        assert len(self.leases) == sum(p.open_requests for p in self.planners.values())
+        for planner in self.planners.values():
+            cache = planner.cache
+            check_tree(cache.tree)
+            assert cache.bytes_used + cache.reserved <= cache.capacity
+        return self.node_count()
+
+    # ------------------------------------------------------------------ records
+    def to_record(self) -> dict[str, Any]:
+        """The state as a plain structure (`core.wire` conventions) for a snapshot."""
+        return {
+            "next_request": self.next_request,
+            "replicas": [
+                {
+                    "id": rid,
+                    "kv_bytes_per_token": info.kv_bytes_per_token,
+                    "state_bytes": info.state_bytes,
+                    "generation": info.generation,
+                    "planner": self.planners[rid].to_record(),
+                    "leases": self.leases.of_replica(rid),
+                }
+                for rid, info in self.replicas.items()
+            ],
+        }
+
+    def restore(self, record: Mapping[str, Any]) -> None:
+        """Replace the state with a `to_record` structure; replicas come back unconfirmed.
+        ValueError / KeyError when it is malformed."""
+        self.clear()
+        self.next_request = int(record["next_request"])
+        for entry in record["replicas"]:
+            rid = str(entry["id"])
+            self.planners[rid] = Planner.from_record(
+                entry["planner"], on_tune_job=functools.partial(self._on_job, rid)
+            )
+            self.replicas[rid] = ReplicaInfo(
+                int(entry["kv_bytes_per_token"]),
+                int(entry["state_bytes"]),
+                int(entry["generation"]),
+                False,
+                0.0,
+            )
+            for request, deadline in entry["leases"]:
+                self.leases.grant(int(request), rid, float(deadline))
+
+    def clear(self) -> None:
+        """No replicas, no leases (the request counter is kept)."""
+        self.planners, self.replicas = {}, {}
+        self.leases.clear()
