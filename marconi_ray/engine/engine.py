@@ -37,7 +37,7 @@ from marconi_ray.core.tuner import BootstrapTuner, TunerConfig
 from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
-from marconi_ray.protocol.orders import Finished
+from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.results import GenerationResult, Usage
 from marconi_ray.protocol.sampling import SamplingParams
@@ -92,6 +92,8 @@ class Engine:
         tuner: bootstrap tuner settings for tuned systems.
         tp: tensor-parallel rank; None for a single process.
         max_batch: most requests decoded together in one step.
+        max_batch_tokens: tokens one step processes at most; longer prompts are
+            prefilled in chunks interleaved with decode steps (see `Worker`).
         kernels: SSM kernel set: `auto` (Triton on a CUDA device when installed, else
             the pure-torch references, logging why), `ref`, or `triton` (mamba-ssm's and
             our Triton kernels: CUDA, or CPU under `TRITON_INTERPRET=1`; RuntimeError
@@ -113,6 +115,7 @@ class Engine:
         tuner: TunerConfig | None = None,
         tp: TPGroup | None = None,
         max_batch: int = 8,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         kernels: str = "auto",
         weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
@@ -124,7 +127,7 @@ class Engine:
         model = load_model(
             model_dir, tp, torch_dtype(dtype), device, get_kernels(device, prefer=kernels), weights
         )
-        self.worker = Worker(model, max_batch)
+        self.worker = Worker(model, max_batch, max_batch_tokens)
         self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner)
         self._prompts: dict[int, int] = {}
         self._hits: dict[int, int] = {}

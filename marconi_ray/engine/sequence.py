@@ -19,6 +19,8 @@ class Sequence:
         state_ids: depth -> store state id of every checkpoint captured so far.
         finishing: the last token is sampled; one more decode step consumes it so the
             state after the whole sequence can be checkpointed (`order.keep_final`).
+        prefilled: prompt tokens consumed so far (a chunked prefill advances it step by
+            step; the sequence decodes once it reaches the prompt's length).
     """
 
     order: PrefillOrder
@@ -31,6 +33,7 @@ class Sequence:
     decode_s: float = 0.0
     finish_reason: str | None = None
     finishing: bool = False
+    prefilled: int = 0
 
     @property
     def request_id(self) -> int:

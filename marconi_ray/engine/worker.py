@@ -19,59 +19,112 @@ from marconi_ray.engine.sampling import Sampler, make_generator
 from marconi_ray.engine.seq_state import StateCheckpoint
 from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.state_store import StateStore
-from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
+from marconi_ray.protocol.orders import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    Finished,
+    PrefillOrder,
+    Release,
+    Slots,
+    TokenEvent,
+)
 from marconi_ray.protocol.results import Timings
 
 
 class Worker:
     """Model + state store + sampler of one rank; continuous batching over `step`.
 
+    Chunked prefill: a prompt whose uncached part fits in `max_batch_tokens` is prefilled
+    by `start` at once (its first token sampled there); a longer one is prefilled
+    `max_batch_tokens` tokens per `step` (less the step's decode rows), one long prompt at
+    a time, interleaved with the running decodes, so a 16k-token prompt never stalls them
+    for its whole prefill. Planned checkpoints land at their exact depths whatever the
+    chunking (the model's prefill emits at absolute depths inside each chunk).
+
     Args:
         max_batch: most sequences decoded together in one step (the rest wait their turn).
+        max_batch_tokens: tokens one step processes at most (decode rows + prefill chunk).
     """
 
-    def __init__(self, model: HybridModel, max_batch: int = 8) -> None:
+    def __init__(
+        self,
+        model: HybridModel,
+        max_batch: int = 8,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         self.model = model
         self.store = StateStore(model)
         self.tp = model.tp
         self.max_batch = max_batch
+        self.max_batch_tokens = max_batch_tokens
         self.sampler = Sampler()
         self._running: list[Sequence] = []
+        self._prefilling: list[Sequence] = []
         self._finished: list[Finished] = []
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        """Requests started and not finished (decoding or still prefilling)."""
+        return len(self._running) + len(self._prefilling)
 
     def running_ids(self) -> list[int]:
-        return [s.request_id for s in self._running]
+        return [s.request_id for s in (*self._running, *self._prefilling)]
 
     # ------------------------------------------------------------------ requests
     def start(self, order: PrefillOrder) -> list[TokenEvent]:
-        """Load the hit, prefill the rest capturing the ordered states, sample the first
-        token. On error everything the request stored is freed and the error re-raised."""
+        """Load the hit and prefill the rest capturing the ordered states; when it fits in
+        `max_batch_tokens`, sample the first token now (its event is returned), else the
+        prefill continues chunk by chunk in `step`. On error everything the request
+        stored is freed and the error re-raised."""
         seq = Sequence(
             order, self.model.new_state(), make_generator(order.params.seed, self.model.device)
         )
         try:
-            self._prefill(seq)
-            assert seq.state.logits is not None
-            event = self._sample(seq, seq.state.logits[None])
+            self._load_hit(seq)
+            if len(order.prompt) - seq.prefilled > self.max_batch_tokens:
+                self._prefilling.append(seq)
+                return []
+            self._prefill(seq, len(order.prompt))
+            return [self._first_token(seq)]
         except Exception:
             self._drop(seq)
             raise
+
+    def step(self) -> list[TokenEvent]:
+        """One step: a decode for up to `max_batch` running sequences (oldest first), then
+        a prefill chunk of the oldest long prompt with the rest of `max_batch_tokens`."""
+        batch = self._running[: self.max_batch]
+        events = self._decode(batch) if batch else []
+        if self._prefilling:
+            events += self._prefill_chunk(max(1, self.max_batch_tokens - len(batch)))
+        return events
+
+    def _prefill_chunk(self, budget: int) -> list[TokenEvent]:
+        seq = self._prefilling[0]
+        end = min(len(seq.order.prompt), seq.prefilled + budget)
+        try:
+            self._prefill(seq, end)
+            if end < len(seq.order.prompt):
+                return []
+            self._prefilling.remove(seq)
+            return [self._first_token(seq)]
+        except Exception:
+            self._drop(seq)
+            raise
+
+    def _first_token(self, seq: Sequence) -> TokenEvent:
+        """Sample a fully prefilled sequence's first token; it joins the decode batch."""
+        assert seq.state.logits is not None
+        event = self._sample(seq, seq.state.logits[None])
         self._running.append(seq)
         if seq.finish_reason is not None and not seq.finishing:
             self._finish(seq)
-        return [event]
+        return event
 
-    def step(self) -> list[TokenEvent]:
-        """One decode step for up to `max_batch` running sequences (oldest first)."""
-        batch = self._running[: self.max_batch]
-        if not batch:
-            return []
+    def _decode(self, batch: list[Sequence]) -> list[TokenEvent]:
         t0 = time.perf_counter()
         ids = torch.tensor([s.output[-1] for s in batch], dtype=torch.long)
         try:
@@ -102,15 +155,16 @@ class Worker:
 
     def cancel(self, request_id: int) -> bool:
         """Stop a running request and free everything it stored; False if not running."""
-        for seq in self._running:
+        for seq in (*self._running, *self._prefilling):
             if seq.request_id == request_id:
                 self._drop(seq)
                 return True
         return False
 
     def stop(self, request_id: int) -> bool:
-        """Finish a running request early (the client went away or hit a stop string):
-        it ends as `stop` and is committed like any other. False if not running."""
+        """Finish a decoding request early (the client went away or hit a stop string): it
+        ends as `stop` and is committed like any other. False if it is not decoding (a
+        request still prefilling has no output to keep: `cancel` it and abort its plan)."""
         for seq in self._running:
             if seq.request_id == request_id and seq.finish_reason is None:
                 seq.finish_reason = "stop"
@@ -124,7 +178,9 @@ class Worker:
         """(state ids, KV slot ids) the store holds on the cache's behalf: everything but
         what running and not-yet-taken finished requests own. Reconciliation with the
         coordinator's tree compares against these."""
-        owned = {sid for seq in self._running for sid in seq.state_ids.values()}
+        owned = {
+            sid for seq in (*self._running, *self._prefilling) for sid in seq.state_ids.values()
+        }
         owned.update(sid for done in self._finished for sid in done.state_ids.values())
         pending = [done.kv_slots for done in self._finished]
         slots = self.store.used_slots()
@@ -140,17 +196,28 @@ class Worker:
         self.store.free_slots(release.slots)
 
     # ------------------------------------------------------------------ stages
-    def _prefill(self, seq: Sequence) -> None:
+    def _load_hit(self, seq: Sequence) -> None:
         t0 = time.perf_counter()
         order = seq.order
-        h, n = order.hit_len, len(order.prompt)
-        if h > 0:
-            seq.state = self.store.load(order.hit_slots[:h], order.hit_state, h)
-        if h < n:
-            ids = torch.as_tensor(order.prompt[h:], dtype=torch.long)
-            for ckpt in self.model.prefill(ids, seq.state, list(order.checkpoints)):
+        if order.hit_len > 0:
+            seq.state = self.store.load(
+                order.hit_slots[: order.hit_len], order.hit_state, order.hit_len
+            )
+        seq.prefilled = order.hit_len
+        seq.prefill_s += time.perf_counter() - t0
+
+    def _prefill(self, seq: Sequence, end: int) -> None:
+        """Prefill prompt positions [seq.prefilled, end), keeping the ordered checkpoints
+        that fall inside."""
+        t0 = time.perf_counter()
+        start = seq.prefilled
+        if start < end:
+            ids = torch.as_tensor(seq.order.prompt[start:end], dtype=torch.long)
+            depths = [d for d in seq.order.checkpoints if start < d <= end]
+            for ckpt in self.model.prefill(ids, seq.state, depths):
                 seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
-        seq.prefill_s = time.perf_counter() - t0
+        seq.prefilled = end
+        seq.prefill_s += time.perf_counter() - t0
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
         token = self.sampler.sample(logits, [seq.order.params], [seq.generator])
@@ -200,4 +267,6 @@ class Worker:
     def _drop(self, seq: Sequence) -> None:
         if seq in self._running:
             self._running.remove(seq)
+        if seq in self._prefilling:
+            self._prefilling.remove(seq)
         self.release(Release(tuple(seq.state_ids.values()), np.empty(0, dtype=np.int64)))

@@ -14,6 +14,10 @@ from marconi_ray.protocol.sampling import SamplingParams
 
 Slots = npt.NDArray[np.int64]
 
+DEFAULT_MAX_BATCH_TOKENS = 2048
+"""Tokens one worker step processes at most by default: its decode rows plus a chunk of a
+long prompt's prefill (chunked prefill)."""
+
 
 def no_slots() -> Slots:
     return np.empty(0, dtype=np.int64)

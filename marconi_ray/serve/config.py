@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
+from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.model_source import default_model_name, resolve_model
 from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
@@ -134,6 +135,13 @@ class ServeConfig(BaseModel):
         "a shard that cannot run them fails its set-up with the reason).",
     )
     max_batch: int = Field(default=8, ge=1, description="Most requests a replica decodes together.")
+    max_batch_tokens: int = Field(
+        default=DEFAULT_MAX_BATCH_TOKENS,
+        ge=16,
+        description="Tokens one step of a replica processes at most (decode rows plus a "
+        "prefill chunk): longer prompts are prefilled in chunks interleaved with the running "
+        "decodes, so a long prefill never stalls them for its whole length.",
+    )
     routing: str = Field(
         default=DEFAULT_ROUTING,
         description=f"How requests are spread over replicas, one of {sorted(ROUTERS)}: "
@@ -325,6 +333,7 @@ class ServeConfig(BaseModel):
             device=self.device,
             kernels=self.kernels,
             max_batch=self.max_batch,
+            max_batch_tokens=self.max_batch_tokens,
             routing=self.routing,
             route_load_weight=self.route_load_weight,
             route_max_imbalance=self.route_max_imbalance,

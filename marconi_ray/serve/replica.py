@@ -92,7 +92,8 @@ class ModelReplica:
         address = ray.get(self.shards[0].address.remote())
         infos = [
             shard.setup.remote(
-                s.model_dir, address, s.dtype, s.device, s.max_batch, s.kernels
+                s.model_dir, address, s.dtype, s.device, s.max_batch, s.kernels,
+                s.max_batch_tokens,
             )
             for shard in self.shards
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from marconi_ray.core.tuner import TunerConfig
+from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 
 COORDINATOR_NAME = "marconi-coordinator"
 TUNER_NAME = "marconi-tuner"
@@ -42,6 +43,7 @@ class ServeSettings:
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
         kernels: SSM kernel set, `auto`, `ref` or `triton` (see `marconi_kernels`).
         max_batch: most requests one replica decodes together.
+        max_batch_tokens: tokens one replica step processes at most (chunked prefill).
         app_name: the Serve application's name; the coordinator and tuner actors are
             named after it, so several applications can share one Ray cluster.
         routing: routing strategy across replicas (`serve.routing.ROUTERS`):
@@ -78,6 +80,7 @@ class ServeSettings:
     device: str = "cpu"
     kernels: str = "auto"
     max_batch: int = 8
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     routing: str = "cache_aware"
     route_load_weight: float = 256.0
     route_max_imbalance: int = 4

@@ -20,7 +20,14 @@ from marconi_ray.engine.engine import torch_dtype
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
-from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, Slots, TokenEvent
+from marconi_ray.protocol.orders import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    Finished,
+    PrefillOrder,
+    Release,
+    Slots,
+    TokenEvent,
+)
 
 DIST_TIMEOUT = timedelta(seconds=120)
 
@@ -66,6 +73,7 @@ class ShardActor:
         device: str,
         max_batch: int,
         kernels: str = "auto",
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
@@ -84,7 +92,7 @@ class ShardActor:
         tp = TPGroup(self.rank, self.world)
         model = load_model(model_dir, tp, torch_dtype(dtype), dev, get_kernels(dev, kernels))
         warm_s = model.warm_up()
-        self.worker = Worker(model, max_batch)
+        self.worker = Worker(model, max_batch, max_batch_tokens)
         return {
             "kernels": model.kernels.name,
             "backends": dict(model.kernels.backends),
