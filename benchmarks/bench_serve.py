@@ -569,8 +569,8 @@ def throughput_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
             async for event in handle.options(stream=True).generate.remote(dispatch):
                 if isinstance(event, Completed):
                     done = event
-                else:
-                    n += 1
+                else:  # a batch of this request's tokens
+                    n += len(event)
             assert done is not None and n == args.gen_tokens, (n, done)
             return n, done.timings.ttft
 

@@ -25,6 +25,8 @@ from marconi_ray.protocol.orders import (
     PrefillOrder,
     Release,
     Slots,
+    StepInput,
+    StepOutput,
     TokenEvent,
 )
 from marconi_ray.protocol.results import Timings
@@ -147,6 +149,24 @@ class Worker:
             if seq.finish_reason is not None and not seq.finishing:
                 self._finish(seq)
         return events
+
+    def advance(self, step: StepInput) -> StepOutput:
+        """Apply one `StepInput` and run one step (see its docstring); the replica's one
+        call per step, so a step costs one round trip to each shard."""
+        self.release(step.release)
+        events: list[TokenEvent] = []
+        failed: list[tuple[int, str]] = []
+        for order in step.start:
+            try:
+                events += self.start(order)
+            except Exception as exc:  # reported: the replica aborts its plan
+                failed.append((order.request_id, f"{type(exc).__name__}: {exc}"))
+        cancelled = [rid for rid in step.stop if not self.stop(rid) and self.cancel(rid)]
+        cancelled += [rid for rid in step.cancel if self.cancel(rid)]
+        events += self.step()
+        return StepOutput(
+            tuple(events), tuple(self.take_finished()), tuple(failed), tuple(cancelled)
+        )
 
     def take_finished(self) -> list[Finished]:
         """Requests finished since the last call, each with its states and KV slots."""

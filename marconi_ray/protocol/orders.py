@@ -98,3 +98,32 @@ class Release:
         kv = np.asarray(self.slots, dtype=np.int64)
         keep = ~np.isin(kv, np.fromiter(slots, dtype=np.int64, count=len(slots)))
         return Release(tuple(s for s in self.states if s not in states), kv[keep])
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """Everything a replica asks of its worker(s) for one step, in one call.
+
+    Applied in this order: free `release`, start `start` (each prefilled, or queued for a
+    chunked prefill), finish `stop` early (a request still prefilling is cancelled
+    instead: it has no output to keep), cancel `cancel`, then one step (decode batch plus
+    a prefill chunk). A start that fails is reported, not raised, so one bad request
+    does not fail the others.
+    """
+
+    release: Release = field(default_factory=Release)
+    start: tuple[PrefillOrder, ...] = ()
+    stop: tuple[int, ...] = ()
+    cancel: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced: the step's token events (every request's, in one batch),
+    the requests that finished (ready to commit), starts that failed (request id,
+    message) and stops that became cancellations (their plans must be aborted)."""
+
+    events: tuple[TokenEvent, ...] = ()
+    finished: tuple[Finished, ...] = ()
+    failed: tuple[tuple[int, str], ...] = ()
+    cancelled: tuple[int, ...] = ()

@@ -64,6 +64,7 @@ class GuardedStream:
         self._emitted: list[int] = []
         self._ended = False
         self._pending: Completed | None = None
+        self._buffered: list[TokenEvent] = []
         self.attempts = 1
 
     def __aiter__(self) -> GuardedStream:
@@ -71,11 +72,13 @@ class GuardedStream:
 
     async def __anext__(self) -> TokenEvent | Completed:
         while True:
+            if self._buffered:
+                return self._emit(self._buffered.pop(0))
             if self._pending is not None:
                 done, self._pending = self._pending, None
                 return done
             try:
-                event: TokenEvent | Completed = await self._stream.__anext__()
+                item: list[TokenEvent] | Completed = await self._stream.__anext__()
             except RayTaskError as exc:
                 if not isinstance(exc.cause, MisroutedDispatch | ReplicaFailed):
                     raise
@@ -84,13 +87,17 @@ class GuardedStream:
             except RayActorError as exc:
                 await self._resume(exc)
                 continue
-            if isinstance(event, TokenEvent):
-                self._emitted.append(event.token)
-                self._ended = event.finished
-                return event
+            if isinstance(item, list):  # one replica step's tokens of this request
+                self._buffered.extend(item)
+                continue
             if self.attempts > 1:
-                return self._completed(event.finish_reason, event.timings)
-            return event
+                return self._completed(item.finish_reason, item.timings)
+            return item
+
+    def _emit(self, event: TokenEvent) -> TokenEvent:
+        self._emitted.append(event.token)
+        self._ended = event.finished
+        return event
 
     def _completed(self, reason: str, timings: Timings) -> Completed:
         """The end of the whole request, counted against its original prompt."""

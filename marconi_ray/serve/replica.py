@@ -1,22 +1,27 @@
-"""`ModelReplica`: a Ray Serve deployment whose every replica is one model instance made
-of `tp` shard actors in the replica's placement group (one CPU, or one GPU, each).
+"""`ModelReplica`: a Ray Serve deployment whose every replica is one model instance: with
+`tp` 1 the worker runs in the replica's own process (no hop per step), with `tp` > 1 it is
+made of `tp` shard actors in the replica's placement group (one CPU, or one GPU, each).
 
 The replica registers with the coordinator under its Serve replica id, then runs one
-continuous-batching loop: new dispatches are prefilled as they arrive (each joins the
-running batch at the next step), the batch decodes one token per step, finished requests
-are committed at the coordinator and what it returns is freed on every shard. All calls
-go to every shard in the same order (lockstep); rank 0's results are used.
+continuous-batching loop whose every iteration is ONE call to the shards (`advance`: free
+what the cache released, start the new dispatches, apply stops, one decode step plus a
+chunk of a long prefill, hand back the finished requests) and, when requests finished,
+ONE `commit_many` call to the coordinator; what it releases is freed at the next step.
+New dispatches are admitted under the step's token budget (`max_batch_tokens`), so a
+burst of prompts does not stall the running decodes either.
 
-`generate(dispatch)` streams `TokenEvent`s and ends with one `Completed`. If the caller
-stops listening (disconnect, stop string), the request is finished early and committed.
+`generate(dispatch)` streams lists of `TokenEvent`s (what arrived since the consumer last
+read: one step's tokens, or several when the consumer lags) and ends with one
+`Completed`. If the caller stops listening (disconnect, stop string), the request is
+finished early and committed (or cancelled and aborted while it still prefills).
 
 Faults: the replica heartbeats the coordinator every `heartbeat_s` (renewing the leases
 of the requests it runs and queues); when a restarted coordinator asks, the loop
 reconciles the store with the restored tree between two steps. A dispatch of another
 generation or past its lease deadline is refused (`MisroutedDispatch`: the ingress plans
-it again). When a shard dies, every request in flight fails with `ReplicaFailed` (the
-ingress resumes it elsewhere), the coordinator drops this replica's cache, the TP group
-is rebuilt from scratch and the replica registers again under a new generation.
+it again). When a shard actor dies, every request in flight fails with `ReplicaFailed`
+(the ingress resumes it elsewhere), the coordinator drops this replica's cache, the TP
+group is rebuilt from scratch and the replica registers again under a new generation.
 """
 
 from __future__ import annotations
@@ -25,39 +30,39 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any
 
 import ray
 from ray import serve
 from ray.exceptions import RayActorError
 
-from marconi_ray.protocol.orders import Finished, Release, TokenEvent
+from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInput, TokenEvent
 from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
-from marconi_ray.serve.shard import ShardActor
+from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup
 
 log = logging.getLogger(__name__)
 
-SHARD_PING_S: Final = 30.0
-"""How long every shard gets to answer before the TP group is declared broken."""
-
 
 def shard_bundles(settings: ServeSettings) -> list[dict[str, float]]:
-    """Placement-group bundles of one replica: the replica itself, then one per shard."""
-    shard = {"CPU": 1.0, "GPU": 1.0} if settings.device == "cuda" else {"CPU": 1.0}
-    return [{"CPU": 1.0}] + [dict(shard) for _ in range(settings.tp)]
+    """Placement-group bundles of one replica: the replica itself (with the device when
+    tp is 1: it hosts the worker), then one per shard actor when tp > 1."""
+    device = {"CPU": 1.0, "GPU": 1.0} if settings.device == "cuda" else {"CPU": 1.0}
+    if settings.tp == 1:
+        return [device]
+    return [{"CPU": 1.0}] + [dict(device) for _ in range(settings.tp)]
 
 
 class ModelReplica:
-    """One model replica: `tp` shard actors driven in lockstep."""
+    """One model replica: its shard group driven by one continuous-batching loop."""
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.rebuilds = 0
-        self.shards: list[Any] = []
-        self.info = ray.get(self._start_shards())
+        self.shards: ShardGroup = self._start_shards_sync()
+        self.info = self.shards.info
         log.info(
             "replica %s: kernels %s %s, warmed up in %.2f s",
             self.replica_id, self.info["kernels"], self.info["backends"], self.info["warm_up_s"],
@@ -69,6 +74,8 @@ class ModelReplica:
         self.generation: int = int(ray.get(registered))
         self._pending: list[Dispatch] = []
         self._stops: set[int] = set()
+        self._cancels: set[int] = set()
+        self._release: Release = Release()
         self._queues: dict[int, asyncio.Queue[Any]] = {}
         self._orders: dict[int, Dispatch] = {}
         self._wake: asyncio.Event = asyncio.Event()
@@ -80,28 +87,17 @@ class ModelReplica:
         """Ray actor name of a shard of the current TP group (namespace `marconi`)."""
         return f"{self.settings.app_name}-{self.replica_id}-shard{rank}-{self.rebuilds}"
 
-    def _start_shards(self) -> Any:
-        """Create and set up a fresh TP group; an ObjectRef of rank 0's store info."""
-        s = self.settings
-        gpu = 1 if s.device == "cuda" else 0
-        actor = ray.remote(num_cpus=1, num_gpus=gpu, max_restarts=0)(ShardActor)
-        self.shards = [
-            actor.options(name=self.shard_name(rank), namespace=NAMESPACE).remote(rank, s.tp)
-            for rank in range(s.tp)
-        ]
-        address = ray.get(self.shards[0].address.remote())
-        infos = [
-            shard.setup.remote(
-                s.model_dir, address, s.dtype, s.device, s.max_batch, s.kernels,
-                s.max_batch_tokens,
-            )
-            for shard in self.shards
-        ]
-        return infos[0]
+    def _shard_actors(self) -> ActorShards:
+        return ActorShards(self.settings, [self.shard_name(r) for r in range(self.settings.tp)])
+
+    def _start_shards_sync(self) -> ShardGroup:
+        if self.settings.tp == 1:
+            return LocalShard(self.settings)
+        return self._shard_actors().wait()
 
     # ------------------------------------------------------------------ API
-    async def generate(self, dispatch: Dispatch) -> AsyncIterator[TokenEvent | Completed]:
-        """Run one planned request; stream its tokens, then its `Completed`."""
+    async def generate(self, dispatch: Dispatch) -> AsyncIterator[list[TokenEvent] | Completed]:
+        """Run one planned request; stream its tokens in batches, then its `Completed`."""
         if dispatch.replica_id != self.replica_id:
             self.coordinator.report_unreachable.remote(dispatch.replica_id)
             raise MisroutedDispatch(
@@ -118,13 +114,19 @@ class ModelReplica:
         done = False
         try:
             while True:
-                event = await queue.get()
-                if isinstance(event, BaseException):
-                    raise event
-                yield event
-                if isinstance(event, Completed):
-                    done = True
-                    return
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                tokens = [e for e in items if isinstance(e, TokenEvent)]
+                if tokens:
+                    yield tokens
+                for item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, Completed):
+                        done = True
+                        yield item
+                        return
         finally:
             if not done:
                 self._stops.add(rid)
@@ -133,18 +135,18 @@ class ModelReplica:
     async def stats(self) -> dict[str, Any]:
         """Rank 0's store figures (bytes held, live states, running requests), with the
         replica's id, generation, shard actor names and TP group rebuilds."""
-        result: dict[str, Any] = await self.shards[0].store_stats.remote()
+        result: dict[str, Any] = await self.shards.rank0("store_stats")
         result["replica_id"] = self.replica_id
         result["generation"] = self.generation
         result["rebuilds"] = self.rebuilds
-        result["shards"] = [self.shard_name(rank) for rank in range(len(self.shards))]
+        result["shards"] = list(self.shards.names)
         return result
 
     async def check_health(self) -> None:
         """Serve health check (periodic from the replica's start): the rank-0 shard
         answers. Also starts the heartbeats, so an idle replica keeps its registration."""
         self._ensure_heartbeats()
-        await asyncio.wait_for(self.shards[0].store_stats.remote(), timeout=30)
+        await asyncio.wait_for(self.shards.rank0("store_stats"), timeout=30)
 
     # ------------------------------------------------------------------ loop
     def _ensure_loop(self) -> None:
@@ -156,11 +158,6 @@ class ModelReplica:
     def _ensure_heartbeats(self) -> None:
         if self._beat_task is None or self._beat_task.done():
             self._beat_task = asyncio.get_running_loop().create_task(self._heartbeats())
-
-    async def _all(self, method: str, *args: Any) -> Any:
-        """Call `method` on every shard (same order everywhere); rank 0's result."""
-        results = await asyncio.gather(*(getattr(s, method).remote(*args) for s in self.shards))
-        return results[0]
 
     async def _run(self) -> None:
         while True:
@@ -174,13 +171,9 @@ class ModelReplica:
             try:
                 if self._reconcile_due:
                     await self._reconcile()
-                await self._admit()
-                await self._stop_requested()
-                if self._orders:
-                    self._deliver(await self._all("step"))
-                await self._commit(await self._all("take_finished"))
+                await self._step()
             except RayActorError as exc:  # an actor died: a shard, or someone else?
-                if await self._shards_alive():
+                if await self.shards.alive():
                     log.exception("replica %s: step failed", self.replica_id)
                     await self._fail_all(exc)
                 else:
@@ -190,6 +183,57 @@ class ModelReplica:
                 log.exception("replica %s: step failed", self.replica_id)
                 await self._fail_all(exc)
             await asyncio.sleep(0)
+
+    async def _step(self) -> None:
+        """One iteration: one `advance` on the shards, one `commit_many` if any finished."""
+        step = StepInput(
+            self._take_release(), self._admit(), tuple(self._take_stops()), self._take_cancels()
+        )
+        out = await self.shards.advance(step)
+        self._deliver(out.events)
+        for rid, message in out.failed:
+            await self._abort(rid)
+            self._fail(rid, RuntimeError(message))
+        for rid in out.cancelled:
+            await self._abort(rid)
+            self._fail(rid, ReplicaFailed(f"request {rid} was cancelled while prefilling"))
+        if out.finished:
+            await self._commit(list(out.finished))
+
+    def _take_release(self) -> Release:
+        release, self._release = self._release, Release()
+        return release
+
+    def _take_stops(self) -> list[int]:
+        stops, self._stops = self._stops, set()
+        return [rid for rid in stops if rid in self._orders]
+
+    def _take_cancels(self) -> tuple[int, ...]:
+        cancels, self._cancels = self._cancels, set()
+        return tuple(cancels)
+
+    def _admit(self) -> tuple[PrefillOrder, ...]:
+        """The pending dispatches that start this step: in arrival order, while their
+        prefills fit in the step's token budget (always at least one); stale ones fail."""
+        budget = self.settings.max_batch_tokens
+        orders: list[PrefillOrder] = []
+        while self._pending:
+            dispatch = self._pending[0]
+            order = dispatch.order
+            stale = self._stale(dispatch)
+            if stale:
+                self._pending.pop(0)
+                self._fail(order.request_id, MisroutedDispatch(stale))
+                continue
+            tokens = min(budget, len(order.prompt) - order.hit_len)
+            if orders and tokens > budget - sum(
+                min(budget, len(o.prompt) - o.hit_len) for o in orders
+            ):
+                break
+            self._pending.pop(0)
+            self._release = self._release + dispatch.release
+            orders.append(order)
+        return tuple(orders)
 
     # ------------------------------------------------------------------ liveness
     def _live(self) -> list[int]:
@@ -217,11 +261,12 @@ class ModelReplica:
     async def _reconcile(self) -> None:
         """Report what the store holds for the cache; free what no tree refers to. Runs
         between steps, after every finished request was committed."""
-        states, slots = await self.shards[0].holdings.remote()
+        await self.shards.call("release", self._take_release())
+        states, slots = await self.shards.rank0("holdings")
         generation, release = await self.coordinator.reconcile.remote(
             self.replica_id, states, slots
         )
-        await self._all("release", release)
+        await self.shards.call("release", release)
         self.generation = generation
         self._reconcile_due = False
         log.warning(
@@ -230,16 +275,6 @@ class ModelReplica:
             len(release.states),
             len(release.slots),
         )
-
-    async def _shards_alive(self) -> bool:
-        """Does every shard of the current TP group answer?"""
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*(s.store_stats.remote() for s in self.shards)), SHARD_PING_S
-            )
-        except (RayActorError, TimeoutError):
-            return False
-        return True
 
     async def _rebuild(self, exc: BaseException) -> None:
         """A shard died: fail what runs, drop this replica's cache at the coordinator,
@@ -251,50 +286,41 @@ class ModelReplica:
             self._fail(rid, failure)
         for dispatch in self._pending:
             self._fail(dispatch.order.request_id, failure)
-        self._pending, self._stops = [], set()
-        for shard in self.shards:
-            ray.kill(shard, no_restart=True)
+        self._pending, self._stops, self._cancels = [], set(), set()
+        self._release = Release()
+        self.shards.kill()
         self.rebuilds += 1
         while True:
+            # the new group is in place before its set-up ends: health checks query it
+            # (and wait behind its set-up) instead of failing on the dead one
+            group = self._shard_actors()
+            self.shards = group
             try:
-                self.info = await self._start_shards()
+                await group.ready()
                 break
             except Exception:
                 log.exception("replica %s: rebuilding the TP group failed", self.replica_id)
-                for shard in self.shards:
-                    ray.kill(shard, no_restart=True)
+                group.kill()
                 await asyncio.sleep(self.settings.heartbeat_s)
+        self.info = self.shards.info
         self.generation = await self.coordinator.register_replica.remote(
             self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
         )
         log.warning("replica %s: TP group rebuilt (%d)", self.replica_id, self.rebuilds)
 
     def _idle(self) -> bool:
-        return not (self._pending or self._orders or self._stops or self._reconcile_due)
+        return not (
+            self._pending or self._orders or self._stops or self._cancels or self._reconcile_due
+        )
 
     async def _drain(self) -> None:
         """Free what the coordinator released on this replica's behalf (plans abandoned
-        by the ingress) while the replica was busy."""
+        by the ingress) while the replica was busy, and what the last commit released."""
         try:
             release: Release = await self.coordinator.drain.remote(self.replica_id)
-            await self._all("release", release)
+            await self.shards.call("release", self._take_release() + release)
         except Exception:
             log.exception("replica %s: draining releases failed", self.replica_id)
-
-    async def _admit(self) -> None:
-        while self._pending:
-            dispatch = self._pending.pop(0)
-            rid = dispatch.order.request_id
-            stale = self._stale(dispatch)
-            if stale:
-                self._fail(rid, MisroutedDispatch(stale))
-                continue
-            try:
-                self._deliver(await self._all("start", dispatch.order, dispatch.release))
-            except Exception as exc:
-                release = await self.coordinator.abort.remote(self.replica_id, rid)
-                await self._all("release", release)
-                self._fail(rid, exc)
 
     def _stale(self, dispatch: Dispatch) -> str:
         """Why `dispatch` must not start here ('' when it may)."""
@@ -307,22 +333,21 @@ class ModelReplica:
             return f"dispatch of request {dispatch.order.request_id} reached past its lease"
         return ""
 
-    async def _stop_requested(self) -> None:
-        stops, self._stops = self._stops, set()
-        for rid in stops:
-            if rid in self._orders:
-                await self._all("stop", rid)
-
-    def _deliver(self, events: list[TokenEvent]) -> None:
+    def _deliver(self, events: tuple[TokenEvent, ...]) -> None:
         for event in events:
             queue = self._queues.get(event.request_id)
             if queue is not None:
                 queue.put_nowait(event)
 
+    async def _abort(self, rid: int) -> None:
+        """Release a request's plan at the coordinator; free what it returns next step."""
+        release: Release = await self.coordinator.abort.remote(self.replica_id, rid)
+        self._release = self._release + release
+
     async def _commit(self, finished: list[Finished]) -> None:
+        release: Release = await self.coordinator.commit_many.remote(self.replica_id, finished)
+        self._release = self._release + release
         for done in finished:
-            release: Release = await self.coordinator.commit.remote(self.replica_id, done)
-            await self._all("release", release)
             dispatch = self._orders.pop(done.request_id, None)
             queue = self._queues.pop(done.request_id, None)
             if dispatch is None or queue is None:
@@ -342,9 +367,8 @@ class ModelReplica:
     async def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self._orders):
             try:
-                await self._all("cancel", rid)
-                release = await self.coordinator.abort.remote(self.replica_id, rid)
-                await self._all("release", release)
+                await self.shards.call("cancel", rid)
+                await self._abort(rid)
             except Exception:
                 log.exception("replica %s: cleanup of request %s failed", self.replica_id, rid)
             self._fail(rid, exc)

@@ -22,11 +22,10 @@ from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import (
     DEFAULT_MAX_BATCH_TOKENS,
-    Finished,
-    PrefillOrder,
     Release,
     Slots,
-    TokenEvent,
+    StepInput,
+    StepOutput,
 )
 
 DIST_TIMEOUT = timedelta(seconds=120)
@@ -109,16 +108,9 @@ class ShardActor:
         return self.worker
 
     # ------------------------------------------------------------------ lockstep calls
-    def start(self, order: PrefillOrder, release: Release) -> list[TokenEvent]:
-        worker = self._w()
-        worker.release(release)
-        return worker.start(order)
-
-    def step(self) -> list[TokenEvent]:
-        return self._w().step()
-
-    def take_finished(self) -> list[Finished]:
-        return self._w().take_finished()
+    def advance(self, step: StepInput) -> StepOutput:
+        """One replica step (see `Worker.advance`): the only call of the hot loop."""
+        return self._w().advance(step)
 
     def release(self, release: Release) -> None:
         self._w().release(release)

@@ -70,8 +70,8 @@ async def run_request(
     async for event in handle.options(stream=True).generate.remote(dispatch):
         if isinstance(event, Completed):
             done = event
-        else:
-            tokens.append(event.token)
+        else:  # the tokens of one replica step (or more, when this reader lags)
+            tokens.extend(e.token for e in event)
     assert done is not None
     return dispatch.replica_id, tokens, done
 

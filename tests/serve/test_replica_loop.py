@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, TokenEvent
+from marconi_ray.protocol.orders import (
+    Finished,
+    PrefillOrder,
+    Release,
+    StepInput,
+    StepOutput,
+    TokenEvent,
+)
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch
@@ -31,33 +38,27 @@ class _Call:
         return self.fn(*args)
 
 
-class OneTokenShard:
-    """Every started request emits one token and finishes at the next step."""
+class OneTokenShards:
+    """A shard group whose every started request emits one token and finishes in the
+    same step (the `ShardGroup` interface)."""
 
     def __init__(self) -> None:
-        self.started: list[int] = []
-        self.finished: list[Finished] = []
-        self.start = _Call(self._start)
-        self.step = _Call(self._step)
-        self.take_finished = _Call(self._take)
-        self.release = _Call(self._noop)
+        self.names: list[str] = []
+        self.info: dict[str, Any] = {}
 
-    async def _start(self, order: PrefillOrder, release: Release) -> list[TokenEvent]:
-        self.started.append(order.request_id)
-        return []
+    async def advance(self, step: StepInput) -> StepOutput:
+        rids = [order.request_id for order in step.start]
+        return StepOutput(
+            events=tuple(TokenEvent(rid, 42, True) for rid in rids),
+            finished=tuple(
+                Finished(rid, (42,), "length", {}, np.empty(0, np.int64), T0) for rid in rids
+            ),
+        )
 
-    async def _step(self) -> list[TokenEvent]:
-        events = [TokenEvent(rid, 42, True) for rid in self.started]
-        for rid in self.started:
-            self.finished.append(Finished(rid, (42,), "length", {}, np.empty(0, np.int64), T0))
-        self.started = []
-        return events
+    async def call(self, method: str, *args: Any) -> None:
+        return None
 
-    async def _take(self) -> list[Finished]:
-        out, self.finished = self.finished, []
-        return out
-
-    async def _noop(self, *args: Any) -> None:
+    async def rank0(self, method: str, *args: Any) -> None:
         return None
 
 
@@ -68,7 +69,7 @@ class GatedCoordinator:
         self.gate = asyncio.Event()
         self.draining = asyncio.Event()
         self.drain = _Call(self._drain)
-        self.commit = _Call(self._commit)
+        self.commit_many = _Call(self._commit_many)
         self.heartbeat = _Call(self._heartbeat)
 
     async def _drain(self, replica_id: str) -> Release:
@@ -76,7 +77,7 @@ class GatedCoordinator:
         await self.gate.wait()
         return Release()
 
-    async def _commit(self, replica_id: str, done: Finished) -> Release:
+    async def _commit_many(self, replica_id: str, finished: list[Finished]) -> Release:
         return Release()
 
     async def _heartbeat(self, replica_id: str, live: list[int]) -> tuple[str, int]:
@@ -92,9 +93,10 @@ def _replica(coordinator: GatedCoordinator) -> ModelReplica:
     replica.settings = ServeSettings(model_dir="unused", model_name="tiny", heartbeat_s=60.0)
     replica.generation = 0
     replica._reconcile_due, replica._beat_task = False, None
-    replica.shards = [OneTokenShard()]
+    replica.shards = OneTokenShards()
     replica.coordinator = coordinator
     replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
+    replica._cancels, replica._release = set(), Release()
     replica._wake = asyncio.Event()
     replica._loop_task = None
     return replica
@@ -128,5 +130,5 @@ def test_dispatch_arriving_during_idle_drain_is_served():
         return events
 
     events = asyncio.run(main())
-    assert [e.token for e in events[:-1]] == [42]
+    assert [t.token for batch in events[:-1] for t in batch] == [42]
     assert isinstance(events[-1], Completed) and events[-1].request_id == 1
