@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from marconi_kernels import KernelSet, get_kernels
+from marconi_ray.engine.decode_batch import DecodeBatch
 from marconi_ray.engine.layers.attention import Attention
 from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
@@ -231,7 +232,40 @@ class HybridModel(nn.Module):
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, states: Sequence[SeqState]) -> torch.Tensor:
-        """Consume one token per sequence (ids [B]); returns next-token logits [B, V]."""
+        """Consume one token per sequence (ids [B]); returns next-token logits [B, V].
+        SSM states are stacked for the step and written back (see `decode_batch` for the
+        serving path, which keeps them in place)."""
+        stacked = {
+            i: (torch.stack([s.conv[i] for s in states]), torch.stack([s.ssm[i] for s in states]))
+            for i in self.ssm_blocks
+        }
+        logits = self._decode(ids, states, stacked)
+        for i, (conv, ssm) in stacked.items():
+            for b, s in enumerate(states):
+                s.conv[i], s.ssm[i] = conv[b], ssm[b]
+        return logits
+
+    def new_decode_batch(self, capacity: int) -> DecodeBatch:
+        """A persistent decode batch of this rank's SSM state shapes (see `DecodeBatch`)."""
+        return DecodeBatch(
+            {i: self.ssm(i).empty_state(self.device) for i in self.ssm_blocks}, capacity
+        )
+
+    @torch.inference_mode()
+    def decode_batch(self, ids: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+        """Consume one token per member of `batch` (ids [n], in row order); the SSM states
+        are updated in place in the batch's rows. Returns next-token logits [n, V]."""
+        rows = {i: batch.rows(i) for i in self.ssm_blocks}
+        return self._decode(ids, batch.members, rows)
+
+    def _decode(
+        self,
+        ids: torch.Tensor,
+        states: Sequence[SeqState],
+        ssm_rows: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """One decode step; `ssm_rows[i]` = (conv [B, C, K], ssm [B, ...]) of SSM block i,
+        updated in place."""
         positions = torch.tensor([s.length for s in states], device=self.device)
         x = F.embedding(ids.to(self.device), self.embed)
         for i, block in enumerate(self.layers):
@@ -240,11 +274,8 @@ class HybridModel(nn.Module):
             if isinstance(mixer, Attention):
                 h = mixer.decode(h, positions, [s.kv[i] for s in states])
             elif isinstance(mixer, SSMMixer):
-                conv = torch.stack([s.conv[i] for s in states])
-                ssm = torch.stack([s.ssm[i] for s in states])
+                conv, ssm = ssm_rows[i]
                 h = mixer.decode(h, conv, ssm)
-                for b, s in enumerate(states):
-                    s.conv[i], s.ssm[i] = conv[b], ssm[b]
             else:
                 h = mixer(h)
             x = x + h

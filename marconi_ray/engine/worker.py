@@ -66,6 +66,7 @@ class Worker:
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._finished: list[Finished] = []
+        self._batch = model.new_decode_batch(max_batch)
 
     @property
     def num_running(self) -> int:
@@ -127,10 +128,20 @@ class Worker:
         return event
 
     def _decode(self, batch: list[Sequence]) -> list[TokenEvent]:
+        """One decode step of `batch` on the persistent `DecodeBatch` (sequences join it
+        once, when they start decoding, and leave it when they end)."""
         t0 = time.perf_counter()
+        members = {id(s.state) for s in batch}
+        for state in [m for m in self._batch.members if id(m) not in members]:
+            self._batch.leave(state)
+        for seq in batch:
+            if seq.state not in self._batch:
+                self._batch.join(seq.state)
+        row_of = {id(m): r for r, m in enumerate(self._batch.members)}
+        batch = sorted(batch, key=lambda seq: row_of[id(seq.state)])
         ids = torch.tensor([s.output[-1] for s in batch], dtype=torch.long)
         try:
-            logits = self.model.decode(ids, [s.state for s in batch])
+            logits = self.model.decode_batch(ids, self._batch)
         except Exception:
             for s in batch:
                 self._drop(s)
@@ -265,6 +276,8 @@ class Worker:
     def _finish(self, seq: Sequence) -> None:
         """Write the KV the cache may keep into slots and queue the request for commit."""
         self._running.remove(seq)
+        if seq.state in self._batch:
+            self._batch.leave(seq.state)
         h = seq.order.hit_len
         deepest = max(seq.state_ids, default=h)
         slots = self.store.alloc_slots(max(0, deepest - h))
@@ -285,6 +298,8 @@ class Worker:
         )
 
     def _drop(self, seq: Sequence) -> None:
+        if seq.state in self._batch:
+            self._batch.leave(seq.state)
         if seq in self._running:
             self._running.remove(seq)
         if seq in self._prefilling:

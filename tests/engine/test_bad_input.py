@@ -145,7 +145,7 @@ def test_failure_mid_request_releases_everything(model_dirs, monkeypatch):
     prompt = prompts(21, 1, 40, engine.config.vocab_size)[0]
     first = engine.generate(prompt, GREEDY)
     before = (engine.cache.bytes_used, engine.store.bytes_used)
-    real_decode = engine.model.decode
+    real_decode = engine.model.decode_batch  # the worker's decode step
     calls = {"n": 0}
 
     def flaky(ids, states):
@@ -154,14 +154,14 @@ def test_failure_mid_request_releases_everything(model_dirs, monkeypatch):
             raise RuntimeError("injected device error")
         return real_decode(ids, states)
 
-    monkeypatch.setattr(engine.model, "decode", flaky)
+    monkeypatch.setattr(engine.model, "decode_batch", flaky)
     follow_up = prompt + list(first.tokens) + [9, 10, 11]
     with pytest.raises(RuntimeError, match="injected"):
         engine.generate(follow_up, GREEDY)
     assert engine.cache.open_plans == 0 and engine.num_running == 0
     assert all(n.lock == 0 for n in engine.cache.tree.iter_nodes())
     assert (engine.cache.bytes_used, engine.store.bytes_used) == before
-    monkeypatch.setattr(engine.model, "decode", real_decode)
+    monkeypatch.setattr(engine.model, "decode_batch", real_decode)
     again = engine.generate(follow_up, GREEDY)
     assert again.usage.cached_tokens == len(prompt) + len(first.tokens)
     reference = Engine(model_dirs["nemotron_h"], system="vanilla")
