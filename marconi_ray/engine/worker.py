@@ -96,12 +96,13 @@ class Worker:
             self._drop(seq)
             raise
 
-    def step(self) -> list[TokenEvent]:
+    def step(self, prefill_chunk: bool = True) -> list[TokenEvent]:
         """One step: a decode for up to `max_batch` running sequences (oldest first), then
-        a prefill chunk of the oldest long prompt with the rest of `max_batch_tokens`."""
+        (unless `prefill_chunk` is False) a prefill chunk of the oldest long prompt with
+        the rest of `max_batch_tokens`."""
         batch = self._running[: self.max_batch]
         events = self._decode(batch) if batch else []
-        if self._prefilling:
+        if self._prefilling and prefill_chunk:
             events += self._prefill_chunk(max(1, self.max_batch_tokens - len(batch)))
         return events
 
@@ -174,7 +175,9 @@ class Worker:
                 failed.append((order.request_id, f"{type(exc).__name__}: {exc}"))
         cancelled = [rid for rid in step.stop if not self.stop(rid) and self.cancel(rid)]
         cancelled += [rid for rid in step.cancel if self.cancel(rid)]
-        events += self.step()
+        # a step that started requests runs no long-prompt chunk: their first tokens
+        # (and the decodes) go out after their own prefills, not after a chunk too
+        events += self.step(prefill_chunk=not step.start)
         return StepOutput(
             tuple(events), tuple(self.take_finished()), tuple(failed), tuple(cancelled)
         )

@@ -106,9 +106,10 @@ class StepInput:
 
     Applied in this order: free `release`, start `start` (each prefilled, or queued for a
     chunked prefill), finish `stop` early (a request still prefilling is cancelled
-    instead: it has no output to keep), cancel `cancel`, then one step (decode batch plus
-    a prefill chunk). A start that fails is reported, not raised, so one bad request
-    does not fail the others.
+    instead: it has no output to keep), cancel `cancel`, then one step: the decode batch,
+    plus a chunk of a long prompt's prefill unless this step started requests (their
+    first tokens then leave after their own prefills, not after a chunk as well). A
+    start that fails is reported, not raised, so one bad request does not fail others.
     """
 
     release: Release = field(default_factory=Release)

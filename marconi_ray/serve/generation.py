@@ -51,14 +51,15 @@ class Backend(Protocol):
 
     `plan` validates and plans a request, raising ValueError naming a bad value (nothing
     is planned then); every planned request must then be started with `generate`, whose
-    stream the ingress iterates to the end or cancels.
+    stream the ingress iterates to the end or cancels. `stream=False` says the client
+    wants the whole answer at once: a backend may then deliver the events in one piece.
     """
 
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
     ) -> Dispatch: ...
 
-    def generate(self, dispatch: Dispatch) -> EventStream: ...
+    def generate(self, dispatch: Dispatch, stream: bool = True) -> EventStream: ...
 
     async def stats(self) -> list[ReplicaStats]: ...
 

@@ -134,7 +134,7 @@ class _Server:
         fmt.token_ids = req.return_token_ids
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
         pieces = run_request(
-            self.backend.generate(dispatch), dispatch, detok, arrival, self.metrics
+            self.backend.generate(dispatch, req.stream), dispatch, detok, arrival, self.metrics
         )
         if req.stream:
             chunks = fmt.chunks(self.model.name, created, pieces, req.include_usage)

@@ -90,8 +90,8 @@ class LocalBackend:
             self._requests[rid] = _Request(dispatch)
             return dispatch
 
-    def generate(self, dispatch: Dispatch) -> LocalStream:
-        """The event stream of a planned request."""
+    def generate(self, dispatch: Dispatch, stream: bool = True) -> LocalStream:
+        """The event stream of a planned request (in process: streamed either way)."""
         rid = dispatch.order.request_id
         if rid not in self._requests:
             raise ValueError(f"request {rid} was not planned by this backend")

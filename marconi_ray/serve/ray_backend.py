@@ -56,8 +56,11 @@ class GuardedStream:
     counts the original prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
     """
 
-    def __init__(self, stream: Any, backend: RayBackend, dispatch: Dispatch) -> None:
+    def __init__(
+        self, stream: Any, backend: RayBackend, dispatch: Dispatch, streamed: bool = True
+    ) -> None:
         self._stream = stream
+        self._streamed = streamed
         self._backend = backend
         self._first = dispatch
         self._dispatch = dispatch
@@ -123,10 +126,33 @@ class GuardedStream:
             self._dispatch = await self._backend.plan(prompt, params, order.submitted)
         except RayTaskError as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc.cause}") from None
-        self._stream = self._backend.stream(self._dispatch)
+        self._stream = self._backend.stream(self._dispatch, self._streamed)
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+class UnaryStream:
+    """A replica's `generate_all` answer as an event stream: its token events in one
+    batch, then its `Completed` (errors surface on the first read, as a stream's do)."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self._items: list[list[TokenEvent] | Completed] | None = None
+
+    def __aiter__(self) -> UnaryStream:
+        return self
+
+    async def __anext__(self) -> list[TokenEvent] | Completed:
+        if self._items is None:
+            events, done = await self._response
+            self._items = [list(events), done]
+        if not self._items:
+            raise StopAsyncIteration
+        return self._items.pop(0)
+
+    def cancel(self) -> None:
+        self._response.cancel()
 
 
 class RayBackend:
@@ -155,12 +181,16 @@ class RayBackend:
             await asyncio.sleep(PLAN_POLL_S)
             waited += PLAN_POLL_S
 
-    def generate(self, dispatch: Dispatch) -> EventStream:
-        return GuardedStream(self.stream(dispatch), self, dispatch)
+    def generate(self, dispatch: Dispatch, stream: bool = True) -> EventStream:
+        return GuardedStream(self.stream(dispatch, stream), self, dispatch, stream)
 
-    def stream(self, dispatch: Dispatch) -> Any:
-        """The chosen replica's raw event stream (pinned routing)."""
-        return self.replicas.options(stream=True).generate.remote(dispatch)
+    def stream(self, dispatch: Dispatch, stream: bool = True) -> Any:
+        """The chosen replica's raw events (pinned routing): a Serve stream of per-step
+        token batches, or (`stream=False`) one call that returns them all at the end:
+        one object through Serve instead of one per step."""
+        if stream:
+            return self.replicas.options(stream=True).generate.remote(dispatch)
+        return UnaryStream(self.replicas.generate_all.remote(dispatch))
 
     async def stats(self) -> list[ReplicaStats]:
         return list(await self.coordinator.stats.remote())

@@ -132,6 +132,16 @@ class ModelReplica:
                 self._stops.add(rid)
                 self._wake.set()
 
+    async def generate_all(self, dispatch: Dispatch) -> tuple[list[TokenEvent], Completed]:
+        """`generate` for a client that wants the whole answer: every token event and the
+        `Completed`, returned at once (one object through Serve, not one per step)."""
+        events: list[TokenEvent] = []
+        async for item in self.generate(dispatch):
+            if isinstance(item, Completed):
+                return events, item
+            events.extend(item)
+        raise RuntimeError(f"request {dispatch.order.request_id} ended without completing")
+
     async def stats(self) -> dict[str, Any]:
         """Rank 0's store figures (bytes held, live states, running requests), with the
         replica's id, generation, shard actor names and TP group rebuilds."""
@@ -345,8 +355,11 @@ class ModelReplica:
         self._release = self._release + release
 
     async def _commit(self, finished: list[Finished]) -> None:
-        release: Release = await self.coordinator.commit_many.remote(self.replica_id, finished)
-        self._release = self._release + release
+        """Commit at the coordinator and complete the requests. The commit is sent first
+        (so a client's next turn, planned after it sees the answer, finds it applied:
+        the coordinator takes calls in order of arrival), the answers go out, then the
+        release it returns is awaited."""
+        pending: Any = self.coordinator.commit_many.remote(self.replica_id, finished)
         for done in finished:
             dispatch = self._orders.pop(done.request_id, None)
             queue = self._queues.pop(done.request_id, None)
@@ -355,6 +368,8 @@ class ModelReplica:
             order = dispatch.order
             usage = Usage(len(order.prompt), len(done.tokens), order.hit_len)
             queue.put_nowait(Completed(done.request_id, done.finish_reason, usage, done.timings))
+        release: Release = await pending
+        self._release = self._release + release
 
     def _fail(self, rid: int, exc: BaseException) -> None:
         self._orders.pop(rid, None)

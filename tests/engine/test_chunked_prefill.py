@@ -9,6 +9,7 @@ import pytest
 from engine_helpers import GREEDY, prompts
 
 from marconi_ray.engine.engine import Engine
+from marconi_ray.protocol.orders import StepInput
 from marconi_ray.protocol.sampling import SamplingParams
 
 LONG = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
@@ -72,3 +73,21 @@ def test_cancel_while_prefilling_frees_everything(model_dirs):
     assert worker.num_running == 0 and engine.cache.open_plans == 0
     assert engine.cache.reserved == 0 and worker.store.bytes_used == engine.cache.bytes_used
     assert np.isfinite(engine.cache.stats.token_hit_rate)
+
+
+def test_a_step_that_starts_requests_runs_no_chunk(model_dirs):
+    engine = Engine(model_dirs["nemotron_h"], "marconi", 50_000_000, max_batch_tokens=16)
+    worker = engine.worker
+    vocab = engine.config.vocab_size
+    engine.add_request(prompts(11, 1, 100, vocab)[0], LONG)
+    (long_seq,) = worker._prefilling
+    worker.step()
+    done_before = long_seq.prefilled
+    order, release = engine.planner.order(
+        99, np.asarray(prompts(12, 1, 8, vocab)[0], np.int32), LONG
+    )
+    out = worker.advance(StepInput(release=release, start=(order,)))
+    assert {e.request_id for e in out.events} == {99}, "the new request's tokens only"
+    assert long_seq.prefilled == done_before, "no chunk in a step that started requests"
+    worker.advance(StepInput())
+    assert long_seq.prefilled > done_before
