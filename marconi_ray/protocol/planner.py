@@ -200,8 +200,9 @@ class Planner:
         ids = {d: done.state_ids[d] for d, _ in wanted}
         extra = tuple(sid for d, sid in done.state_ids.items() if d not in ids)
         result = self.cache.commit(plan, full, ids, kv=done.kv_slots, kv_start=plan.hit_len)
+        # a slot holds one position's KV: both sides are unique (no sort-unique pass)
         referenced = _slots(self.cache.hit_kv(full, len(full)))
-        unused = done.kv_slots[~np.isin(done.kv_slots, referenced)]
+        unused = done.kv_slots[~np.isin(done.kv_slots, referenced, assume_unique=True)]
         release = release_of(result.freed) + Release(tuple(result.rejected_states) + extra, unused)
         self._after_request(prompt, done.tokens)
         return release
