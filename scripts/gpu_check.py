@@ -171,13 +171,6 @@ def hf_on_device(preset: str, family: str, dev: torch.device, dtype: str) -> tup
     return hf, folder
 
 
-def greedy(model: Any, st: SeqState, n: int) -> list[int]:
-    out: list[int] = []
-    for _ in range(n):
-        assert st.logits is not None
-        out.append(int(st.logits.argmax()))
-        model.decode(torch.tensor([out[-1]], device=model.device), [st])
-    return out
 
 
 def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
@@ -194,16 +187,16 @@ def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
         ids = torch.randint(3, 258, (300,), generator=g).to(dev)
         full = fast.new_state()
         ckpts = fast.prefill(ids, full, emit_at=[77, 200])
-        want = greedy(fast, full, 16)
+        want = fast.greedy(full, 16)
         ref_state = ref.new_state()
         ref.prefill(ids, ref_state)
-        res: dict[str, Any] = {"full": want, "ref_equal": greedy(ref, ref_state, 16) == want}
+        res: dict[str, Any] = {"full": want, "ref_equal": ref.greedy(ref_state, 16) == want}
         state0 = fast.new_state()
         fast.prefill(ids, state0)  # fresh KV for the slices below
         for ck in ckpts:
             st = SeqState.resumed(ck, state0)
             fast.prefill(ids[ck.depth :], st)
-            res[f"resume_at_{ck.depth}_equal"] = greedy(fast, st, 16) == want
+            res[f"resume_at_{ck.depth}_equal"] = fast.greedy(st, 16) == want
         res["ok"] = all(v for k, v in res.items() if k.endswith("equal"))
         out[family] = res
         print(f"  exactness {family}: {res}", flush=True)

@@ -331,6 +331,18 @@ class HybridModel(nn.Module):
         return time.perf_counter() - t0
 
     @torch.inference_mode()
+    def greedy(self, state: SeqState, n: int) -> list[int]:
+        """The next `n` greedy tokens after `state` (which must hold logits), each decoded
+        into `state` (for checks and tools; serving samples in the `Worker`)."""
+        out: list[int] = []
+        for _ in range(n):
+            if state.logits is None:
+                raise ValueError("the state has consumed no token: no logits to pick from")
+            out.append(int(state.logits.argmax()))
+            self.decode(torch.tensor([out[-1]], device=self.device), [state])
+        return out
+
+    @torch.inference_mode()
     def forward_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [L, V] at every position of a fresh sequence (for validation)."""
         x, _, _ = self._prefill_hidden(ids, self.new_state(), ())

@@ -45,13 +45,6 @@ def counting(ks: KernelSet, calls: Counter[str]) -> KernelSet:
     return dataclasses.replace(ks, **{op: wrap(op) for op in OPS})
 
 
-def greedy(model, st: SeqState, n: int) -> list[int]:
-    out: list[int] = []
-    for _ in range(n):
-        assert st.logits is not None
-        out.append(int(st.logits.argmax()))
-        model.decode(torch.tensor([out[-1]], device=model.device), [st])
-    return out
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_OPS))
@@ -73,13 +66,13 @@ def test_resume_from_every_checkpoint_equals_reference(model_dirs, family):
     ckpts = fast.prefill(tensor, state, depths)
     ref_state = ref.new_state()
     ref.prefill(tensor, ref_state)
-    scratch = greedy(ref, ref_state, 4)
-    assert greedy(fast, state, 4) == scratch
+    scratch = ref.greedy(ref_state, 4)
+    assert fast.greedy(state, 4) == scratch
     for ck in ckpts:
         resumed = SeqState.resumed(ck, state)
         if ck.depth < len(ids):
             fast.prefill(tensor[ck.depth :], resumed)
-        assert greedy(fast, resumed, 4) == scratch, ck.depth
+        assert fast.greedy(resumed, 4) == scratch, ck.depth
     assert set(calls) == FAMILY_OPS[family], calls
 
 
