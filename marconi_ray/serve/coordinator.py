@@ -247,6 +247,20 @@ class CacheCoordinator:
         generation = self.replica_info[replica_id].generation
         return Dispatch(replica_id, planned.order, planned.release, generation, planned.deadline)
 
+    def plan_many(
+        self, requests: list[tuple[npt.NDArray[np.int32], SamplingParams, float]]
+    ) -> list[Dispatch | Exception]:
+        """`plan` for requests that arrived together (one call instead of one each); a
+        request that cannot be planned gets its exception in its place (ValueError,
+        NoReplicaAvailable) and the others are planned all the same."""
+        out: list[Dispatch | Exception] = []
+        for prompt, params, submitted in requests:
+            try:
+                out.append(self.plan(prompt, params, submitted))
+            except (ValueError, NoReplicaAvailable) as exc:
+                out.append(exc)
+        return out
+
     def commit(self, replica_id: str, done: Finished) -> Release:
         """Admit what the cache keeps of a finished request; returns what to free. A
         commit that cannot be applied aborts the request instead (nothing is cached). A

@@ -24,6 +24,7 @@ from marconi_ray.serve.messages import (
     ReplicaFailed,
     ReplicaStats,
 )
+from marconi_ray.serve.plan_batcher import PlanBatcher
 
 
 class ReplicaUnavailable(RuntimeError):
@@ -126,6 +127,8 @@ class GuardedStream:
             self._dispatch = await self._backend.plan(prompt, params, order.submitted)
         except RayTaskError as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc.cause}") from None
+        except (NoReplicaAvailable, ValueError) as exc:
+            raise ReplicaUnavailable(f"re-planning failed: {exc}") from None
         self._stream = self._backend.stream(self._dispatch, self._streamed)
 
     def cancel(self) -> None:
@@ -161,19 +164,23 @@ class RayBackend:
     def __init__(self, coordinator: Any, replicas: DeploymentHandle[Any]) -> None:
         self.coordinator = coordinator
         self.replicas = replicas
+        self.batcher = PlanBatcher(coordinator)
 
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
     ) -> Dispatch:
-        """Route and plan; a ValueError raised by the coordinator is re-raised as such.
+        """Route and plan (requests planned together share one coordinator call, see
+        `PlanBatcher`); a ValueError raised by the coordinator is re-raised as such.
         While no replica is confirmed (a restarted coordinator waiting for heartbeats, a
         replica rebuilding), planning is retried for up to `PLAN_WAIT_S`."""
         waited = 0.0
         while True:
             try:
-                dispatch: Dispatch = await self.coordinator.plan.remote(prompt, params, submitted)
-                return dispatch
-            except RayTaskError as exc:
+                return await self.batcher.plan(prompt, params, submitted)
+            except NoReplicaAvailable:
+                if waited >= PLAN_WAIT_S:
+                    raise
+            except RayTaskError as exc:  # the coordinator's call itself failed
                 if isinstance(exc.cause, ValueError):
                     raise ValueError(str(exc.cause)) from None
                 if not isinstance(exc.cause, NoReplicaAvailable) or waited >= PLAN_WAIT_S:
