@@ -281,12 +281,14 @@ async def ttft_bench(args: argparse.Namespace, url: str, load: Load) -> dict[str
 
 
 def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    """(d): fill a real CacheCoordinator actor, then plan + commit from `callers` callers."""
+    """(d): fill a real CacheCoordinator actor, then plan + commit from `callers` callers
+    (plans through the ingress's `PlanBatcher`, so plans that arrive together coalesce)."""
     import ray
 
     from marconi_ray.engine.loader import load_model
     from marconi_ray.engine.worker import Worker
     from marconi_ray.serve.app import start_coordinator
+    from marconi_ray.serve.plan_batcher import PlanBatcher
     from marconi_ray.serve.settings import ServeSettings
 
     store = Worker(load_model(model_dir), 1).store
@@ -310,10 +312,12 @@ def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, An
         params = SamplingParams(max_tokens=work.out_len, temperature=0.0, ignore_eos=True)
         pairs, hits, bar = [], [], tqdm(total=len(prompts), desc="plan+commit", disable=None)
 
+        batcher = PlanBatcher(coord)  # plans coalesce as the ingress's do
+
         async def caller(todo: Any) -> None:
             for p in todo:
                 t0 = time.perf_counter()
-                d = await coord.plan.remote(p, params, time.time())
+                d = await batcher.plan(p, params, time.time())
                 t1 = time.perf_counter()
                 done = worker.finish(d.order, work.output(p))  # driver-side, not timed
                 t2 = time.perf_counter()
@@ -334,6 +338,7 @@ def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, An
         out |= {"fill_s": fill_s, "nodes_after_fill": nodes, "pairs": len(pairs), "wall_s": wall}
         out |= {"nodes_after": int(ray.get(coord.check_invariants.remote()))}
         out |= {"pairs_s": len(pairs) / wall, "pair": dist(pairs), "mean_hit_tokens": np.mean(hits)}
+        out |= {"plan_calls": batcher.calls, "plans_per_call": batcher.planned / batcher.calls}
         return out
     finally:
         ray.kill(coord)
