@@ -56,11 +56,15 @@ def _settings(model_dir: Path, app: str, **kw: Any) -> ServeSettings:
     return ServeSettings(**{**base, **kw})
 
 
-async def _request(backend: RayBackend, prompt: list[int]) -> tuple[list[int], Completed]:
+async def _request(
+    backend: RayBackend, prompt: list[int], stream: bool = True
+) -> tuple[list[int], Completed]:
+    """One request; `stream=False` takes the replica's one-object answer (`generate_all`),
+    whose resume after a fault restarts it from scratch instead of continuing."""
     dispatch = await backend.plan(np.asarray(prompt, np.int32), PARAMS, time.time())
     tokens: list[int] = []
     done: Completed | None = None
-    async for event in backend.generate(dispatch):
+    async for event in backend.generate(dispatch, stream):
         if isinstance(event, Completed):
             done = event
         else:
@@ -133,7 +137,10 @@ def test_shard_killed_mid_run_rebuilds_and_outputs_match_vanilla(ray_session, mo
 
         async def second_turn() -> list[tuple[list[int], Completed]]:
             killer = asyncio.ensure_future(kill_when_busy())
-            out = await asyncio.gather(*(_request(backend, h) for h in histories))
+            # half the sessions stream, half take the one-object answer: both resume
+            out = await asyncio.gather(
+                *(_request(backend, h, i % 2 == 0) for i, h in enumerate(histories))
+            )
             await killer
             return out
 
