@@ -54,6 +54,16 @@ def shard_bundles(settings: ServeSettings) -> list[dict[str, float]]:
     return [{"CPU": 1.0}] + [dict(device) for _ in range(settings.tp)]
 
 
+def replica_resources(settings: ServeSettings) -> dict[str, float]:
+    """The replica actor's own resources: the first bundle of `shard_bundles` (with tp 1
+    it holds the GPU, so Ray makes that device visible to the replica's worker)."""
+    first = shard_bundles(settings)[0]
+    out = {"num_cpus": first["CPU"]}
+    if "GPU" in first:
+        out["num_gpus"] = first["GPU"]
+    return out
+
+
 class ModelReplica:
     """One model replica: its shard group driven by one continuous-batching loop."""
 
@@ -398,7 +408,7 @@ def replica_deployment(settings: ServeSettings) -> Any:
         ModelReplica,
         name="ModelReplica",
         num_replicas=settings.replicas,
-        ray_actor_options={"num_cpus": 1},
+        ray_actor_options=replica_resources(settings),
         placement_group_bundles=shard_bundles(settings),
         placement_group_strategy="STRICT_PACK",
         max_ongoing_requests=max(64, 4 * settings.max_batch),

@@ -258,3 +258,18 @@ def test_preset_from_an_older_build_is_rebuilt(tmp_path: Path, models_root: Path
     assert json.loads((folder / "marconi.json").read_text())["build_version"] == BUILD_VERSION
     assert BUILD_VERSION > 1
     assert (folder / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+
+
+def test_replica_resources_follow_the_worker() -> None:
+    """With tp 1 the worker runs in the replica actor: on CUDA that actor holds the GPU
+    (else Ray hides every device from it); with tp > 1 the shard actors hold them."""
+    from marconi_ray.serve.replica import replica_resources, shard_bundles
+
+    base = ServeSettings(model_dir="m", model_name="m")
+    gpu1 = ServeSettings(model_dir="m", model_name="m", device="cuda")
+    gpu2 = ServeSettings(model_dir="m", model_name="m", device="cuda", tp=2)
+    assert replica_resources(base) == {"num_cpus": 1.0} and shard_bundles(base) == [{"CPU": 1.0}]
+    assert replica_resources(gpu1) == {"num_cpus": 1.0, "num_gpus": 1.0}
+    assert shard_bundles(gpu1) == [{"CPU": 1.0, "GPU": 1.0}]
+    assert replica_resources(gpu2) == {"num_cpus": 1.0}
+    assert shard_bundles(gpu2) == [{"CPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
