@@ -15,6 +15,7 @@ extension needed); under the interpreter their autotuners are pinned to one conf
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -178,8 +179,6 @@ def load() -> MambaSsmKernels:
 
 def _autotuned_modules() -> list[Any]:
     """The mamba-ssm modules that define ``triton.autotune`` kernels we launch."""
-    import sys
-
     names = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan",
              "selective_state_update")
     return [sys.modules[f"mamba_ssm.ops.triton.{n}"] for n in names

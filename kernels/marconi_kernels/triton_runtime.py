@@ -74,7 +74,6 @@ class _CpuSafeCudaDevice(_ORIGINAL_CUDA_DEVICE):
 
     def __init__(self, device: Any) -> None:
         if device is None or (isinstance(device, int) and device < 0):
-            device = -1
             self.idx = -1
             self.prev_idx = -1
             return

@@ -237,6 +237,7 @@ class ModelReplica:
         prefills fit in the step's token budget (always at least one); stale ones fail."""
         budget = self.settings.max_batch_tokens
         orders: list[PrefillOrder] = []
+        used = 0
         while self._pending:
             dispatch = self._pending[0]
             order = dispatch.order
@@ -246,10 +247,9 @@ class ModelReplica:
                 self._fail(order.request_id, MisroutedDispatch(stale))
                 continue
             tokens = min(budget, len(order.prompt) - order.hit_len)
-            if orders and tokens > budget - sum(
-                min(budget, len(o.prompt) - o.hit_len) for o in orders
-            ):
+            if orders and used + tokens > budget:
                 break
+            used += tokens
             self._pending.pop(0)
             self._release = self._release + dispatch.release
             orders.append(order)

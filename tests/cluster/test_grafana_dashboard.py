@@ -18,12 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from cache_samples import served_cache
 from prometheus_client.parser import text_string_to_metric_families
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
 from marconi_ray.serve.messages import ReplicaStats
 from marconi_ray.serve.metrics import IngressMetrics, render_metrics
 
@@ -36,21 +34,6 @@ Exported = dict[str, frozenset[str] | None]
 """Series name -> its label names (None: the family rendered no sample, labels unknown)."""
 
 # ------------------------------------------------------------------ exported series
-COST = CostModel(flops_linear=1000.0, flops_quadratic=1.0, kv_bytes_per_token=10, state_bytes=100)
-
-
-def _served_cache(capacity: int, seed: int) -> PrefixCache:
-    """A real cache after a few multi-turn conversations (hits, admissions, evictions)."""
-    cache = PrefixCache(COST, CacheConfig(capacity, alpha=0.5))
-    rng = np.random.default_rng(seed)
-    for _ in range(3):
-        history = rng.integers(0, 50, 8).astype(np.int32)
-        for _ in range(3):
-            prompt = np.concatenate([history, rng.integers(0, 50, 4).astype(np.int32)])
-            reply = rng.integers(0, 50, 3).astype(np.int32)
-            cache.serve(prompt, reply)
-            history = np.concatenate([prompt, reply])
-    return cache
 
 
 def _series_names(family_name: str, family_type: str) -> list[str]:
@@ -70,7 +53,7 @@ def render_exported() -> tuple[str, Exported]:
     metrics.e2e.observe(0.4)
     metrics.count(200)
     stats = [
-        ReplicaStats.of(name, _served_cache(cap, seed), in_flight=1, tuner_runs=2)
+        ReplicaStats.of(name, served_cache(cap, seed), in_flight=1, tuner_runs=2)
         for name, cap, seed in (("r0", 10**6, 0), ("r1", 1200, 1))
     ]
     text = render_metrics(metrics, stats, tuner_runs=2).decode()
