@@ -21,6 +21,7 @@ def check_tree(tree: RadixTree) -> None:
             assert child.parent is node, f"{child!r} has a wrong parent"
             assert len(child.edge) > 0, f"{child!r} has an empty edge"
             assert int(child.edge[0]) == key, f"{child!r} is keyed by {key}"
+            assert child.key == child.edge.tobytes(), f"{child!r} has a stale byte key"
             assert child.depth == node.depth + len(child.edge), f"{child!r} has a wrong depth"
             if child.kv is not None:
                 assert len(child.kv) == len(child.edge), f"{child!r} kv length mismatch"

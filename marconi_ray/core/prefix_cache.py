@@ -23,7 +23,7 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
-from marconi_ray.core.tree_types import NO_STATE, KVHandle, Node, Reclaimed, Tokens
+from marconi_ray.core.tree_types import NO_STATE, KVHandle, Match, Node, Reclaimed, Tokens
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class CommitResult:
     rejected_states: tuple[int, ...]
     freed: Reclaimed
     dropped: int
+    kv_used: tuple[int, int] = (0, 0)
+    """Positions [start, end) of the committed tokens whose KV handles (from `kv`) the
+    tree now holds: new edges; the caller frees the rest of `kv`."""
 
 
 def as_tokens(tokens: object, what: str = "tokens") -> Tokens:
@@ -108,6 +111,9 @@ class PrefixCache:
         self._next_state = 0
         self._open: dict[int, Plan] = {}
         self.reserved = 0
+        self._probed: tuple[object, RadixTree, int, Match] | None = None
+        """(tokens, tree, tree version, match) of the last `peek`: `plan` of the same
+        array object on the unchanged tree reuses the walk (route, then plan)."""
 
     # ------------------------------------------------------------------ state
     @property
@@ -173,15 +179,37 @@ class PrefixCache:
                 out.append(node.kv)
         return out
 
+    def path_kv(self, node: Node) -> list[KVHandle]:
+        """The KV handles of the edges from the root down to `node` (a plan's hit node:
+        what `hit_kv(tokens, plan.hit_len)` returns, without walking the tokens again)."""
+        out: list[KVHandle] = []
+        cur: Node | None = node
+        while cur is not None and cur.parent is not None:
+            out.append(cur.kv)
+            cur = cur.parent
+        return out[::-1]
+
     def lookup(self, tokens: object) -> int:
         """Reusable length for `tokens`, without side effects."""
         return self.tree.match(as_tokens(tokens)).hit_len
 
     def peek(self, tokens: object) -> tuple[int, bool]:
         """(reusable length for `tokens`, whether that hit is a leaf: the tree ends at the
-        state there, as it does after a conversation's last turn), without side effects."""
+        state there, as it does after a conversation's last turn), without side effects
+        on the tree. The walk is remembered: a `plan` of the same token array while the
+        tree is unchanged does not walk again (the array must not be modified between)."""
         match = self.tree.match(as_tokens(tokens))
+        self._probed = (tokens, self.tree, self.tree.version, match)
         return match.hit_len, match.hit_len > 0 and not match.hit_node.children
+
+    def _match(self, tokens: object, arr: Tokens) -> Match:
+        """The tree's match of `arr` (= `as_tokens(tokens)`), reusing `peek`'s walk."""
+        probed, self._probed = self._probed, None
+        if probed is not None:
+            was, tree, version, match = probed
+            if was is tokens and tree is self.tree and version == self.tree.version:
+                return match
+        return self.tree.match(arr)
 
     # ------------------------------------------------------------------ views
     def node_count(self) -> int:
@@ -215,7 +243,7 @@ class PrefixCache:
         """
         arr = as_tokens(tokens, "input tokens")
         now = self._tick()
-        match = self.tree.match(arr)
+        match = self._match(tokens, arr)
         self.eviction.on_hit(self.tree, match, now)
         self.tree.lock(match.hit_node)
         ckpts = tuple(self.admission.prefill_checkpoints(match, len(arr)))
@@ -300,20 +328,21 @@ class PrefixCache:
         freed = Reclaimed()
         admitted: list[tuple[int, int, str]] = []
         dropped = 0
+        kv_used = (0, 0)
         if ckpts:
             depths = [d for d, _ in ckpts]
-            attach = self.tree.match(full[: depths[-1]]).attach_node
+            walk = self.tree.match(full[: depths[-1]])
+            attach = walk.attach_node
             self.tree.lock(attach)
             try:
-                keep = self._make_room(full[: depths[-1]], depths, freed, now)
-                dropped = self._count_new(full, depths[keep:])
+                keep, walk = self._make_room(full[: depths[-1]], depths, freed, now, walk)
+                dropped = self._count_new(walk, depths[keep:])
                 if keep:
                     pairs = list(zip(depths[:keep], ids, strict=False))
-                    got, _dups = self.tree.insert(
-                        full[: depths[keep - 1]], pairs, now, kv, kv_start
-                    )
+                    done = self.tree.insert(full[: depths[keep - 1]], pairs, now, kv, kv_start)
+                    kv_used = (done.new_from, depths[keep - 1])
                     reason = dict(ckpts)
-                    admitted = [(d, sid, reason[d]) for d, sid in got]
+                    admitted = [(d, sid, reason[d]) for d, sid in done.admitted]
             finally:
                 freed.extend(self.tree.unlock(attach))
         freed.extend(self.tree.unlock(plan.hit_node))
@@ -329,7 +358,7 @@ class PrefixCache:
         )
         kept = {sid for _, sid, _ in admitted}
         rejected = tuple(sid for sid in ids if sid not in kept)
-        return CommitResult(tuple(admitted), rejected, freed, dropped)
+        return CommitResult(tuple(admitted), rejected, freed, dropped, kv_used)
 
     def serve(self, input_tokens: object, output_tokens: object) -> int:
         """Simulate one request end to end; return its hit length."""
@@ -363,10 +392,15 @@ class PrefixCache:
                 merged.setdefault(depth, reason)
         return sorted(merged.items())
 
-    def _needed(self, tokens: Tokens, depths: list[int]) -> list[int]:
-        """Bytes needed to insert `tokens[:depths[k]]` with the first k+1 states, per k."""
-        match = self.tree.match(tokens)
-        have = {n.depth for n in match.path if n.state != NO_STATE}
+    @staticmethod
+    def _have(match: Match) -> set[int]:
+        """Depths of the states on a walk's path."""
+        return {n.depth for n in match.path if n.state != NO_STATE}
+
+    def _needed(self, match: Match, depths: list[int]) -> list[int]:
+        """Bytes needed to insert `tokens[:depths[k]]` with the first k+1 states, per k,
+        given the tree's `match` of `tokens`."""
+        have = self._have(match)
         kv_per_token = self.cost.kv_bytes_per_token
         out: list[int] = []
         n_states = 0
@@ -376,27 +410,32 @@ class PrefixCache:
             out.append(new_tokens * kv_per_token + n_states * self.cost.state_bytes)
         return out
 
-    def _count_new(self, tokens: Tokens, depths: list[int]) -> int:
-        if not depths:
-            return 0
-        have = {n.depth for n in self.tree.match(tokens[: depths[-1]]).path if n.state != NO_STATE}
+    def _count_new(self, match: Match, depths: list[int]) -> int:
+        """States of `depths` not already on the path of `match` (a walk at least as
+        deep as the last of them)."""
+        have = self._have(match)
         return sum(d not in have for d in depths)
 
-    def _make_room(self, tokens: Tokens, depths: list[int], freed: Reclaimed, now: float) -> int:
-        """Evict until all states fit, or nothing is left to evict; return how many fit.
+    def _make_room(
+        self, tokens: Tokens, depths: list[int], freed: Reclaimed, now: float, match: Match
+    ) -> tuple[int, Match]:
+        """Evict until all states fit, or nothing is left to evict; return how many fit and
+        the tree's match of `tokens` after the evictions (`match` when there were none).
 
         The caller locks the node where `tokens` attach, so the matched path survives.
         """
         while True:
-            needed = self._needed(tokens, depths)
+            needed = self._needed(match, depths)
             deficit = needed[-1] - (self.capacity - self.bytes_used - self.reserved)
             if deficit <= 0:
-                return len(depths)
+                return len(depths), match
             target = self.bytes_used - deficit
             while self.bytes_used > target:
                 victim = self.eviction.choose(self.tree, now)
                 if victim is None:
+                    match = self.tree.match(tokens)
                     room = self.capacity - self.bytes_used - self.reserved
-                    return sum(1 for b in self._needed(tokens, depths) if b <= room)
+                    return sum(1 for b in self._needed(match, depths) if b <= room), match
                 freed.extend(self.tree.evict(victim))
                 self.stats.evictions += 1
+            match = self.tree.match(tokens)

@@ -8,7 +8,8 @@ tree always has, and the SSM layers need exactly that state.
 
 Invariants (all checked by `core.invariants.check_tree`):
 1. Radix shape: children are keyed by the first token of their edge, no two share it, and
-   no non-root edge is empty; `depth(n) = depth(parent) + len(edge)`.
+   no non-root edge is empty; `depth(n) = depth(parent) + len(edge)`; each node's `key`
+   is its edge's int32 bytes (walks compare bytes, not arrays).
 2. A non-root node without a state has >= 2 children, unless it is locked (a locked node
    is tidied when its last lock is released). So every leaf holds a state, and every
    path of KV ends in a usable checkpoint.
@@ -25,6 +26,7 @@ removed so that invariant 2 holds again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +41,19 @@ from marconi_ray.core.tree_types import (
     Reclaimed,
     Tokens,
     common_prefix_len,
+    tokens_bytes,
 )
+
+
+class Inserted(NamedTuple):
+    """What `RadixTree.insert` did."""
+
+    admitted: list[tuple[int, int]]
+    """(depth, state id) pairs now held by the tree."""
+    duplicates: list[int]
+    """State ids whose depth already held a state (the caller frees them)."""
+    new_from: int
+    """Positions [new_from, len(tokens)) became new edges (len(tokens) when none did)."""
 
 
 def _concat_kv(a: KVHandle, b: KVHandle) -> KVHandle:
@@ -61,6 +75,9 @@ class RadixTree:
         self.nodes: dict[int, Node] = {self.root.slot: self.root}
         self.n_tokens = 0
         self.n_states = 0
+        self.version = 0
+        """Bumped by every change of shape or states (insert, evict, unlock): a `Match`
+        computed at version v is still the walk's answer while the version is v."""
 
     # ----------------------------------------------------------------- queries
     @property
@@ -81,13 +98,15 @@ class RadixTree:
         hit = self.root
         pos = 0
         end = len(tokens)
+        buf = tokens_bytes(tokens)
+        ids = memoryview(buf).cast("i")
         path: list[Node] = []
         while pos < end:
-            child = node.children.get(int(tokens[pos]))
+            child = node.children.get(ids[pos])
             if child is None:
                 break
-            n = len(child.edge)
-            if n <= end - pos and (n == 1 or bool((child.edge == tokens[pos : pos + n]).all())):
+            n = len(child.key) >> 2
+            if n <= end - pos and buf[4 * pos : 4 * (pos + n)] == child.key:
                 pos += n
                 node = child
                 path.append(child)
@@ -142,6 +161,7 @@ class RadixTree:
         if node.lock <= 0:
             raise RuntimeError(f"unlock of an unlocked node {node!r}")
         node.lock -= 1
+        self.version += 1
         self._tidy(node, freed)
         return freed
 
@@ -152,8 +172,8 @@ class RadixTree:
         now: float,
         kv: KVHandle = None,
         kv_start: int = 0,
-    ) -> tuple[list[tuple[int, int]], list[int]]:
-        """Insert `tokens` with SSM checkpoints; return (admitted, duplicate state ids).
+    ) -> Inserted:
+        """Insert `tokens` with SSM checkpoints; return what was admitted (`Inserted`).
 
         Args:
             tokens: the sequence to insert; it must end at the last checkpoint.
@@ -163,21 +183,25 @@ class RadixTree:
             kv: per-token KV handle for positions [kv_start, len(tokens)); the tree
                 slices it for new edges. Positions below the matched length are not read.
         Returns:
-            admitted (depth, state id) pairs, and ids whose depth already held a state
-            (the caller frees those).
+            admitted (depth, state id) pairs, ids whose depth already held a state (the
+            caller frees those), and where the new tokens begin: positions
+            [new_from, len(tokens)) are new edges, holding `kv`'s handles for them.
         """
         end = len(tokens)
         if not checkpoints or checkpoints[-1][0] != end:
             raise ValueError(f"the last checkpoint must be at len(tokens)={end}: {checkpoints}")
         admitted: list[tuple[int, int]] = []
         duplicates: list[int] = []
+        self.version += 1
         node = self.root
         pos = 0
         ci = 0
+        buf = tokens_bytes(tokens)
         while pos < end:
             cp, sid = checkpoints[ci]
             child = node.children.get(int(tokens[pos]))
             if child is None:
+                new_from = pos
                 for cp, sid in checkpoints[ci:]:
                     if pos < kv_start and kv is not None:
                         raise ValueError(f"kv starts at {kv_start} but new tokens start at {pos}")
@@ -186,9 +210,10 @@ class RadixTree:
                     self._set_state(node, sid, now)
                     admitted.append((cp, sid))
                     pos = cp
-                break
-            n = len(child.edge)
-            k = common_prefix_len(child.edge, tokens[pos : pos + n])
+                return Inserted(admitted, duplicates, new_from)
+            n = len(child.key) >> 2
+            same = buf[4 * pos : 4 * (pos + n)] == child.key
+            k = n if same else common_prefix_len(child.edge, tokens[pos : pos + n])
             if cp < pos + n and cp <= pos + k:
                 node = self._split(child, cp - pos)
                 self._set_state(node, sid, now)
@@ -208,13 +233,14 @@ class RadixTree:
             else:
                 node = self._split(child, k)
                 pos += k
-        return admitted, duplicates
+        return Inserted(admitted, duplicates, end)
 
     def evict(self, node: Node) -> Reclaimed:
         """Evict a candidate (state-holding, <= 1 child, unlocked) node."""
         if node is self.root or node.state == NO_STATE or node.lock or len(node.children) > 1:
             raise RuntimeError(f"{node!r} is not an eviction candidate")
         freed = Reclaimed(states=[node.state])
+        self.version += 1
         node.state = NO_STATE
         self.n_states -= 1
         if node.children:

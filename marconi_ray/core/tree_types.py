@@ -14,9 +14,13 @@ NO_STATE = -1
 
 
 class Node:
-    """One radix tree node. `state` is the SSM checkpoint id, or NO_STATE."""
+    """One radix tree node. `state` is the SSM checkpoint id, or NO_STATE.
 
-    __slots__ = ("children", "depth", "edge", "kv", "lock", "parent", "slot", "state")
+    Invariant: `key == edge.tobytes()` with `edge` int32 (the setter keeps them equal), so
+    a walk compares an edge with a slice of the input's bytes (one memcmp) instead of
+    three numpy calls per node."""
+
+    __slots__ = ("_edge", "children", "depth", "key", "kv", "lock", "parent", "slot", "state")
 
     def __init__(
         self, parent: Node | None, edge: Tokens, kv: KVHandle, depth: int, slot: int
@@ -29,6 +33,16 @@ class Node:
         self.state = NO_STATE
         self.lock = 0
         self.children: dict[int, Node] = {}
+
+    @property
+    def edge(self) -> Tokens:
+        """The tokens on the edge from the parent to this node (int32)."""
+        return self._edge
+
+    @edge.setter
+    def edge(self, edge: Tokens) -> None:
+        self._edge = np.asarray(edge, dtype=np.int32)
+        self.key = self._edge.tobytes()
 
     def __repr__(self) -> str:
         return f"Node(depth={self.depth}, edge_len={len(self.edge)}, state={self.state})"
@@ -82,3 +96,8 @@ def common_prefix_len(a: Tokens, b: Tokens) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if len(diff) else n
+
+
+def tokens_bytes(tokens: Tokens) -> bytes:
+    """`tokens` as int32 bytes (4 per token), comparable with `Node.key` slices."""
+    return np.ascontiguousarray(tokens, dtype=np.int32).tobytes()

@@ -170,7 +170,7 @@ class Planner:
         plan = self.cache.plan(prompt, max_output=max_new)
         self._plans[request_id] = plan
         h = plan.hit_len
-        hit_slots = _slots(self.cache.hit_kv(prompt, h))[:h] if h else no_slots()
+        hit_slots = _slots(self.cache.path_kv(plan.hit_node))[:h] if h else no_slots()
         caching = self.caching
         order = PrefillOrder(
             request_id=request_id,
@@ -200,9 +200,11 @@ class Planner:
         ids = {d: done.state_ids[d] for d, _ in wanted}
         extra = tuple(sid for d, sid in done.state_ids.items() if d not in ids)
         result = self.cache.commit(plan, full, ids, kv=done.kv_slots, kv_start=plan.hit_len)
-        # a slot holds one position's KV: both sides are unique (no sort-unique pass)
-        referenced = _slots(self.cache.hit_kv(full, len(full)))
-        unused = done.kv_slots[~np.isin(done.kv_slots, referenced, assume_unique=True)]
+        # the tree took the slots of positions [start, end) (new edges): free the others
+        start, end = (p - plan.hit_len for p in result.kv_used)
+        taken = np.zeros(len(done.kv_slots), dtype=bool)
+        taken[max(start, 0) : max(end, 0)] = True
+        unused = done.kv_slots[~taken]
         release = release_of(result.freed) + Release(tuple(result.rejected_states) + extra, unused)
         self._after_request(prompt, done.tokens)
         return release

@@ -119,3 +119,40 @@ def test_commit_must_extend_the_planned_input() -> None:
 def test_non_positive_capacity_is_rejected(capacity: int) -> None:
     with pytest.raises(ValueError, match=str(capacity)):
         PrefixCache(SMALL_COST, CacheConfig(capacity))
+
+
+def test_plan_reuses_the_peek_walk_only_while_the_tree_is_unchanged() -> None:
+    c = cache()
+    c.serve(toks(1, 2, 3, 4), toks(5, 6))
+    walks = []
+    real = c.tree.match
+    c.tree.match = lambda tokens: walks.append(len(tokens)) or real(tokens)  # type: ignore[method-assign]
+    prompt = toks(1, 2, 3, 4, 5, 6, 7)
+    assert c.peek(prompt) == (6, True)
+    plan = c.plan(prompt)
+    assert plan.hit_len == 6 and walks == [7]  # route's walk, reused by plan
+    c.abort(plan)
+    other = toks(1, 2, 3, 4, 5, 6, 7, 8, 9)
+    assert c.peek(prompt)[0] == 6
+    c.tree.evict(real(prompt).hit_node)  # the tree changes after the peek
+    walks.clear()
+    plan = c.plan(prompt)  # walks again: the old walk's hit was evicted
+    assert walks == [7] and plan.hit_len == c.lookup(prompt) < 6
+    c.abort(plan)
+    c.peek(prompt)
+    walks.clear()
+    plan = c.plan(other)  # another array: no reuse
+    assert walks == [9] and plan.hit_len == c.lookup(prompt)
+    c.commit(plan, other)
+    check_tree(c.tree)
+
+
+def test_commit_reports_which_kv_positions_the_tree_took() -> None:
+    c = cache()
+    c.serve(toks(1, 2, 3, 4), toks(5))
+    plan = c.plan(toks(1, 2, 9))
+    result = c.commit(plan, toks(1, 2, 9, 9), state_ids={2: 70, 4: 71}, kv=np.arange(4), kv_start=0)
+    assert result.kv_used == (2, 4)  # positions 0-1 were in the tree already
+    plan = c.plan(toks(7, 7))
+    dropped = c.commit(plan, toks(7, 7, 7), state_ids={3: 5}, kv=np.arange(3), kv_start=0)
+    assert dropped.kv_used == (0, 3)

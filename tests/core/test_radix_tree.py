@@ -81,3 +81,41 @@ def test_snapshot_round_trip_of_a_deep_chain() -> None:
     check_tree(copy.tree)
     assert copy.tree.n_states == c.tree.n_states == 5001
     assert copy.lookup(np.arange(4000, dtype=np.int32) % 7 + 1) == 4000
+
+
+def test_insert_reports_where_new_edges_begin_and_bumps_the_version() -> None:
+    tree = RadixTree(SMALL_COST)
+    v0 = tree.version
+    first = tree.insert(toks(1, 2, 3, 4, 5, 6), [(6, 0)], now=1, kv=np.arange(6), kv_start=0)
+    assert first.new_from == 0 and first.admitted == [(6, 0)] and tree.version > v0
+    kv = np.arange(200, 202)
+    second = tree.insert(toks(1, 2, 3, 9, 8), [(3, 1), (5, 2)], now=2, kv=kv, kv_start=3)
+    assert second.new_from == 3 and second.admitted == [(3, 1), (5, 2)]
+    again = tree.insert(toks(1, 2, 3), [(3, 7)], now=3)  # nothing new: a duplicate
+    assert again.new_from == 3 and again.duplicates == [7] and again.admitted == []
+    v1 = tree.version
+    tree.match(toks(1, 2, 3, 9))  # a walk changes nothing
+    assert tree.version == v1
+    node = tree.match(toks(1, 2, 3, 9, 8)).path[-1]
+    tree.evict(node)
+    assert tree.version > v1
+    check_tree(tree)
+
+
+def test_a_node_key_is_its_edge_bytes_after_splits_and_merges() -> None:
+    tree = RadixTree(SMALL_COST)
+    tree.insert(toks(1, 2, 3, 4, 5, 6), [(6, 0)], now=1)
+    tree.insert(toks(1, 2, 3, 9), [(3, 1), (4, 2)], now=2)
+    mid = tree.match(toks(1, 2, 3)).path[-1]
+    assert mid.key == toks(1, 2, 3).tobytes()
+    tree.evict(mid.children[9])
+    tree.evict(mid)  # merged into the child: its key covers the whole edge again
+    (only,) = tree.root.children.values()
+    assert only.key == toks(1, 2, 3, 4, 5, 6).tobytes()
+    only.key = b"stale"
+    try:
+        check_tree(tree)
+    except AssertionError as exc:
+        assert "stale byte key" in str(exc)
+    else:
+        raise AssertionError("check_tree missed a stale key")
