@@ -6,11 +6,11 @@ Systems:
   per request awaits `plan` on a plain Ray actor, calls a second deployment (through a
   DeploymentHandle) that returns at once, then awaits `commit` on the actor: the topology
   of the service (ingress -> coordinator actor -> replica deployment) with no work in it.
-- S, the service: the `tiny` preset with `ServeConfig`'s defaults (1 replica, tp 1, marconi,
-  max_batch 8 unless --max-batch), deployed with `start_actors` + `serve.run(build_app(...))`
-  at route / of the same HTTP proxy (127.0.0.1:PORT).
-- E, the in-process `Engine` on the same model folder (torch one thread, max_batch 16: at
-  c=16 it decodes all 16 together, the service's default 8 at a time).
+- S, the service: the `tiny` preset with `ServeConfig`'s defaults (1 replica, tp 1, marconi)
+  but max_batch = CONCURRENCY (unless --max-batch), deployed with `start_actors` +
+  `serve.run(build_app(...))` at route / of the same HTTP proxy (127.0.0.1:PORT).
+- E, the in-process `Engine` on the same model folder (torch one thread, the same
+  max_batch: at c=16 both decode all 16 requests together).
 Every prompt is fresh random text (no prefix-cache hit anywhere); the byte tokenizer makes
 a 200-character prompt 200 tokens. F and S run in alternating rounds; E runs first, alone.
 
@@ -24,7 +24,11 @@ Workloads and targets:
 (c) TTFT (streamed, first chunk with text) of a short request sent while a ~16k-token prompt
     is prefilled on the same replica (DELAY x the long request's idle latency after it),
     next to the idle TTFT. Served from a copy of the tiny folder allowing 32768 positions
-    (NemotronH attention has no RoPE: the weights stay valid). Target: <= 2x idle.
+    (NemotronH attention has no RoPE: the weights stay valid). Target: <= 2x idle. Run
+    with the default step budget (max_batch_tokens 2048, sized for a GPU) and again with
+    --ttft-batch-tokens (256), sized for this CPU: here a 2048-token chunk at 8-16k depth
+    is 0.3-0.45 s of attention arithmetic, and a short request waits for the chunk that
+    is running when it arrives.
 (d) The coordinator alone: a real `CacheCoordinator` actor with one registered (fake)
     replica, filled by plan/commit to >= 10,000 tree nodes (bench_serve's workload:
     documents x continuations plus multi-turn chains), then 2,000-token prompts that cut a
@@ -135,6 +139,40 @@ def floor_app() -> Any:
     return FloorIngress.bind(FloorReplica.bind())
 
 
+# ---------------------------------------------------------------------- CPU accounting
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each Ray process of this machine and by
+    this driver (the HTTP clients), read from /proc; a process is named by its title
+    without the method it runs (`ray::CacheCoordinator.plan_many` -> `CacheCoordinator`)
+    or by its command (raylet, gcs_server). Empty where /proc is missing."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid = stat.parent.name
+            title = (stat.parent / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if pid == str(os.getpid()):
+            name = "driver (HTTP clients)"
+        elif title.startswith("ray::"):
+            name = title[5:].split(".")[0].split(" ")[0]
+        elif any(k in title for k in ("raylet", "gcs_server")):
+            name = "raylet" if "raylet" in title else "gcs_server"
+        else:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        out[name] = out.get(name, 0.0) + cpu
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per process: CPU seconds used between two `cpu_seconds` readings (>= 1 ms only)."""
+    used = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return {k: v for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 1e-3}
+
+
 # ---------------------------------------------------------------------- HTTP load
 class Load:
     """The client side: fresh random prompts, one-shot and streamed completions."""
@@ -206,7 +244,8 @@ def engine_bench(args: argparse.Namespace, model_dir: Path, load: Load) -> dict[
     """E: 1-token `generate` times (a); decode tokens/s at 1 and 16 (b)."""
     from marconi_ray.engine.engine import Engine
 
-    engine = Engine(model_dir, system="marconi", cache_bytes=10**9, max_batch=16)
+    batch = args.max_batch or args.concurrency
+    engine = Engine(model_dir, system="marconi", cache_bytes=10**9, max_batch=batch)
     enc, k, out = engine.tokenizer.encode, args.gen_tokens, {}
     one, dec = (SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (1, k))
     for p in load.prompts(8):
@@ -237,6 +276,7 @@ async def http_bench(args: argparse.Namespace, urls: dict[str, str], load: Load)
     """(a) for F and S in alternating rounds; (b) for S."""
     lat: dict[str, list[float]] = {k: [] for k in urls}
     wall, sent = dict.fromkeys(urls, 0.0), dict.fromkeys(urls, 0)
+    cpu: dict[str, dict[str, float]] = {k: {} for k in urls}
     n_seq = max(1, args.requests // args.rounds)
     n_conc = max(args.concurrency, args.requests // args.rounds)
     out: dict[str, Any] = {}
@@ -247,10 +287,18 @@ async def http_bench(args: argparse.Namespace, urls: dict[str, str], load: Load)
         for rnd in range(args.rounds):
             for name in list(urls)[:: 1 if rnd % 2 == 0 else -1]:
                 lat[name] += await load.seq(urls[name], n_seq, 1, f"{name} c=1 round {rnd}")
+                before = cpu_seconds()
                 wall[name] += await load.conc(urls[name], n_conc, 1, f"{name} c=16 round {rnd}")
+                for proc, used in cpu_delta(before, cpu_seconds()).items():
+                    cpu[name][proc] = cpu[name].get(proc, 0.0) + used
                 sent[name] += n_conc
         out["one_token"] = {k: dist(v) for k, v in lat.items()}
         out["req_s"] = {k: sent[k] / wall[k] for k in urls}
+        # where the time goes at c=16: CPU ms per request, per process (2 cores shared)
+        out["cpu_ms_per_request_c16"] = {
+            k: {p: 1e3 * v / sent[k] for p, v in sorted(cpu[k].items(), key=lambda kv: -kv[1])}
+            for k in urls
+        }
     if "decode" not in args.skip:
         url, k = urls["service"], args.gen_tokens
         seq = await load.seq(url, args.decode_requests, k, "S decode c=1")
@@ -377,10 +425,12 @@ def verdicts(r: dict[str, Any]) -> list[dict[str, Any]]:
             s, x = a[k], e[k]
             what = f"{r['config']['gen_tokens']}-token decode tok/s, c={c}"
             rows.append(("b", what, None, s, x, s / x, "S/E >= 0.8", s / x >= 0.8, 0.8 * x))
-    if t := r.get("ttft"):
-        i, d = t["idle"]["p50_ms"], t["during_long_prefill"]["p50_ms"]
-        what = "TTFT p50 ms: idle (F col), in prefill (S)"
-        rows.append(("c", what, i, d, None, d / i, "S/idle <= 2", d / i <= 2, 2 * i))
+    for key in ("ttft", "ttft_fine"):
+        if t := r.get(key):
+            i, d = t["idle"]["p50_ms"], t["during_long_prefill"]["p50_ms"]
+            steps = f", {t['max_batch_tokens']}-token steps" if "max_batch_tokens" in t else ""
+            what = f"TTFT p50 ms: idle (F col), in prefill (S){steps}"
+            rows.append(("c", what, i, d, None, d / i, "S/idle <= 2", d / i <= 2, 2 * i))
     if c := r.get("coordinator"):
         n, p = c["pairs_s"], c["pair"]["p99_ms"]
         what = f"coordinator pairs/s, {c['callers']} callers"
@@ -401,6 +451,19 @@ def table(rows: list[dict[str, Any]]) -> str:
         verdict = f"{x['target']:12} {'met' if x['met'] else 'MISSED'}"
         lines.append(f"{x['workload']}  {x['metric']:44} {cells} {x['ratio']:>6.2f}x  {verdict}")
     return "\n".join(lines)
+
+
+def cpu_table(r: dict[str, Any]) -> str:
+    """(a) at c=16: CPU ms per request of each process, per system (the profile of where
+    the time goes; the machine has `cpu_count` cores for all of them)."""
+    cpu = r.get("http", {}).get("cpu_ms_per_request_c16")
+    if not cpu:
+        return ""
+    lines = ["", "CPU ms per request at c=16 (1-token), by process:"]
+    for system, procs in cpu.items():
+        parts = ", ".join(f"{p} {ms:.2f}" for p, ms in procs.items())
+        lines.append(f"  {system}: total {sum(procs.values()):.2f} = {parts}")
+    return "\n".join(lines) + "\n"
 
 
 def plot(r: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> None:
@@ -460,8 +523,9 @@ OPTIONS = (  # name, type, default, help
     ("min_nodes", int, 10_000, "(d) tree nodes required after the fill"),
     ("port", int, 8143, "HTTP port of the Serve proxy on 127.0.0.1"),
     ("ray_cpus", int, 12, "logical CPUs of the local Ray"),
-    ("max_batch", int, 0, "the service's max_batch (0: ServeConfig's default); E's is 16"),
+    ("max_batch", int, 0, "max_batch of the service and of E (0: CONCURRENCY)"),
     ("max_batch_tokens", int, 0, "the service's max_batch_tokens (0: ServeConfig's default)"),
+    ("ttft_batch_tokens", int, 256, "(c) measured again with this max_batch_tokens (0: skip)"),
 )
 
 
@@ -525,10 +589,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from marconi_ray.serve.config import ServeConfig
     from marconi_ray.serve.settings import NAMESPACE
 
-    keys = ("max_batch", "max_batch_tokens")  # 0: the config's default
-    cfg = ServeConfig(
-        model="tiny", port=args.port, **{k: vars(args)[k] for k in keys if vars(args)[k]}
-    )
+    budget = {"max_batch_tokens": args.max_batch_tokens} if args.max_batch_tokens else {}
+    batch = args.max_batch or args.concurrency
+    cfg = ServeConfig(model="tiny", port=args.port, max_batch=batch, **budget)
     settings = replace(cfg.to_settings(), app_name="overhead")
     tiny, out, load = Path(settings.model_dir), Path(args.out), Load(args, np.random.default_rng(0))
     report: dict[str, Any] = {"quick": args.quick, "skip": sorted(args.skip), "machine": machine()}
@@ -563,6 +626,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 long = replace(settings, app_name="overhead-long", model_dir=str(long_dir))
                 url = f"{base}/v1/completions"
                 report["ttft"] = deploy(long, lambda: load.run(ttft_bench, args, url, load))
+                report["ttft"]["max_batch_tokens"] = long.max_batch_tokens
+                if fine := args.ttft_batch_tokens:
+                    long = replace(long, app_name="overhead-fine", max_batch_tokens=fine)
+                    run = deploy(long, lambda: load.run(ttft_bench, args, url, load))
+                    report["ttft_fine"] = run | {"max_batch_tokens": fine}
     finally:
         if ray.is_initialized():
             with contextlib.suppress(Exception):
@@ -573,7 +641,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
     plot(report, rows, out / "overhead.png")
-    print(f"\n{table(rows)}\n\nwall time {report['wall_s']:.0f} s")
+    print(f"\n{table(rows)}\n{cpu_table(report)}\nwall time {report['wall_s']:.0f} s")
     print(f"wrote {out / 'overhead.json'}, {out / 'overhead.png'}")
     return report
 

@@ -72,6 +72,32 @@ def test_verdicts_cover_every_section(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+def test_a_second_ttft_run_at_a_finer_step_budget_gets_its_own_verdict() -> None:
+    report = fake_report()
+    report["ttft"]["max_batch_tokens"] = 2048
+    slow = {"idle": bo.dist([0.02]), "during_long_prefill": bo.dist([0.05])}
+    report["ttft_fine"] = slow | {"max_batch_tokens": 256}
+    rows = [r for r in bo.verdicts(report) if r["workload"] == "c"]
+    assert [r["metric"].split(", ")[-1] for r in rows] == ["2048-token steps", "256-token steps"]
+    assert [r["met"] for r in rows] == [True, False]  # 1.5x; 2.5x > 2
+    assert bo.parse_args([]).ttft_batch_tokens == 256
+
+
+def test_cpu_accounting_sees_this_process_and_tabulates_per_request() -> None:
+    before = bo.cpu_seconds()
+    sum(i * i for i in range(2_000_000))  # burn some CPU in the driver
+    used = bo.cpu_delta(before, bo.cpu_seconds())
+    assert used.get("driver (HTTP clients)", 0.0) > 0.0
+    report = fake_report()
+    report["http"]["cpu_ms_per_request_c16"] = {
+        "floor": {"ProxyActor": 2.0, "FloorIngress": 1.0},
+        "service": {"ModelReplica": 5.0, "OpenAIIngress": 1.5},
+    }
+    text = bo.cpu_table(report)
+    assert "floor: total 3.00 = ProxyActor 2.00, FloorIngress 1.00" in text
+    assert "service: total 6.50" in text and bo.cpu_table(fake_report()) == ""
+
+
 @pytest.mark.ray
 def test_floor_app_answers() -> None:
     import ray
