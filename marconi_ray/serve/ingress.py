@@ -69,6 +69,23 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A `StreamingResponse` that calls `on_close` however it ends: sent to the end, the
+    client gone before the first byte (its body generator then never starts, so that
+    generator's own `finally` never runs), or the ASGI task cancelled. `on_close` must be
+    idempotent and must not block (it runs in a task that may be cancelled)."""
+
+    def __init__(self, content: Any, on_close: Callable[[], None], media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
 # ---------------------------------------------------------------------- the app
 class _Server:
     """Request handling shared by the two generation endpoints."""
@@ -133,12 +150,12 @@ class _Server:
         req = prepared.request
         fmt.token_ids = req.return_token_ids
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
-        pieces = run_request(
-            self.backend.generate(dispatch, req.stream), dispatch, detok, arrival, self.metrics
-        )
+        events = self.backend.generate(dispatch, req.stream)
+        pieces = run_request(events, dispatch, detok, arrival, self.metrics)
         if req.stream:
             chunks = fmt.chunks(self.model.name, created, pieces, req.include_usage)
-            return StreamingResponse(self._sse(chunks, pieces), media_type="text/event-stream")
+            sse = self._sse(chunks, pieces)
+            return ClosingStreamingResponse(sse, events.cancel, "text/event-stream")
         text: list[str] = []
         ids: list[int] = []
         last = Piece("")

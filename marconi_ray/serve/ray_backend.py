@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Any, Final
 
 import numpy as np
@@ -25,6 +26,8 @@ from marconi_ray.serve.messages import (
     ReplicaStats,
 )
 from marconi_ray.serve.plan_batcher import PlanBatcher
+
+log = logging.getLogger(__name__)
 
 
 class ReplicaUnavailable(RuntimeError):
@@ -55,6 +58,10 @@ class GuardedStream:
     the tokens already streamed (greedy outputs are unchanged by the resume; sampled ones
     draw fresh randomness). The caller sees one uninterrupted stream whose `Completed`
     counts the original prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
+
+    `cancel` before anything came back from the current dispatch also settles it at its
+    replica (`RayBackend.settle`): a client that leaves before the first token, or before
+    the stream is even read, releases the plan at once instead of at its lease's end.
     """
 
     def __init__(
@@ -69,6 +76,8 @@ class GuardedStream:
         self._ended = False
         self._pending: Completed | None = None
         self._buffered: list[TokenEvent] = []
+        self._heard = False  # anything (events, an answer, an error) from this dispatch
+        self._cancelled = False
         self.attempts = 1
 
     def __aiter__(self) -> GuardedStream:
@@ -84,13 +93,16 @@ class GuardedStream:
             try:
                 item: list[TokenEvent] | Completed = await self._stream.__anext__()
             except RayTaskError as exc:
+                self._heard = True
                 if not isinstance(exc.cause, MisroutedDispatch | ReplicaFailed):
                     raise
                 await self._resume(exc.cause)
                 continue
             except RayActorError as exc:
+                self._heard = True
                 await self._resume(exc)
                 continue
+            self._heard = True
             if isinstance(item, list):  # one replica step's tokens of this request
                 self._buffered.extend(item)
                 continue
@@ -130,9 +142,14 @@ class GuardedStream:
         except (NoReplicaAvailable, ValueError) as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc}") from None
         self._stream = self._backend.stream(self._dispatch, self._streamed)
+        self._heard = False
 
     def cancel(self) -> None:
+        """Stop the request (idempotent); settle its dispatch if nothing came back yet."""
         self._stream.cancel()
+        if not self._heard and not self._cancelled:
+            self._backend.settle(self._dispatch)
+        self._cancelled = True
 
 
 class UnaryStream:
@@ -165,6 +182,22 @@ class RayBackend:
         self.coordinator = coordinator
         self.replicas = replicas
         self.batcher = PlanBatcher(coordinator)
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def settle(self, dispatch: Dispatch) -> None:
+        """Tell the dispatch's replica that its client left before any event came back
+        (see `ModelReplica.settle`). Runs in the background, out of the client's task (so
+        that task's cancellation cannot stop it); a failure is logged, and the plan's lease
+        is the backstop."""
+        task = asyncio.get_running_loop().create_task(self._settle(dispatch))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, dispatch: Dispatch) -> None:
+        try:
+            await self.replicas.settle.remote(dispatch)
+        except Exception as exc:
+            log.warning("settling request %d failed: %s", dispatch.order.request_id, exc)
 
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float

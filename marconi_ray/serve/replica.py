@@ -14,6 +14,9 @@ burst of prompts does not stall the running decodes either.
 read: one step's tokens, or several when the consumer lags) and ends with one
 `Completed`. If the caller stops listening (disconnect, stop string), the request is
 finished early and committed (or cancelled and aborted while it still prefills).
+`settle(dispatch)` is the ingress's word that the client left before any event came back:
+a request that runs here is stopped as above; one that never arrived is refused from now
+on and its plan abandoned at the coordinator, so no plan waits for its lease to expire.
 
 Faults: the replica heartbeats the coordinator every `heartbeat_s` (renewing the leases
 of the requests it runs and queues); when a restarted coordinator asks, the loop
@@ -75,7 +78,10 @@ class ModelReplica:
         self.info = self.shards.info
         log.info(
             "replica %s: kernels %s %s, warmed up in %.2f s",
-            self.replica_id, self.info["kernels"], self.info["backends"], self.info["warm_up_s"],
+            self.replica_id,
+            self.info["kernels"],
+            self.info["backends"],
+            self.info["warm_up_s"],
         )
         self.coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
         registered: Any = self.coordinator.register_replica.remote(
@@ -88,6 +94,10 @@ class ModelReplica:
         self._release: Release = Release()
         self._queues: dict[int, asyncio.Queue[Any]] = {}
         self._orders: dict[int, Dispatch] = {}
+        self._known: dict[int, float] = {}
+        """Request id -> its dispatch's deadline, for every dispatch that reached
+        `generate` or was settled: such an id is never started (again). Purged past the
+        deadline (a dispatch arriving after it is refused as stale anyway)."""
         self._wake: asyncio.Event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._reconcile_due: bool = False
@@ -114,8 +124,11 @@ class ModelReplica:
                 f"dispatch planned for replica {dispatch.replica_id!r} reached {self.replica_id!r}"
             )
         rid = dispatch.order.request_id
-        if rid in self._queues:
-            raise MisroutedDispatch(f"request {rid} is already running on {self.replica_id!r}")
+        if rid in self._known:
+            raise MisroutedDispatch(
+                f"request {rid} already reached {self.replica_id!r} (or was settled)"
+            )
+        self._remember(rid, dispatch.deadline)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._queues[rid] = queue
         self._orders[rid] = dispatch
@@ -151,6 +164,36 @@ class ModelReplica:
                 return events, item
             events.extend(item)
         raise RuntimeError(f"request {dispatch.order.request_id} ended without completing")
+
+    async def settle(self, dispatch: Dispatch) -> str:
+        """The client of `dispatch` left before any of its events came back. A request
+        running or queued here is stopped (committed or aborted by the loop: 'stopped');
+        one that already ended is left alone ('ended'); one that never arrived is refused
+        from now on and its plan abandoned at the coordinator ('abandoned'). A dispatch
+        planned for another replica is not touched ('misrouted')."""
+        rid = dispatch.order.request_id
+        if dispatch.replica_id != self.replica_id:
+            return "misrouted"
+        if rid in self._orders:
+            self._stops.add(rid)
+            self._ensure_loop()
+            return "stopped"
+        if rid in self._known:
+            return "ended"
+        self._remember(rid, dispatch.deadline)
+        await self.coordinator.abandon.remote(dispatch)
+        return "abandoned"
+
+    def _remember(self, rid: int, deadline: float) -> None:
+        """Add `rid` to `_known`, dropping the oldest entries past their deadline (ids
+        arrive in about deadline order, so this is amortised O(1))."""
+        now = time.time()
+        while self._known:
+            old, due = next(iter(self._known.items()))
+            if due >= now or old in self._orders:
+                break
+            del self._known[old]
+        self._known[rid] = deadline
 
     async def stats(self) -> dict[str, Any]:
         """Rank 0's store figures (bytes held, live states, running requests), with the

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 
 from marconi_ray.protocol.orders import (
     Finished,
@@ -23,7 +24,7 @@ from marconi_ray.protocol.orders import (
 )
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.messages import Completed, Dispatch
+from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch
 from marconi_ray.serve.replica import ModelReplica
 from marconi_ray.serve.settings import ServeSettings
 
@@ -71,6 +72,11 @@ class GatedCoordinator:
         self.drain = _Call(self._drain)
         self.commit_many = _Call(self._commit_many)
         self.heartbeat = _Call(self._heartbeat)
+        self.abandoned: list[int] = []
+        self.abandon = _Call(self._abandon)
+
+    async def _abandon(self, dispatch: Dispatch) -> None:
+        self.abandoned.append(dispatch.order.request_id)
 
     async def _drain(self, replica_id: str) -> Release:
         self.draining.set()
@@ -96,6 +102,7 @@ def _replica(coordinator: GatedCoordinator) -> ModelReplica:
     replica.shards = OneTokenShards()
     replica.coordinator = coordinator
     replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
+    replica._known = {}
     replica._cancels, replica._release = set(), Release()
     replica._wake = asyncio.Event()
     replica._loop_task = None
@@ -132,3 +139,30 @@ def test_dispatch_arriving_during_idle_drain_is_served():
     events = asyncio.run(main())
     assert [t.token for batch in events[:-1] for t in batch] == [42]
     assert isinstance(events[-1], Completed) and events[-1].request_id == 1
+
+
+def test_settle_stops_what_runs_abandons_what_never_arrived_and_refuses_it_later():
+    """The ingress settles a dispatch whose client left before any event came back (the
+    real path, over HTTP with Ray, is tests/serve/test_dropped_clients.py)."""
+
+    async def main() -> None:
+        coordinator = GatedCoordinator()
+        coordinator.gate.set()
+        replica = _replica(coordinator)
+        done = await asyncio.wait_for(_collect(replica, 0), 5)
+        assert isinstance(done[-1], Completed)
+        assert await replica.settle(_dispatch(0)) == "ended"  # committed: left alone
+        assert await replica.settle(_dispatch(5)) == "abandoned"
+        assert coordinator.abandoned == [5]
+        with pytest.raises(MisroutedDispatch, match="already reached"):
+            await _collect(replica, 5)  # arriving after its settle: never started
+        elsewhere = Dispatch("r9", _dispatch(6).order)
+        assert await replica.settle(elsewhere) == "misrouted"
+        replica._orders[7] = _dispatch(7)  # as `generate` registers a running request
+        assert await replica.settle(_dispatch(7)) == "stopped" and 7 in replica._stops
+        assert coordinator.abandoned == [5]
+        for task in (replica._loop_task, replica._beat_task):
+            assert task is not None
+            task.cancel()
+
+    asyncio.run(main())
