@@ -56,6 +56,10 @@ from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 __all__ = ["Backend", "EventStream", "IngressServer", "OpenAIIngress", "RayBackend", "build_app"]
 
 logger = logging.getLogger(__name__)
+OFFLOAD_BYTES = 16_384
+"""Bodies larger than this are parsed, size-checked and tokenized in a worker thread (the
+tokenizer releases the GIL), so the event loop keeps answering `/health` and streaming;
+smaller ones are prepared inline (a thread hop would cost more than the work)."""
 HEALTH_TIMEOUT_S = 5.0
 COORDINATOR_WAIT_S = 30.0
 
@@ -131,18 +135,27 @@ class _Server:
         finally:
             stream.cancel()
 
+    def _prepare(self, raw: bytes, prepare: Callable[[object, ServedModel], Prepared]) -> Prepared:
+        """Parse and validate a body (APIError naming what is wrong); the prompt's size is
+        bounded before it is tokenized (see `prepare`)."""
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise APIError(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:  # json.loads on deeply nested arrays/objects
+            raise APIError(400, "request body is nested too deeply") from None
+        return prepare(body, self.model)
+
     async def handle(
         self, request: Request, prepare: Callable[[object, ServedModel], Prepared], fmt: Formatter
     ) -> Response:
         arrival, created = time.perf_counter(), int(time.time())
         try:
-            try:
-                body = json.loads(await request.body())
-            except ValueError as exc:
-                raise APIError(400, f"request body is not valid JSON: {exc}") from None
-            except RecursionError:  # json.loads on deeply nested arrays/objects
-                raise APIError(400, "request body is nested too deeply") from None
-            prepared = prepare(body, self.model)
+            raw = await request.body()
+            if len(raw) > OFFLOAD_BYTES:
+                prepared = await asyncio.to_thread(self._prepare, raw, prepare)
+            else:
+                prepared = self._prepare(raw, prepare)
             dispatch = await self.plan(prepared, time.time())
         except APIError as exc:
             self.metrics.count(exc.status)

@@ -40,6 +40,9 @@ class ServedModel:
         chat_stop_ids: token ids that end an assistant turn (`<|end|>` when the tokenizer
             has it); chat requests stop at them unless `ignore_eos`.
         created: Unix time shown in `/v1/models`.
+        max_piece_chars: characters of the longest vocabulary entry (special ones too):
+            no token stands for more characters of text, which bounds a text's token
+            count from below without tokenizing it (`min_tokens`).
     """
 
     name: str
@@ -48,6 +51,7 @@ class ServedModel:
     max_position: int
     chat_stop_ids: tuple[int, ...]
     created: int
+    max_piece_chars: int = 0
 
     @classmethod
     def load(cls, model_dir: str | Path, name: str) -> ServedModel:
@@ -56,7 +60,19 @@ class ServedModel:
         tokenizer = load_tokenizer(model_dir)
         vocab = tokenizer.get_vocab()
         stops = (int(vocab[END_OF_TURN]),) if END_OF_TURN in vocab else ()
-        return cls(name, tokenizer, arch.vocab_size, arch.context_limit, stops, int(time.time()))
+        longest = max((len(piece) for piece in vocab), default=1)
+        created = int(time.time())
+        return cls(name, tokenizer, arch.vocab_size, arch.context_limit, stops, created, longest)
+
+    def min_tokens(self, texts: list[str]) -> int:
+        """A lower bound of the tokens `texts` encode to, in O(characters) C-speed work:
+        their non-blank characters over `2 * max_piece_chars` (blanks may be dropped by a
+        pre-tokenizer; the factor 2 covers normalizers that merge characters). 0 when
+        the vocabulary's pieces are unknown."""
+        if self.max_piece_chars <= 0:
+            return 0
+        chars = sum(len(t) - t.count(" ") - t.count("\n") - t.count("\t") for t in texts)
+        return chars // (2 * self.max_piece_chars)
 
 
 @dataclass(frozen=True)
@@ -74,16 +90,27 @@ def _check_model(name: str, model: ServedModel) -> None:
         raise APIError(404, message, "model", "model_not_found")
 
 
+def _too_long(param: str, tokens: str, model: ServedModel) -> APIError:
+    return APIError(
+        400,
+        f"{param}: the prompt has {tokens} tokens; the context limit is {model.max_position} "
+        "(prompt plus at least one generated token)",
+        param,
+        "context_length_exceeded",
+    )
+
+
+def _check_size(texts: list[str], model: ServedModel, param: str) -> None:
+    """Refuse text that cannot fit before tokenizing it (see `ServedModel.min_tokens`)."""
+    at_least = model.min_tokens(texts)
+    if at_least >= model.max_position:
+        raise _too_long(param, f"at least {at_least}", model)
+
+
 def _check_prompt(ids: Any, model: ServedModel, param: str) -> npt.NDArray[np.int32]:
     n = len(ids)
     if n >= model.max_position:
-        raise APIError(
-            400,
-            f"{param}: the prompt has {n} tokens; the context limit is {model.max_position} "
-            "(prompt plus at least one generated token)",
-            param,
-            "context_length_exceeded",
-        )
+        raise _too_long(param, str(n), model)
     try:
         return validate_prompt(ids, model.vocab_size, model.max_position)
     except ValueError as exc:
@@ -121,6 +148,7 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
     req = parse_request(CompletionRequest, body)
     _check_model(req.model, model)
     if isinstance(req.prompt, str):
+        _check_size([req.prompt], model, "prompt")
         _check_text(req.prompt, "prompt")
     ids = req.prompt if isinstance(req.prompt, list) else model.tokenizer.encode(req.prompt)
     prompt = _check_prompt(ids, model, "prompt")
@@ -131,6 +159,7 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
 
 def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:
     messages = [m.as_template_dict() for m in req.messages]
+    _check_size([m["content"] for m in messages], model, "messages")
     for i, message in enumerate(messages):
         _check_text(message["content"], f"messages[{i}].content")
     try:
