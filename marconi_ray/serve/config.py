@@ -209,6 +209,15 @@ class ServeConfig(BaseModel):
         description="Journal records between two compact snapshots of the coordinator "
         "(recovery replays at most this many; ~0.3 ms each on a 2-core CPU).",
     )
+    journal_max_backlog_bytes: int = Field(
+        default=64 << 20,
+        ge=0,
+        description="Bytes of journal records (encoded; 12-24 KB each for 3k-token prompts) the "
+        "coordinator queues in memory while Redis is unreachable. Past it they are dropped "
+        "and nothing more is queued: a snapshot replaces them once Redis answers (the "
+        "cache keeps serving; a coordinator crash before then restarts from the last "
+        "snapshot).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -237,7 +246,7 @@ class ServeConfig(BaseModel):
                 return {**data, "model_name": default_model_name(model)}
         return data
 
-    @field_validator("cache_bytes", "max_body_bytes", mode="before")
+    @field_validator("cache_bytes", "max_body_bytes", "journal_max_backlog_bytes", mode="before")
     @classmethod
     def _bytes_number(cls, value: Any) -> Any:
         if isinstance(value, bool):
@@ -344,6 +353,7 @@ class ServeConfig(BaseModel):
             lease_s=self.lease_s,
             heartbeat_s=self.heartbeat_s,
             snapshot_every=self.snapshot_every,
+            journal_max_backlog_bytes=self.journal_max_backlog_bytes,
         )
 
 

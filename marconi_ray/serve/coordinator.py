@@ -11,7 +11,9 @@ Durability (`serve.journal`): every operation that changes a planner (a typed
 `settings.snapshot_every` records a compact snapshot replaces them. The actor is created
 with `max_restarts`, and its constructor replays snapshot + records through the same
 `CacheState.apply` (`serve.recovery`), so a restarted coordinator has the same trees,
-locks, open plans and alphas as before the crash.
+locks, open plans and alphas as before the crash; a hole in the journal's seqs is named
+and every restored tree reset (`serve.recovery`), then a snapshot replaces the journal.
+`journal_health()` reports the journal's state, backlog and snapshot age.
 Restored replicas are *unconfirmed* (not routed to) until their next heartbeat, which
 asks them to `reconcile`: the replica reports what its store holds; a tree that refers to
 anything the store lacks is reset (with a new generation), and anything the store holds
@@ -90,8 +92,12 @@ class CacheCoordinator:
         self._queued: dict[str, Release] = {}
         self._router = make_router(settings.routing, settings)
         self._since_snapshot = 0
-        self.journal = journal or open_journal(settings.redis_url, settings.journal_prefix)
+        self.journal = journal or open_journal(
+            settings.redis_url, settings.journal_prefix, settings.journal_max_backlog_bytes
+        )
         self._seq, self.recovery = recover(self.state, self.journal, clock())
+        if self.journal.needs_snapshot:  # what it holds is untrusted: replace it now
+            self.snapshot()
         # request ids stay unique across restarts even if the last records were lost
         self.state.next_request = max(self.state.next_request, int(clock() * 1e6))
 
@@ -110,15 +116,16 @@ class CacheCoordinator:
 
     # ------------------------------------------------------------------ journal
     def _do(self, op: Op) -> Any:
-        """Apply `op` to the state, then journal it. When the journal lost records, a
-        snapshot (which covers this operation) replaces them instead."""
+        """Apply `op` to the state, then journal it. When the journal lost records (even
+        while appending this one: a hole found after an outage), a snapshot (which covers
+        this operation) replaces them."""
         result = self.state.apply(op)
         self._seq += 1
         if self.journal.needs_snapshot and self.snapshot():
             return result
         self.journal.append(encode_record(self._seq, op))
         self._since_snapshot += 1
-        if self._since_snapshot >= self.settings.snapshot_every:
+        if self.journal.needs_snapshot or self._since_snapshot >= self.settings.snapshot_every:
             self.snapshot()
         return result
 
@@ -333,9 +340,29 @@ class CacheCoordinator:
             out.append(ReplicaStats.of(rid, planner.cache, planner.open_requests, runs))
         return out
 
+    def health(self) -> dict[str, Any]:
+        """For `/health`: `replicas`, those that can serve now (confirmed, and heard from
+        within a lease: a replica restored from the journal counts once it reconciles),
+        `registered`, every replica the coordinator holds a cache for, and `journal`
+        (`journal_health`)."""
+        now, lease = self.clock(), self.settings.lease_s
+        live = [i for i in self.replica_info.values() if i.confirmed and now - i.last_seen <= lease]
+        return {
+            "replicas": len(live),
+            "registered": len(self.planners),
+            "journal": self.journal_health(),
+        }
+
     def journal_status(self) -> dict[str, Any]:
         """The journal's health and counters, and what the last start restored."""
         return {**self.journal.status(), "seq": self._seq, "recovery": self.recovery}
+
+    def journal_health(self) -> dict[str, Any]:
+        """The journal's health as a plain dict (for `/health` and `/metrics`): `state`
+        (`ok` / `degraded` / `lost`), `persistent`, `backlog_records`, `backlog_bytes`,
+        `max_backlog_bytes`, `lost_records`, `last_snapshot_age_s` (None before the
+        first snapshot), `last_error` (see `serve.journal.JournalHealth`)."""
+        return self.journal.health().to_dict()
 
     def cost(self, replica_id: str) -> CostModel:
         """The cost model a replica's cache prices FLOPs and bytes with."""

@@ -19,11 +19,20 @@ records (field `r`); `<prefix>:snapshot` holds the latest snapshot. Writing a sn
 replaces it and deletes the stream in one MULTI transaction (the coordinator is the only
 writer and the snapshot covers every record so far).
 
-Degraded mode: when Redis does not answer, records queue in memory (bounded by
-`max_backlog`) and the coordinator keeps serving; the outage is logged once. Appends retry
-at most every `retry_s`; when Redis answers again the backlog is flushed in order (caught
-up). If the backlog overflows it is dropped and `needs_snapshot` asks the coordinator for
-a snapshot, which supersedes the lost records.
+Degraded mode: when Redis does not answer, records queue in memory, at most
+`max_backlog_bytes` of them (their encoded bytes), and the coordinator keeps serving; the
+outage is logged once. Appends retry at most every `retry_s`. A backlog that would pass
+the bound is dropped: the journal is then *lost* and `needs_snapshot` asks the coordinator
+for a snapshot, which supersedes the dropped records; until one is written nothing more is
+queued (only the snapshot matters), so memory stays bounded however long the outage.
+
+Continuity: when Redis answers again after an outage, the journal reads the last seq Redis
+holds (its last record, else its snapshot) before flushing. If that is below the last seq
+Redis acknowledged (Redis restarted from older data), the missing seqs are logged, the
+backlog is dropped and the journal is lost as above: records are never appended on top of
+a hole. (A restart no call saw fail, between two appends, is found at the next replay:
+`serve.recovery` names the gap.) `health()` reports `ok` / `degraded` / `lost`, the backlog
+and the snapshot's age.
 """
 
 from __future__ import annotations
@@ -31,7 +40,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal, Protocol
+
+import msgpack
 
 from marconi_ray.core import wire
 from marconi_ray.protocol.ops import Op, decode_op, encode_op
@@ -52,6 +64,23 @@ LOAD_PAGE: Final = 5000
 
 MAX_SNAPSHOT_BYTES: Final = 2 << 30
 """Largest snapshot accepted when decoding."""
+
+DEFAULT_MAX_BACKLOG_BYTES: Final = 64 << 20
+"""Encoded bytes of records a Redis journal queues in memory while Redis is unreachable
+(3,000-5,000 records of 3k-token prompts, 12-24 KB each)."""
+
+NOT_TRUSTED: Final = "what the store holds is not trusted"
+"""`mark_lost`'s default reason."""
+
+PEEK_BYTES: Final = 64
+"""Leading bytes of an encoded record or snapshot that hold its `v` and `seq`."""
+
+JournalState = Literal["ok", "degraded", "lost"]
+JOURNAL_STATES: Final[tuple[JournalState, ...]] = ("ok", "degraded", "lost")
+"""`ok`: every record is in the store. `degraded`: the store is unreachable and records
+are queued in memory (flushed when it answers). `lost`: records were dropped (backlog over
+its bound, a hole in the store, an unusable journal at start); the next snapshot replaces
+them."""
 
 class JournalError(ValueError):
     """A record or snapshot that cannot be decoded or fails the schema."""
@@ -94,6 +123,36 @@ def decode_record(data: bytes) -> tuple[int, Op]:
     return check_record(unpack(data, MAX_RECORD_BYTES))
 
 
+def peek_seq(data: bytes) -> int:
+    """The `seq` of an encoded record or snapshot, read from its first `PEEK_BYTES` alone
+    (both are maps that start with `v` then `seq`); JournalError when they do not hold a
+    non-negative int `seq`."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        max_buffer_size=PEEK_BYTES,
+        max_bin_len=PEEK_BYTES,
+        max_str_len=PEEK_BYTES,
+        max_array_len=PEEK_BYTES,
+        max_map_len=PEEK_BYTES,
+        max_ext_len=0,
+    )
+    unpacker.feed(bytes(data[:PEEK_BYTES]))
+    try:
+        for _ in range(min(unpacker.read_map_header(), 2)):
+            key, value = unpacker.unpack(), unpacker.unpack()
+            is_int = isinstance(value, int) and not isinstance(value, bool)
+            if key == "seq" and is_int and value >= 0:
+                return int(value)
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        raise JournalError(f"no seq in the first {PEEK_BYTES} bytes ({exc})") from None
+    raise JournalError(f"no non-negative int seq in the first {PEEK_BYTES} bytes")
+
+
+def span(first: int, last: int) -> str:
+    """`"41"` or `"41-47"`: a range of seqs as logs name it."""
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def encode_snapshot(seq: int, state: Mapping[str, Any]) -> bytes:
     return wire.pack({"v": SCHEMA_VERSION, "seq": seq, "state": dict(state)})
 
@@ -107,6 +166,38 @@ def decode_snapshot(data: bytes) -> tuple[int, dict[str, Any]]:
     if not isinstance(seq, int) or seq < 0 or not isinstance(state, dict):
         raise JournalError(f"snapshot: bad seq {seq!r} or state")
     return seq, state
+
+
+# ---------------------------------------------------------------------- health
+@dataclass(frozen=True)
+class JournalHealth:
+    """A journal's health as `/health` and `/metrics` report it (`to_dict` for the wire).
+
+    Attributes:
+        state: `ok`, `degraded` or `lost` (see `JOURNAL_STATES`).
+        persistent: whether the journal survives the coordinator (Redis).
+        backlog_records: records queued in memory, not yet in the store.
+        backlog_bytes: their encoded bytes (never over `max_backlog_bytes`).
+        max_backlog_bytes: the bound on `backlog_bytes`.
+        lost_records: records dropped since the last snapshot (the next one covers them;
+            at least 1 while `lost`).
+        last_snapshot_age_s: seconds since this journal last wrote a snapshot; None
+            before its first.
+        last_error: the last store error or continuity problem (None: none so far).
+    """
+
+    state: JournalState
+    persistent: bool
+    backlog_records: int
+    backlog_bytes: int
+    max_backlog_bytes: int
+    lost_records: int
+    last_snapshot_age_s: float | None
+    last_error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict of the fields (JSON- and msgpack-able)."""
+        return asdict(self)
 
 
 # ---------------------------------------------------------------------- journals
@@ -130,26 +221,36 @@ class Journal(Protocol):
 
     @property
     def needs_snapshot(self) -> bool:
-        """True when records were lost (backlog overflow, unreadable journal) and a
-        snapshot is due now."""
+        """True when records were lost (backlog overflow, a hole in the store,
+        unreadable journal) and a snapshot is due now."""
         ...
 
-    def mark_lost(self) -> None:
-        """What the store holds is stale (the coordinator could not load it and started
-        empty): stop appending until a snapshot replaces it."""
+    def mark_lost(self, reason: str = NOT_TRUSTED) -> None:
+        """What the store holds is stale for `reason` (the coordinator could not load it,
+        or trusts only part of it): queue nothing until a snapshot replaces it."""
+        ...
+
+    def health(self) -> JournalHealth:
+        """State, backlog and snapshot age (see `JournalHealth`)."""
         ...
 
     def status(self) -> dict[str, Any]: ...
 
 
 class MemoryJournal:
-    """In-process journal: survives nothing but is the embedded default (no Redis)."""
+    """In-process journal: survives nothing but is the embedded default (no Redis).
+
+    Args:
+        clock: monotonic seconds (the snapshot's age).
+    """
 
     persistent = False
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._snapshot: bytes | None = None
         self._records: list[bytes] = []
+        self._clock = clock
+        self._snapshot_at: float | None = None
         self.appended = 0
         self.snapshots = 0
         log.warning(
@@ -166,6 +267,7 @@ class MemoryJournal:
 
     def snapshot(self, data: bytes) -> bool:
         self._snapshot, self._records = data, []
+        self._snapshot_at = self._clock()
         self.snapshots += 1
         return True
 
@@ -173,13 +275,17 @@ class MemoryJournal:
     def needs_snapshot(self) -> bool:
         return False
 
-    def mark_lost(self) -> None:
+    def mark_lost(self, reason: str = NOT_TRUSTED) -> None:
         self._snapshot, self._records = None, []
+
+    def health(self) -> JournalHealth:
+        age = None if self._snapshot_at is None else self._clock() - self._snapshot_at
+        return JournalHealth("ok", False, 0, 0, 0, 0, age, None)
 
     def status(self) -> dict[str, Any]:
         return {
             "kind": "memory",
-            "persistent": False,
+            **self.health().to_dict(),
             "healthy": True,
             "backlog": 0,
             "appended": self.appended,
@@ -189,12 +295,14 @@ class MemoryJournal:
 
 
 class RedisJournal:
-    """Journal in a Redis stream; see the module docstring for layout and degraded mode.
+    """Journal in a Redis stream; see the module docstring for layout, degraded mode and
+    continuity.
 
     Args:
         url: `redis://[:password@]host:port/db` (or `rediss://`).
         prefix: key prefix (one per application).
-        max_backlog: records held in memory while Redis is unreachable.
+        max_backlog_bytes: encoded bytes of records held in memory while Redis is
+            unreachable (>= 0); past it they are dropped and a snapshot is due.
         retry_s: least seconds between reconnection attempts during an outage.
         timeout_s: socket timeout of each Redis call (bounds the stall per attempt).
         clock: monotonic seconds (tests may pass their own).
@@ -206,13 +314,15 @@ class RedisJournal:
         self,
         url: str,
         prefix: str,
-        max_backlog: int = 100_000,
+        max_backlog_bytes: int = DEFAULT_MAX_BACKLOG_BYTES,
         retry_s: float = 1.0,
         timeout_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         import redis
 
+        if max_backlog_bytes < 0:
+            raise ValueError(f"max_backlog_bytes must be >= 0, got {max_backlog_bytes}")
         self._redis = redis
         self._url = url
         self.timeout_s = timeout_s
@@ -221,13 +331,17 @@ class RedisJournal:
         )
         self.stream_key = f"{prefix}:journal"
         self.snapshot_key = f"{prefix}:snapshot"
-        self.max_backlog = max_backlog
+        self.max_backlog_bytes = max_backlog_bytes
         self.retry_s = retry_s
         self._clock = clock
         self._backlog: list[bytes] = []
+        self._backlog_bytes = 0
         self._lost = 0
+        self._acked: int | None = None  # last seq Redis acknowledged (record or snapshot)
         self._down_since: float | None = None
         self._next_try = 0.0
+        self._snapshot_at: float | None = None
+        self.last_error: str | None = None
         self.appended = 0
         self.snapshots = 0
         self.outages = 0
@@ -237,34 +351,70 @@ class RedisJournal:
     def healthy(self) -> bool:
         return self._down_since is None
 
+    def health(self) -> JournalHealth:
+        state: JournalState = "ok"
+        if self._lost:
+            state = "lost"
+        elif self._backlog or self._down_since is not None:
+            state = "degraded"
+        age = None if self._snapshot_at is None else self._clock() - self._snapshot_at
+        return JournalHealth(
+            state,
+            True,
+            len(self._backlog),
+            self._backlog_bytes,
+            self.max_backlog_bytes,
+            self._lost,
+            age,
+            self.last_error,
+        )
+
     def _failed(self, exc: Exception) -> None:
         now = self._clock()
+        self.last_error = f"Redis unreachable: {type(exc).__name__}: {exc}"
         if self._down_since is None:
             self._down_since = now
             self.outages += 1
             log.warning(
                 "coordinator journal: Redis unreachable (%s); serving degraded, "
-                "queueing records in memory",
+                "queueing up to %d bytes of records in memory",
                 type(exc).__name__,
+                self.max_backlog_bytes,
             )
         self._next_try = now + self.retry_s
 
     def _may_try(self) -> bool:
         return self._down_since is None or self._clock() >= self._next_try
 
-    def _recovered(self) -> None:
+    def _recovered(self, flushed: int) -> None:
         if self._down_since is not None:
             log.warning(
-                "coordinator journal: Redis is back after %.1f s; caught up",
+                "coordinator journal: Redis is back after %.1f s; caught up (%d queued "
+                "records written, continuous up to seq %s)",
                 self._clock() - self._down_since,
+                flushed,
+                self._acked,
             )
         self._down_since = None
+
+    def _drop(self, reason: str) -> None:
+        """Drop the backlog: the journal is lost until a snapshot replaces it."""
+        self._lost += max(1, len(self._backlog))
+        self._backlog, self._backlog_bytes = [], 0
+        self.last_error = reason
+        log.error(
+            "coordinator journal: %s; %d records lost, a snapshot replaces them as soon "
+            "as Redis takes one",
+            reason,
+            self._lost,
+        )
 
     # ------------------------------------------------------------------ protocol
     def load(self) -> tuple[bytes | None, list[bytes]]:
         """The snapshot and the records, the stream read in pages of `LOAD_PAGE` with a
         longer socket timeout (a big journal on a busy Redis). Raises the Redis error
-        when Redis cannot be read (the caller decides)."""
+        when Redis cannot be read (the caller decides). What it read is the baseline of
+        the continuity check (its last seq, when readable)."""
         client = self._redis.Redis.from_url(
             self._url, socket_timeout=LOAD_TIMEOUT_S, socket_connect_timeout=self.timeout_s
         )
@@ -276,31 +426,49 @@ class RedisJournal:
                 page: Any = client.xrange(self.stream_key, min=start, count=LOAD_PAGE)
                 records.extend(bytes(fields[b"r"]) for _, fields in page)
                 if len(page) < LOAD_PAGE:
-                    return snapshot, records
+                    break
                 start = "(" + page[-1][0].decode()
         finally:
             client.close()
+        tail = records[-1] if records else snapshot
+        try:
+            self._acked = None if tail is None else peek_seq(tail)
+        except JournalError:
+            self._acked = None  # recovery decodes it and says what is wrong
+        return snapshot, records
 
     def append(self, record: bytes) -> None:
+        """Queue `record` (an `encode_record`) and flush the queue when Redis may be
+        tried. Once records are lost nothing is queued (the pending snapshot covers it);
+        a backlog over `max_backlog_bytes` is dropped (lost)."""
+        if self._lost:
+            self._lost += 1
+            return
         self._backlog.append(record)
-        if len(self._backlog) > self.max_backlog:
-            self._lost += len(self._backlog)
-            self._backlog = []
-            log.error(
-                "coordinator journal: backlog over %d records dropped; a snapshot will "
-                "replace them when Redis is back",
-                self.max_backlog,
-            )
+        self._backlog_bytes += len(record)
         self._flush()
+        if self._backlog_bytes > self.max_backlog_bytes:
+            self._drop(
+                f"backlog of {len(self._backlog)} records ({self._backlog_bytes} bytes) "
+                f"over max_backlog_bytes={self.max_backlog_bytes} while Redis is unreachable"
+            )
 
-    def mark_lost(self) -> None:
-        self._lost = max(self._lost, 1)
+    def mark_lost(self, reason: str = NOT_TRUSTED) -> None:
+        self._lost = max(self._lost, 1) + len(self._backlog)
+        self._backlog, self._backlog_bytes = [], 0
+        self.last_error = reason
 
     def _flush(self) -> None:
         # after a loss only a snapshot may write: records on a stale stream would mix
         if not self._backlog or self._lost or not self._may_try():
             return
         try:
+            if self._down_since is not None:
+                hole = self._hole()
+                if hole is not None:
+                    self._down_since = None
+                    self._drop(hole)
+                    return
             pipe = self._client.pipeline(transaction=False)
             for record in self._backlog:
                 pipe.xadd(self.stream_key, {"r": record})
@@ -308,9 +476,44 @@ class RedisJournal:
         except self._redis.RedisError as exc:
             self._failed(exc)
             return
-        self.appended += len(self._backlog)
-        self._backlog = []
-        self._recovered()
+        flushed = len(self._backlog)
+        self._acked = peek_seq(self._backlog[-1])
+        self.appended += flushed
+        self._backlog, self._backlog_bytes = [], 0
+        self._recovered(flushed)
+
+    def _hole(self) -> str | None:
+        """What Redis lost of what it acknowledged (None: nothing), read before
+        appending after an outage. More than acknowledged is fine (a flush cut short
+        wrote part of the backlog; replay skips the repeats). Raises RedisError."""
+        if self._acked is None:
+            return None
+        acked = self._acked
+        try:
+            tail = self._tail_seq()
+        except JournalError as exc:
+            return f"after an outage, Redis's last record is unreadable ({exc})"
+        if tail is not None and tail >= acked:
+            return None
+        if tail is None:
+            return (
+                f"after an outage, Redis holds no journal though it acknowledged up to "
+                f"seq {acked}: seq {span(0, acked)} missing (Redis restarted empty?)"
+            )
+        return (
+            f"after an outage, Redis holds the journal up to seq {tail} though it "
+            f"acknowledged up to seq {acked}: records {span(tail + 1, acked)} missing "
+            f"(Redis restarted from older data?)"
+        )
+
+    def _tail_seq(self) -> int | None:
+        """The last seq Redis holds: its last record's, else its snapshot's; None when it
+        holds neither."""
+        last: Any = self._client.xrevrange(self.stream_key, count=1)
+        if last:
+            return peek_seq(bytes(last[0][1][b"r"]))
+        head: Any = self._client.getrange(self.snapshot_key, 0, PEEK_BYTES - 1)
+        return peek_seq(bytes(head)) if head else None
 
     def snapshot(self, data: bytes) -> bool:
         if not self._may_try():
@@ -323,10 +526,14 @@ class RedisJournal:
         except self._redis.RedisError as exc:
             self._failed(exc)
             return False
-        self._backlog = []
+        if self._lost:
+            log.warning("coordinator journal: a snapshot replaced the %d lost records", self._lost)
+        self._backlog, self._backlog_bytes = [], 0
         self._lost = 0
+        self._acked = peek_seq(data)
+        self._snapshot_at = self._clock()
         self.snapshots += 1
-        self._recovered()
+        self._recovered(0)
         return True
 
     @property
@@ -336,7 +543,7 @@ class RedisJournal:
     def status(self) -> dict[str, Any]:
         return {
             "kind": "redis",
-            "persistent": True,
+            **self.health().to_dict(),
             "healthy": self.healthy,
             "backlog": len(self._backlog),
             "lost": self._lost,
@@ -348,13 +555,17 @@ class RedisJournal:
     def clear(self) -> None:
         """Delete the snapshot and the stream (a fresh deployment)."""
         self._client.delete(self.snapshot_key, self.stream_key)
+        self._acked = None
 
 
-def open_journal(redis_url: str | None, prefix: str) -> Journal:
-    """The Redis journal for `redis_url`, or the in-memory one when it is None."""
+def open_journal(
+    redis_url: str | None, prefix: str, max_backlog_bytes: int = DEFAULT_MAX_BACKLOG_BYTES
+) -> Journal:
+    """The Redis journal for `redis_url` (queueing at most `max_backlog_bytes` during an
+    outage), or the in-memory one when it is None."""
     if redis_url is None:
         return MemoryJournal()
-    return RedisJournal(redis_url, prefix)
+    return RedisJournal(redis_url, prefix, max_backlog_bytes)
 
 
 def clear_journal(redis_url: str, prefix: str) -> bool:

@@ -12,6 +12,12 @@ Cache metrics (label `replica`; `kind` and `reason` where noted):
 `marconi_cache_states_admitted_total{reason}`, `marconi_cache_states_dropped_total`,
 `marconi_cache_evictions_total`, `marconi_cache_alpha`, `marconi_replica_in_flight`,
 `marconi_replica_tuner_runs_total`; and `marconi_tuner_runs_total` (all replicas).
+
+Journal metrics (from the coordinator's `journal_health()`, when the caller passes it):
+`marconi_journal_state{state}` (1 for the current one of `ok` / `degraded` / `lost`, 0 for
+the others), `marconi_journal_backlog_bytes`, `marconi_journal_backlog_records`,
+`marconi_journal_max_backlog_bytes`, `marconi_journal_lost_records`,
+`marconi_journal_last_snapshot_age_seconds` (absent before the first snapshot).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from marconi_ray.serve.journal import JOURNAL_STATES
 from marconi_ray.serve.messages import ReplicaStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,11 +53,54 @@ _GAUGES = (
 )
 
 
-def _number(stats: Mapping[str, object], key: str) -> float:
+# (metric name, key in the coordinator's journal_health(), help)
+_JOURNAL_GAUGES = (
+    ("marconi_journal_backlog_bytes", "backlog_bytes", "Encoded bytes of records queued."),
+    ("marconi_journal_backlog_records", "backlog_records", "Records queued in memory."),
+    ("marconi_journal_max_backlog_bytes", "max_backlog_bytes", "Bound on the queued bytes."),
+    ("marconi_journal_lost_records", "lost_records", "Records dropped, until a snapshot."),
+)
+
+
+def _number(stats: Mapping[str, object], key: str, what: str = "replica stats") -> float:
     value = stats.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"replica stats field {key!r} must be a number, got {value!r}")
+        raise ValueError(f"{what} field {key!r} must be a number, got {value!r}")
     return float(value)
+
+
+class JournalCollector(Collector):
+    """The journal's health of one scrape (a `JournalHealth.to_dict()`); ValueError
+    naming the field when it is malformed."""
+
+    def __init__(self, health: Mapping[str, object]) -> None:
+        state = health.get("state")
+        if state not in JOURNAL_STATES:
+            raise ValueError(f"journal health state must be one of {JOURNAL_STATES}, got {state!r}")
+        self.health = dict(health)
+        self.state = str(state)
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "marconi_journal_state",
+            "1 for the journal's current state (ok, degraded, lost), 0 for the others.",
+            labels=["state"],
+        )
+        for each in JOURNAL_STATES:
+            state.add_metric([each], 1.0 if each == self.state else 0.0)
+        out: list[Metric] = [state]
+        for name, key, doc in _JOURNAL_GAUGES:
+            out.append(GaugeMetricFamily(name, doc, value=_number(self.health, key, "journal")))
+        if self.health.get("last_snapshot_age_s") is not None:
+            age = _number(self.health, "last_snapshot_age_s", "journal")
+            out.append(
+                GaugeMetricFamily(
+                    "marconi_journal_last_snapshot_age_seconds",
+                    "Seconds since the coordinator last wrote a journal snapshot.",
+                    value=age,
+                )
+            )
+        return out
 
 
 class CacheCollector(Collector):
@@ -153,13 +203,18 @@ class IngressMetrics:
 
 
 def render_metrics(
-    metrics: IngressMetrics, stats: Sequence[ReplicaStats] | None, tuner_runs: int = 0
+    metrics: IngressMetrics,
+    stats: Sequence[ReplicaStats] | None,
+    tuner_runs: int = 0,
+    journal: Mapping[str, object] | None = None,
 ) -> bytes:
     """Prometheus text exposition: the ingress's metrics, then the cache figures of
-    `stats` (one scrape's snapshot, fetched by the caller from the coordinator; None when
-    the coordinator could not be reached: the cache figures are then left out)."""
-    if stats is None:
-        return generate_latest(metrics.registry)
+    `stats` and the journal's health `journal` (the coordinator's `journal_health()`),
+    one scrape's snapshot fetched by the caller from the coordinator; either None when
+    the coordinator could not be reached: its figures are then left out."""
     snapshot = CollectorRegistry(auto_describe=True)
-    snapshot.register(CacheCollector(stats, tuner_runs))
+    if stats is not None:
+        snapshot.register(CacheCollector(stats, tuner_runs))
+    if journal is not None:
+        snapshot.register(JournalCollector(journal))
     return generate_latest(metrics.registry) + generate_latest(snapshot)

@@ -65,6 +65,9 @@ class ServeSettings:
             silent before the coordinator drops it and its cache.
         heartbeat_s: seconds between a replica's heartbeats (lease renewals).
         snapshot_every: journal records between two compact snapshots.
+        journal_max_backlog_bytes: encoded bytes of journal records the coordinator
+            queues in memory while Redis is unreachable; past it they are dropped and a
+            snapshot replaces them once Redis answers.
     """
 
     model_dir: str
@@ -92,6 +95,7 @@ class ServeSettings:
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
     snapshot_every: int = 5_000
+    journal_max_backlog_bytes: int = 64 << 20
 
     @property
     def coordinator_name(self) -> str:

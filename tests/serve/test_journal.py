@@ -100,7 +100,8 @@ def test_memory_journal_snapshot_replaces_records():
 
 
 def test_redis_journal_layout_and_outage(redis_server):
-    journal = RedisJournal(redis_server.url, "marconi:j", retry_s=0.0, max_backlog=2)
+    two = 2 * len(encode_record(1, ABORT_OP))  # a backlog of two records (seqs 1..8 encode alike)
+    journal = RedisJournal(redis_server.url, "marconi:j", retry_s=0.0, max_backlog_bytes=two)
     for seq in (1, 2):
         journal.append(encode_record(seq, ABORT_OP))
     client = redis_server.client()
