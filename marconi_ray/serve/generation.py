@@ -65,6 +65,11 @@ class Backend(Protocol):
 
     async def tuner_runs(self) -> int: ...
 
+    async def health(self) -> dict[str, Any]:
+        """`replicas` that can serve now, `registered` ones, `journal` health (a dict, or
+        None without a journal); see `CacheCoordinator.health`."""
+        ...
+
 
 class Detokenizer:
     """Text of a growing output, released incrementally.

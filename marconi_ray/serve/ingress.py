@@ -286,24 +286,30 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
+        """200 with `replicas` (live and confirmed), `registered` and `journal` when at
+        least one replica can serve; 503 otherwise (OpenAI's error JSON)."""
         try:
-            stats = await asyncio.wait_for(backend.stats(), HEALTH_TIMEOUT_S)
+            report = await asyncio.wait_for(backend.health(), HEALTH_TIMEOUT_S)
         except Exception as exc:
             logger.warning("health check: coordinator unavailable (%s)", _cause(exc))
             return error_response(APIError(503, f"coordinator unavailable: {_cause(exc)}"))
-        if not stats:
-            return error_response(APIError(503, "no model replica is up"))
-        return JSONResponse({"status": "ok", "replicas": len(stats)})
+        if not report["replicas"]:
+            registered = report["registered"]
+            message = f"no model replica can serve ({registered} registered, none live)"
+            return error_response(APIError(503, message))
+        return JSONResponse({"status": "ok", **report})
 
     @app.get("/metrics")
     async def metrics_text() -> Response:
         stats: list[ReplicaStats] | None
+        journal: dict[str, Any] | None
         try:
             stats, runs = await backend.stats(), await backend.tuner_runs()
+            journal = (await backend.health())["journal"]
         except Exception:
             logger.warning("metrics: coordinator unavailable; cache figures left out")
-            stats, runs = None, 0
-        body = render_metrics(server.metrics, stats, runs)
+            stats, runs, journal = None, 0, None
+        body = render_metrics(server.metrics, stats, runs, journal)
         return Response(body, media_type=CONTENT_TYPE)
 
     return app

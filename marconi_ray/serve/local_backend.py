@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -109,6 +109,10 @@ class LocalBackend:
     async def tuner_runs(self) -> int:
         """Alpha searches adopted so far."""
         return self._tuner_runs()
+
+    async def health(self) -> dict[str, Any]:
+        """One in-process replica, always live; no journal."""
+        return {"replicas": 1, "registered": 1, "journal": None}
 
     def _tuner_runs(self) -> int:
         tuner = self.engine.tuner

@@ -237,3 +237,7 @@ class RayBackend:
 
     async def tuner_runs(self) -> int:
         return int(await self.coordinator.tuner_runs.remote())
+
+    async def health(self) -> dict[str, Any]:
+        health: dict[str, Any] = await self.coordinator.health.remote()
+        return health
