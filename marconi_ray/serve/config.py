@@ -142,6 +142,13 @@ class ServeConfig(BaseModel):
         "prefill chunk): longer prompts are prefilled in chunks interleaved with the running "
         "decodes, so a long prefill never stalls them for its whole length.",
     )
+    max_queued_requests: int = Field(
+        default=256,
+        ge=-1,
+        description="Requests a replica may hold planned beyond max_batch (its queue); when "
+        "every replica's queue is full, new requests are shed with HTTP 429 and Retry-After "
+        "instead of waiting without bound. -1: no limit.",
+    )
     routing: str = Field(
         default=DEFAULT_ROUTING,
         description=f"How requests are spread over replicas, one of {sorted(ROUTERS)}: "
@@ -343,6 +350,7 @@ class ServeConfig(BaseModel):
             kernels=self.kernels,
             max_batch=self.max_batch,
             max_batch_tokens=self.max_batch_tokens,
+            max_queued_requests=self.max_queued_requests,
             routing=self.routing,
             route_load_weight=self.route_load_weight,
             route_max_imbalance=self.route_max_imbalance,

@@ -53,7 +53,7 @@ from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.caches import CacheState, Planned, ReplicaInfo
 from marconi_ray.serve.journal import Journal, encode_record, encode_snapshot, open_journal
 from marconi_ray.serve.leases import LeaseTable
-from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, ReplicaStats
+from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
 from marconi_ray.serve.recovery import recover
 from marconi_ray.serve.routing import make_router
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
@@ -240,6 +240,15 @@ class CacheCoordinator:
         ]
         if not candidates:
             raise NoReplicaAvailable("no model replica is registered and alive")
+        s = self.settings
+        if s.max_queued_requests >= 0:
+            room = [c for c in candidates if c[2] < s.max_batch + s.max_queued_requests]
+            if not room:
+                raise Overloaded(
+                    f"all {len(candidates)} replicas are full ({s.max_batch} running + "
+                    f"{s.max_queued_requests} queued requests each); retry later"
+                )
+            candidates = room
         return self._router.route(prompt, candidates)
 
     def plan(
@@ -259,12 +268,12 @@ class CacheCoordinator:
     ) -> list[Dispatch | Exception]:
         """`plan` for requests that arrived together (one call instead of one each); a
         request that cannot be planned gets its exception in its place (ValueError,
-        NoReplicaAvailable) and the others are planned all the same."""
+        NoReplicaAvailable, Overloaded) and the others are planned all the same."""
         out: list[Dispatch | Exception] = []
         for prompt, params, submitted in requests:
             try:
                 out.append(self.plan(prompt, params, submitted))
-            except (ValueError, NoReplicaAvailable) as exc:
+            except (ValueError, NoReplicaAvailable, Overloaded) as exc:
                 out.append(exc)
         return out
 

@@ -40,7 +40,7 @@ from marconi_ray.serve.generation import (
     Piece,
     run_request,
 )
-from marconi_ray.serve.messages import Dispatch, ReplicaStats
+from marconi_ray.serve.messages import Dispatch, Overloaded, ReplicaStats
 from marconi_ray.serve.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
 from marconi_ray.serve.prepare import Prepared, ServedModel, prepare_chat, prepare_completion
 from marconi_ray.serve.protocol import APIError
@@ -61,6 +61,8 @@ OFFLOAD_BYTES = 16_384
 tokenizer releases the GIL), so the event loop keeps answering `/health` and streaming;
 smaller ones are prepared inline (a thread hop would cost more than the work)."""
 HEALTH_TIMEOUT_S = 5.0
+SHED_RETRY_AFTER_S = 1
+"""`Retry-After` of a request shed because every replica's queue is full (429)."""
 COORDINATOR_WAIT_S = 30.0
 
 
@@ -70,7 +72,8 @@ def _cause(exc: BaseException) -> str:
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -111,6 +114,8 @@ class _Server:
             raise
         except ValueError as exc:
             raise APIError(400, _cause(exc)) from None
+        except Overloaded as exc:
+            raise APIError(429, str(exc), None, "overloaded", SHED_RETRY_AFTER_S) from None
         except Exception as exc:
             logger.exception("planning failed")
             raise APIError(

@@ -45,6 +45,11 @@ class NoReplicaAvailable(RuntimeError):
     """No replica is registered and confirmed alive at the coordinator (HTTP 503)."""
 
 
+class Overloaded(RuntimeError):
+    """Every live replica's queue is full (`max_queued_requests`): the request is shed
+    before anything is planned (HTTP 429 with Retry-After)."""
+
+
 @dataclass(frozen=True)
 class Completed:
     """The last event of a request's stream: its usage, finish reason and timings."""

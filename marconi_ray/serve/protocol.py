@@ -59,13 +59,20 @@ class APIError(Exception):
     """An HTTP error with OpenAI's error body; raised by request handling, rendered once."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s
+        """Sent as the `Retry-After` header (429, 503) when set."""
 
     def body(self) -> dict[str, Any]:
         detail = ErrorDetail(

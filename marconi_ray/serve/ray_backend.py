@@ -22,6 +22,7 @@ from marconi_ray.serve.messages import (
     Dispatch,
     MisroutedDispatch,
     NoReplicaAvailable,
+    Overloaded,
     ReplicaFailed,
     ReplicaStats,
 )
@@ -139,7 +140,7 @@ class GuardedStream:
             self._dispatch = await self._backend.plan(prompt, params, order.submitted)
         except RayTaskError as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc.cause}") from None
-        except (NoReplicaAvailable, ValueError) as exc:
+        except (NoReplicaAvailable, Overloaded, ValueError) as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc}") from None
         self._stream = self._backend.stream(self._dispatch, self._streamed)
         self._heard = False
@@ -216,6 +217,8 @@ class RayBackend:
             except RayTaskError as exc:  # the coordinator's call itself failed
                 if isinstance(exc.cause, ValueError):
                     raise ValueError(str(exc.cause)) from None
+                if isinstance(exc.cause, Overloaded):
+                    raise Overloaded(str(exc.cause)) from None
                 if not isinstance(exc.cause, NoReplicaAvailable) or waited >= PLAN_WAIT_S:
                     raise
             await asyncio.sleep(PLAN_POLL_S)

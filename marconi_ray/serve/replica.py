@@ -41,6 +41,7 @@ from ray.exceptions import RayActorError
 
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInput, TokenEvent
 from marconi_ray.protocol.results import Usage
+from marconi_ray.serve.coordinator import LEASE_GRACE
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup
@@ -184,6 +185,22 @@ class ModelReplica:
         await self.coordinator.abandon.remote(dispatch)
         return "abandoned"
 
+    def _renew(self, rids: list[int], sent: float) -> None:
+        """A heartbeat sent at `sent` with `rids` live was answered "ok": a dispatch still
+        queued here is then not refused as stale before `sent + lease_s`.
+
+        Only when it was sound: the heartbeat came back within half the coordinator's
+        grace (`lease_s * LEASE_GRACE`; the other half covers clock skew) and the
+        request's deadline here had not passed at `sent`.
+        Then its lease at the coordinator (never earlier than here; aborted only past its
+        deadline plus the grace) was alive when the heartbeat renewed it."""
+        lease = self.settings.lease_s
+        if time.time() - sent >= lease * LEASE_GRACE / 2:  # the other half: clock skew
+            return
+        for rid in rids:
+            if self._known.get(rid, -1.0) >= sent:
+                self._known[rid] = max(self._known[rid], sent + lease)
+
     def _remember(self, rid: int, deadline: float) -> None:
         """Add `rid` to `_known`, dropping the oldest entries past their deadline (ids
         arrive in about deadline order, so this is amortised O(1))."""
@@ -309,7 +326,10 @@ class ModelReplica:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
-                status, _ = await self.coordinator.heartbeat.remote(self.replica_id, self._live())
+                live, sent = self._live(), time.time()
+                status, _ = await self.coordinator.heartbeat.remote(self.replica_id, live)
+                if status == "ok":
+                    self._renew(live, sent)
                 if status == "register":
                     self.generation = await self.coordinator.register_replica.remote(
                         self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
@@ -392,8 +412,9 @@ class ModelReplica:
                 f"dispatch planned for generation {dispatch.generation} of replica "
                 f"{self.replica_id!r}, now at {self.generation} (its cache was reset)"
             )
-        if time.time() > dispatch.deadline:
-            return f"dispatch of request {dispatch.order.request_id} reached past its lease"
+        rid = dispatch.order.request_id
+        if time.time() > max(dispatch.deadline, self._known.get(rid, 0.0)):
+            return f"dispatch of request {rid} reached past its lease"
         return ""
 
     def _deliver(self, events: tuple[TokenEvent, ...]) -> None:
@@ -442,6 +463,16 @@ class ModelReplica:
             self._fail(rid, exc)
 
 
+def max_ongoing(settings: ServeSettings) -> int:
+    """Serve's `max_ongoing_requests` of a replica: room for every request the coordinator
+    may plan on it (`max_batch` running + `max_queued_requests` queued) plus control
+    calls, so each planned dispatch enters `generate` (and its lease is renewed by the
+    heartbeats) instead of waiting unseen in Serve's queue."""
+    s = settings
+    held = s.max_batch + s.max_queued_requests if s.max_queued_requests >= 0 else 100_000
+    return max(64, 4 * s.max_batch, held + s.max_batch)
+
+
 def replica_deployment(settings: ServeSettings) -> Any:
     """The Serve deployment of `settings.replicas` model replicas, pinned-routed."""
     from ray.serve.config import RequestRouterConfig
@@ -454,7 +485,7 @@ def replica_deployment(settings: ServeSettings) -> Any:
         ray_actor_options=replica_resources(settings),
         placement_group_bundles=shard_bundles(settings),
         placement_group_strategy="STRICT_PACK",
-        max_ongoing_requests=max(64, 4 * settings.max_batch),
+        max_ongoing_requests=max_ongoing(settings),
         # the first health check starts the heartbeats: well within a lease
         health_check_period_s=min(10.0, settings.lease_s / 3),
         request_router_config=router(

@@ -44,6 +44,8 @@ class ServeSettings:
         kernels: SSM kernel set, `auto`, `ref` or `triton` (see `marconi_kernels`).
         max_batch: most requests one replica decodes together.
         max_batch_tokens: tokens one replica step processes at most (chunked prefill).
+        max_queued_requests: requests a replica may hold planned beyond `max_batch` (its
+            queue); when every replica's is full, new requests get 429. -1: no limit.
         app_name: the Serve application's name; the coordinator and tuner actors are
             named after it, so several applications can share one Ray cluster.
         routing: routing strategy across replicas (`serve.routing.ROUTERS`):
@@ -84,6 +86,7 @@ class ServeSettings:
     kernels: str = "auto"
     max_batch: int = 8
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_queued_requests: int = 256
     routing: str = "cache_aware"
     route_load_weight: float = 256.0
     route_max_imbalance: int = 4
