@@ -148,7 +148,9 @@ class CacheState:
         except (RuntimeError, ValueError) as exc:
             log.warning(
                 "commit of request %d on replica %s refused (%s): aborted, nothing cached",
-                op.done.request_id, op.replica, exc,
+                op.done.request_id,
+                op.replica,
+                exc,
             )
             return planner.abort(op.done.request_id, op.done)
 

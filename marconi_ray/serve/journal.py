@@ -82,6 +82,7 @@ are queued in memory (flushed when it answers). `lost`: records were dropped (ba
 its bound, a hole in the store, an unusable journal at start); the next snapshot replaces
 them."""
 
+
 class JournalError(ValueError):
     """A record or snapshot that cannot be decoded or fails the schema."""
 
