@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import signal
@@ -154,17 +155,44 @@ def _starts_local_ray() -> bool:
         return False
 
 
+log = logging.getLogger(__name__)
+
+
 def _init_ray(settings: ServeSettings) -> bool:
-    """Connect to Ray unless connected; True when this call connected."""
+    """Connect to Ray unless connected; True when this call connected.
+
+    A local instance started here keeps Ray's token authentication on (its default for
+    local instances since 2.59; a warning when `RAY_AUTH_MODE=disabled`): Ray 2.60 binds
+    its GCS, raylet and worker gRPC ports on every interface and resolves a loopback node
+    address to the machine's own (`services.resolve_ip_for_localhost`), so the token is
+    what guards them. The token file is made readable by its owner only. A cluster
+    address (`RAY_ADDRESS`, `ray start`) is used as it is."""
     import ray
 
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "ignore_reinit_error": True}
-    if _starts_local_ray():
+    local = _starts_local_ray()
+    if local:
         kwargs["num_cpus"] = max(os.cpu_count() or 1, cpus_needed(settings))
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+            log.warning(
+                "RAY_AUTH_MODE=disabled: the local Ray's ports (GCS, raylet, workers; bound "
+                "on every interface) accept anyone who can reach this machine"
+            )
     ray.init(**kwargs)
+    if local:
+        _owner_only(os.path.expanduser("~/.ray/auth_token"))
     return True
+
+
+def _owner_only(path: str) -> None:
+    """chmod 600 `path` if it exists (best effort: a failure is logged)."""
+    try:
+        if os.path.exists(path):
+            os.chmod(path, 0o600)
+    except OSError as exc:
+        log.warning("could not restrict %s to its owner: %s", path, exc)
 
 
 def _wait_for_signal() -> None:

@@ -119,3 +119,31 @@ def test_client_examples_and_cpu_count() -> None:
     assert "curl http://127.0.0.1:8123/v1/chat/completions" in text
     assert '"model": "tiny"' in text and "OpenAI(base_url=" in text
     assert serve_cmd.cpus_needed(settings) == 1 + 2 * 3 + 1 + 3
+
+
+@pytest.mark.ray
+def test_a_local_ray_started_by_serve_keeps_token_auth_and_an_owner_only_token(tmp_path: Path) -> None:
+    """Token auth is on (Ray's default, which the test suite's conftest turns off for
+    speed: the child gets a clean environment) and the token file is its owner's only
+    (Ray writes it 0644)."""
+    import json as _json
+    import os
+    import subprocess
+
+    code = (
+        "import json, os, ray\n"
+        "from marconi_ray.cli.serve import _init_ray\n"
+        "from marconi_ray.serve.settings import ServeSettings\n"
+        "from ray._private.authentication.authentication_utils import is_token_auth_enabled\n"
+        "assert _init_ray(ServeSettings(model_dir='unused', model_name='tiny'))\n"
+        "mode = os.stat(os.path.expanduser('~/.ray/auth_token')).st_mode & 0o777\n"
+        "print(json.dumps([is_token_auth_enabled(), mode]))\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    auth, mode = _json.loads(done.stdout.strip().splitlines()[-1])
+    assert auth is True and mode == 0o600
