@@ -122,7 +122,7 @@ def test_client_examples_and_cpu_count() -> None:
 
 
 @pytest.mark.ray
-def test_a_local_ray_started_by_serve_keeps_token_auth_and_an_owner_only_token(tmp_path: Path) -> None:
+def test_a_local_ray_started_by_serve_keeps_token_auth_and_an_owner_only_token() -> None:
     """Token auth is on (Ray's default, which the test suite's conftest turns off for
     speed: the child gets a clean environment) and the token file is its owner's only
     (Ray writes it 0644)."""
