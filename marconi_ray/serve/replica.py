@@ -44,7 +44,7 @@ from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.coordinator import LEASE_GRACE
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
-from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup
+from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup, compiled_steps
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ class ModelReplica:
         return f"{self.settings.app_name}-{self.replica_id}-shard{rank}-{self.rebuilds}"
 
     def _shard_actors(self) -> ActorShards:
-        return ActorShards(self.settings, [self.shard_name(r) for r in range(self.settings.tp)])
+        names = [self.shard_name(r) for r in range(self.settings.tp)]
+        return ActorShards(self.settings, names, compiled_steps(self.settings))
 
     def _start_shards_sync(self) -> ShardGroup:
         if self.settings.tp == 1:

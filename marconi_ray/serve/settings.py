@@ -46,6 +46,10 @@ class ServeSettings:
         max_batch_tokens: tokens one replica step processes at most (chunked prefill).
         max_queued_requests: requests a replica may hold planned beyond `max_batch` (its
             queue); when every replica's is full, new requests get 429. -1: no limit.
+        step_graph: how a tp > 1 replica fans a step out to its shards: `compiled` (a Ray
+            Compiled Graph: ~3x less fan-out time, but its channels busy-wait, about a
+            core per replica and half a core per shard even when idle), `plain` (actor
+            calls), `auto` (compiled on CUDA, plain on CPU).
         app_name: the Serve application's name; the coordinator and tuner actors are
             named after it, so several applications can share one Ray cluster.
         routing: routing strategy across replicas (`serve.routing.ROUTERS`):
@@ -87,6 +91,7 @@ class ServeSettings:
     max_batch: int = 8
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_queued_requests: int = 256
+    step_graph: str = "auto"
     routing: str = "cache_aware"
     route_load_weight: float = 256.0
     route_max_imbalance: int = 4

@@ -4,11 +4,18 @@ It holds this rank's slice of the model and of the state store (a `Worker`). The
 drives all its shards in lockstep: every shard receives the same calls in the same order,
 and the model's all-reduces (gloo on CPU, NCCL on GPU) keep their computations in step.
 Only rank 0's return values are used by the replica (all ranks return the same).
+
+Threads: a step may arrive through a Ray Compiled Graph (`advance_packed`), whose tasks
+run on a background thread of the actor (Ray's `_ray_system` concurrency group), while
+every other call runs on the actor's main thread. Every method that touches the worker
+(or the process group) holds the shard's one lock, so the two never interleave.
 """
 
 from __future__ import annotations
 
+import pickle
 import socket
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -52,13 +59,20 @@ def free_address() -> str:
 
 
 class ShardActor:
-    """Rank `rank` of `world`; call `setup` on every rank (concurrently) before use."""
+    """Rank `rank` of `world`; call `setup` on every rank (concurrently) before use.
+
+    Thread-safe: `advance`, `release`, `stop`, `cancel`, `holdings`, `store_stats` and
+    `shutdown` each hold `self.lock` for their whole run, so a call arriving on another
+    thread (see the module docstring) waits for the one in progress. `setup` runs before
+    any of them and takes no lock."""
 
     def __init__(self, rank: int, world: int) -> None:
         torch.set_num_threads(1)
         self.rank = rank
         self.world = world
         self.worker: Worker | None = None
+        self.device = torch.device("cpu")
+        self.lock = threading.Lock()
 
     def address(self) -> str:
         """Rank 0 picks the process group's rendezvous address."""
@@ -78,7 +92,7 @@ class ShardActor:
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
         request); returns the store's per-token KV bytes and per-state bytes, the model's
         limits, and the kernel set with the backend of each op."""
-        dev = bind_device(device)
+        dev = self.device = bind_device(device)
         if self.world > 1:
             dist.init_process_group(
                 backend="nccl" if dev.type == "cuda" else "gloo",
@@ -109,31 +123,51 @@ class ShardActor:
 
     # ------------------------------------------------------------------ lockstep calls
     def advance(self, step: StepInput) -> StepOutput:
-        """One replica step (see `Worker.advance`): the only call of the hot loop."""
-        return self._w().advance(step)
+        """One replica step (see `Worker.advance`): the only call of the hot loop. The
+        device is made current on the calling thread first (CUDA's current device is
+        per thread, and a compiled graph calls this from its own thread)."""
+        with self.lock:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            return self._w().advance(step)
+
+    def advance_packed(self, step: bytes) -> bytes:
+        """`advance` of a pickled `StepInput`, answering a pickled `StepOutput`: the step
+        graph's call. Bytes cross a compiled graph's shared-memory channel as a copy,
+        where numpy arrays (prompts, KV slot ids) would be deserialized zero-copy: kept
+        (a running request keeps its prompt), they pin the channel's buffer and the graph
+        deadlocks when that buffer comes round again."""
+        out = self.advance(pickle.loads(step))
+        return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
 
     def release(self, release: Release) -> None:
-        self._w().release(release)
+        with self.lock:
+            self._w().release(release)
 
     def stop(self, request_id: int) -> bool:
-        return self._w().stop(request_id)
+        with self.lock:
+            return self._w().stop(request_id)
 
     def cancel(self, request_id: int) -> bool:
-        return self._w().cancel(request_id)
+        with self.lock:
+            return self._w().cancel(request_id)
 
     # ------------------------------------------------------------------ views
     def holdings(self) -> tuple[list[int], Slots]:
         """What the store holds on the cache's behalf (see `Worker.holdings`)."""
-        return self._w().holdings()
+        with self.lock:
+            return self._w().holdings()
 
     def store_stats(self) -> dict[str, Any]:
-        worker = self._w()
-        return {
-            "bytes_used": worker.store.bytes_used,
-            "live_states": worker.store.live_states,
-            "running": worker.num_running,
-        }
+        with self.lock:
+            worker = self._w()
+            return {
+                "bytes_used": worker.store.bytes_used,
+                "live_states": worker.store.live_states,
+                "running": worker.num_running,
+            }
 
     def shutdown(self) -> None:
-        if self.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        with self.lock:
+            if self.world > 1 and dist.is_initialized():
+                dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """A replica's tensor-parallel group behind one interface: `LocalShard` (tp 1: the worker
 lives in the replica's own process, no extra hop per step) or `ActorShards` (tp > 1: one
-Ray actor per rank, called in lockstep, rank 0's answers used).
+Ray actor per rank, called in lockstep, rank 0's answers used; the per-step `advance`
+goes over a Ray Compiled Graph, `StepGraph`, everything else over plain actor calls).
 
 Both run the same `ShardActor` code (set-up binds the device, loads the shard and warms
 the kernels up; `advance` is the one call per step). The local shard runs its calls in a
@@ -19,6 +20,17 @@ from ray.exceptions import RayActorError
 from marconi_ray.protocol.orders import StepInput, StepOutput
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard import ShardActor
+from marconi_ray.serve.step_graph import ShardLost, StepGraph
+
+
+def compiled_steps(settings: ServeSettings) -> bool:
+    """Does a tp > 1 group of `settings` step over a compiled graph (`step_graph`)?"""
+    if settings.step_graph not in ("auto", "compiled", "plain"):
+        raise ValueError(f"step_graph must be auto, compiled or plain, got {settings.step_graph!r}")
+    return settings.step_graph == "compiled" or (
+        settings.step_graph == "auto" and settings.device == "cuda"
+    )
+
 
 SHARD_PING_S: Final = 30.0
 """How long every shard gets to answer before the TP group is declared broken."""
@@ -81,9 +93,16 @@ class ActorShards:
     """tp > 1: named `ShardActor`s in the replica's placement group, one GPU (or CPU) each.
 
     The constructor creates them; `ready` (from an event loop, which it never blocks) or
-    `wait` (from a constructor) runs their set-up and returns the group."""
+    `wait` (from a constructor) runs their set-up and returns the group.
 
-    def __init__(self, settings: ServeSettings, names: list[str]) -> None:
+    `advance` fans the step out over a compiled graph (`StepGraph`: compiled on the first
+    `advance`, which must then always come from the same event loop), or over plain actor
+    calls with `compiled=False` (the old path, kept to measure against). When a shard
+    dies, `advance` raises a `RayActorError` (a step that fails while a shard is dead
+    does too) and `alive` is False from then on; `kill` tears the graph down (bounded by
+    `step_graph.TEARDOWN_S`) and kills the actors; the graph never runs after it."""
+
+    def __init__(self, settings: ServeSettings, names: list[str], compiled: bool = True) -> None:
         gpu = 1 if settings.device == "cuda" else 0
         actor = ray.remote(num_cpus=1, num_gpus=gpu, max_restarts=0)(ShardActor)
         self.settings = settings
@@ -93,6 +112,7 @@ class ActorShards:
             for rank, name in enumerate(names)
         ]
         self.info: dict[str, Any] = {}
+        self.graph: StepGraph | None = StepGraph(self.actors) if compiled else None
 
     def _setup(self, address: str) -> list[Any]:
         return [a.setup.remote(*_setup_args(self.settings, address)) for a in self.actors]
@@ -109,8 +129,17 @@ class ActorShards:
         return self
 
     async def advance(self, step: StepInput) -> StepOutput:
-        out: StepOutput = await self.call("advance", step)
-        return out
+        try:
+            if self.graph is not None:
+                return await self.graph.advance(step)
+            out: StepOutput = await self.call("advance", step)
+            return out
+        except RayActorError:
+            raise
+        except Exception as exc:  # a rank failed: on its own, or because a peer died?
+            if await self.alive():
+                raise
+            raise ShardLost(f"a shard died during a step: {exc}") from exc
 
     async def call(self, method: str, *args: Any) -> Any:
         results = await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors))
@@ -120,7 +149,9 @@ class ActorShards:
         return await getattr(self.actors[0], method).remote(*args)
 
     async def alive(self) -> bool:
-        """Does every shard answer within `SHARD_PING_S`?"""
+        """Is the step graph intact, and does every shard answer within `SHARD_PING_S`?"""
+        if self.graph is not None and self.graph.broken:
+            return False
         try:
             await asyncio.wait_for(
                 asyncio.gather(*(a.store_stats.remote() for a in self.actors)), SHARD_PING_S
@@ -130,5 +161,7 @@ class ActorShards:
         return True
 
     def kill(self) -> None:
+        if self.graph is not None:
+            self.graph.teardown()
         for actor in self.actors:
             ray.kill(actor, no_restart=True)

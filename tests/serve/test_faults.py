@@ -121,8 +121,9 @@ def test_coordinator_killed_between_turns_recovers_from_redis(
 def test_shard_killed_mid_run_rebuilds_and_outputs_match_vanilla(ray_session, model_dir, reference):
     """2 replicas x 2 shards, 6 sessions x 3 turns; a shard is killed while the second turn
     runs: every request still succeeds with the vanilla output, the replica rebuilds its
-    TP group under a new generation, and the caches stay consistent."""
-    settings = _settings(model_dir, "faults-shard", replicas=2, tp=2)
+    TP group under a new generation, and the caches stay consistent. The steps go over
+    the compiled graph (the GPU default; the plain path runs in the other tp 2 tests)."""
+    settings = _settings(model_dir, "faults-shard", replicas=2, tp=2, step_graph="compiled")
     rng = np.random.default_rng(12)
     histories = [rng.integers(7, 263, 30).tolist() for _ in range(6)]
     with replicas_app(settings) as (coordinator, handle):
