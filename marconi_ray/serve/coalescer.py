@@ -9,7 +9,9 @@ call falls as the callers multiply, and nothing waits longer than one batch's tr
 Contract: `send(args)` returns one result per argument, in order; a result that is an
 exception is raised to its caller only (one bad request never fails the others). An
 exception raised by `send` itself reaches every caller of that batch. A caller that is
-cancelled while it waits leaves its argument in the batch; its result is dropped.
+cancelled while it waits leaves its argument in the batch; its result is dropped. The
+batch runs outside every caller's context (`detached`): a caller's cancellation never
+cancels the call its batch-mates wait on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
+
+from marconi_ray.serve.detached import detached
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -67,9 +71,7 @@ class Coalescer(Generic[A, R]):
             return
         batch, self._queue = self._queue, []
         self._in_flight += 1
-        task = asyncio.ensure_future(self._run(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        detached(self._run(batch), self._tasks)  # the batch belongs to no single caller
 
     async def _run(self, batch: list[tuple[A, asyncio.Future[R]]]) -> None:
         self.calls += 1

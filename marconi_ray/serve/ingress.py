@@ -30,6 +30,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
+from marconi_ray.serve.detached import detached
 from marconi_ray.serve.generation import (
     Backend,
     ChatFormat,
@@ -128,12 +129,12 @@ class _Server:
         if task.exception() is not None:  # nothing was planned, so nothing to release
             logger.info("planning for a departed client failed: %s", task.exception())
             return
-        orphan = asyncio.ensure_future(self._drain(self.backend.generate(task.result())))
-        self._orphans.add(orphan)
-        orphan.add_done_callback(self._orphans.discard)
+        detached(self._drain(task.result()), self._orphans)
 
-    @staticmethod
-    async def _drain(stream: EventStream) -> None:
+    async def _drain(self, dispatch: Dispatch) -> None:
+        """Start a departed client's dispatch and stop it at its first event, so the
+        replica ends it the usual way (runs outside the client's request context)."""
+        stream = self.backend.generate(dispatch)
         try:
             async for _ in stream:
                 break

@@ -16,6 +16,7 @@ from ray.serve.handle import DeploymentHandle
 from marconi_ray.protocol.orders import TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.serve.detached import detached
 from marconi_ray.serve.generation import EventStream
 from marconi_ray.serve.messages import (
     Completed,
@@ -187,12 +188,10 @@ class RayBackend:
 
     def settle(self, dispatch: Dispatch) -> None:
         """Tell the dispatch's replica that its client left before any event came back
-        (see `ModelReplica.settle`). Runs in the background, out of the client's task (so
-        that task's cancellation cannot stop it); a failure is logged, and the plan's lease
-        is the backstop."""
-        task = asyncio.get_running_loop().create_task(self._settle(dispatch))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        (see `ModelReplica.settle`). Runs in the background, outside the client's request
+        context (`detached`: its cancellation cannot cancel the call); a failure is logged,
+        and the plan's lease is the backstop."""
+        detached(self._settle(dispatch), self._settling)
 
     async def _settle(self, dispatch: Dispatch) -> None:
         try:

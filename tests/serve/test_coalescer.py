@@ -4,6 +4,7 @@ and errors go to their own callers."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 
@@ -83,3 +84,28 @@ def test_max_in_flight_two_and_a_failed_send() -> None:
     assert all(isinstance(r, ConnectionError) for r in asyncio.run(both()))
     with pytest.raises(ValueError, match="max_in_flight must be >= 1, got 0"):
         Coalescer(broken, max_in_flight=0)
+
+
+def test_a_batch_runs_outside_its_callers_request_context() -> None:
+    """Serve finds the Ray calls to cancel with a departed client through the request's
+    context variables: the shared call must not see any caller's (over HTTP:
+    tests/serve/test_dropped_clients.py)."""
+    request: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+    seen: list[str | None] = []
+
+    async def send(batch: list[int]) -> list[int]:
+        seen.append(request.get())
+        await asyncio.sleep(0)
+        return batch
+
+    co: Coalescer[int, int] = Coalescer(send)
+
+    async def caller(x: int) -> int:
+        request.set(f"client {x}")
+        return await co.submit(x)
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(caller(x) for x in range(5)))
+
+    assert asyncio.run(main()) == [0, 1, 2, 3, 4]
+    assert seen and all(s is None for s in seen)

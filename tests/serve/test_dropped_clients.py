@@ -108,3 +108,29 @@ def test_a_request_after_the_drops_is_served_and_committed(service: Any) -> None
     sock.close()
     assert b'"finish_reason":"length"' in reply.replace(b" ", b"")
     _wait_released(service)
+
+
+def test_clients_leaving_together_do_not_fail_the_others(service: Any) -> None:
+    """Plans coalesce into shared plan_many calls: one client leaving must not cancel the
+    call its batch-mates wait on (Serve cancels a cancelled request's Ray calls, found
+    through its context; the shared call now runs outside every request's context).
+    Rounds of 16 streams, 8 at a time: odd ones leave after the headers, even ones read
+    to the end and must all get 200 and their [DONE]; then nothing stays open."""
+
+    def one(i: int) -> bytes:
+        body = TEXT[1] | {"temperature": 0.0, "stream": True, "max_tokens": 3000 if i % 2 else 8}
+        sock = _send(TEXT[0], body | {"ignore_eos": True})
+        try:
+            return _read_until(sock, b"\r\n\r\n" if i % 2 else b"[DONE]")
+        finally:
+            sock.close()
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(4):
+            replies = list(pool.map(one, range(16)))
+            for i, reply in enumerate(replies):
+                assert reply.startswith(b"HTTP/1.1 200"), (i, reply[:300])
+                assert i % 2 or b"[DONE]" in reply, (i, reply[-300:])
+            _wait_released(service)
