@@ -80,6 +80,7 @@ class GuardedStream:
         self._buffered: list[TokenEvent] = []
         self._heard = False  # anything (events, an answer, an error) from this dispatch
         self._cancelled = False
+        self._done = False  # the replica's Completed arrived: nothing left to cancel
         self.attempts = 1
 
     def __aiter__(self) -> GuardedStream:
@@ -90,6 +91,7 @@ class GuardedStream:
             if self._buffered:
                 return self._emit(self._buffered.pop(0))
             if self._pending is not None:
+                self._done = True
                 done, self._pending = self._pending, None
                 return done
             try:
@@ -108,6 +110,7 @@ class GuardedStream:
             if isinstance(item, list):  # one replica step's tokens of this request
                 self._buffered.extend(item)
                 continue
+            self._done = True
             if self.attempts > 1:
                 return self._completed(item.finish_reason, item.timings)
             return item
@@ -147,7 +150,10 @@ class GuardedStream:
         self._heard = False
 
     def cancel(self) -> None:
-        """Stop the request (idempotent); settle its dispatch if nothing came back yet."""
+        """Stop the request (idempotent; nothing to do once it completed); settle its
+        dispatch if nothing came back yet."""
+        if self._done:
+            return
         self._stream.cancel()
         if not self._heard and not self._cancelled:
             self._backend.settle(self._dispatch)

@@ -42,6 +42,7 @@ from ray.exceptions import RayActorError
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInput, TokenEvent
 from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.coordinator import LEASE_GRACE
+from marconi_ray.serve.detached import detached
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup, compiled_steps
@@ -232,13 +233,13 @@ class ModelReplica:
     # ------------------------------------------------------------------ loop
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+            self._loop_task = detached(self._run())  # serves every request: no one's context
         self._ensure_heartbeats()
         self._wake.set()
 
     def _ensure_heartbeats(self) -> None:
         if self._beat_task is None or self._beat_task.done():
-            self._beat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+            self._beat_task = detached(self._heartbeats())
 
     async def _run(self) -> None:
         while True:

@@ -9,6 +9,7 @@ coordinator's `drain` must still be served (CI once hung 15 minutes on this lost
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,7 @@ class GatedCoordinator:
         self.commit_many = _Call(self._commit_many)
         self.heartbeat = _Call(self._heartbeat)
         self.abandoned: list[int] = []
+        self.commit_contexts: list[str | None] = []
         self.abandon = _Call(self._abandon)
 
     async def _abandon(self, dispatch: Dispatch) -> None:
@@ -84,6 +86,7 @@ class GatedCoordinator:
         return Release()
 
     async def _commit_many(self, replica_id: str, finished: list[Finished]) -> Release:
+        self.commit_contexts.append(REQUEST.get())
         return Release()
 
     async def _heartbeat(self, replica_id: str, live: list[int]) -> tuple[str, int]:
@@ -91,6 +94,9 @@ class GatedCoordinator:
 
 
 T0 = Timings(0.0, 0.0, 0.0, 0.0)
+REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+"""Stands for Ray Serve's request context, through which it cancels a departed client's
+Ray calls."""
 
 
 def _replica(coordinator: GatedCoordinator) -> ModelReplica:
@@ -166,3 +172,22 @@ def test_settle_stops_what_runs_abandons_what_never_arrived_and_refuses_it_later
             task.cancel()
 
     asyncio.run(main())
+
+
+def test_the_step_loop_runs_outside_the_request_that_started_it():
+    """The loop (and its commit_many) serves every request: a request's cancellation
+    must not reach it (the soak once failed 8 requests at once that way)."""
+
+    async def main() -> list[str | None]:
+        coordinator = GatedCoordinator()
+        coordinator.gate.set()
+        replica = _replica(coordinator)
+        REQUEST.set("client 0")
+        done = await asyncio.wait_for(_collect(replica, 0), 5)
+        assert isinstance(done[-1], Completed)
+        for task in (replica._loop_task, replica._beat_task):
+            assert task is not None
+            task.cancel()
+        return coordinator.commit_contexts
+
+    assert asyncio.run(main()) == [None]
