@@ -36,16 +36,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import run_info
 
 HERE = Path(__file__).resolve().parent
 Step = Callable[[Any], Awaitable[Any]]
@@ -88,15 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def machine() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        run = subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True)
-        return run.stdout.strip()
-
-    out: dict[str, Any] = {"cpu_count": os.cpu_count(), "python": platform.python_version()}
-    out["versions"] = {p: version(p) for p in ("ray", "torch", "numpy", "marconi-ray")}
-    out["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return out | {"git_commit": git("rev-parse", "HEAD"), "git_dirty": dirty}
+    return run_info.machine(("ray", "torch", "numpy", "marconi-ray"))
 
 
 def summary(seconds: list[float]) -> dict[str, float]:

@@ -47,20 +47,17 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import run_info
 import torch
 from bench_serve import REPLICA, FakeWorker, Workload, fill_cache, long_context_copy, timed_prompts
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the annotations
@@ -495,16 +492,7 @@ def plot(r: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> None:
 
 # ---------------------------------------------------------------------- driver
 def machine() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        run = subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True)
-        return run.stdout.strip()
-
-    pkgs = ("ray", "torch", "fastapi", "httpx", "numpy", "marconi-ray")
-    out = {"cpu_count": os.cpu_count(), "python": platform.python_version()}
-    out["versions"] = {p: version(p) for p in pkgs}
-    out["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return out | {"git_commit": git("rev-parse", "HEAD"), "git_dirty": dirty}
+    return run_info.machine(("ray", "torch", "fastapi", "httpx", "numpy", "marconi-ray"))
 
 
 OPTIONS = (  # name, type, default, help

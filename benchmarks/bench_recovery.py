@@ -46,11 +46,8 @@ import itertools
 import json
 import os
 import platform
-import secrets
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from redis_process import RedisProcess
 from tqdm import tqdm
 
 from marconi_ray.protocol.orders import Finished, Release
@@ -75,61 +73,6 @@ FIRST_TOKEN = 7  # below: special tokens of the tiny model's vocabulary
 
 
 # ---------------------------------------------------------------------- redis
-class RedisProcess:
-    """A private redis-server on a free loopback port with a random password, nothing
-    persisted (`--save "" --appendonly no`), working files in `workdir`."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.password = secrets.token_hex(16)
-        self.binary = binary
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisProcess:
-        import redis
-
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [
-                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--requirepass", self.password, "--dir", str(self.workdir)),
-                *("--save", "", "--appendonly", "no"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            self.proc = None
-
-
 @contextlib.contextmanager
 def redis_url(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
     """--redis-url, or a private redis-server for the run."""

@@ -68,11 +68,7 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -80,16 +76,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import datetime, timezone
-from importlib.metadata import version
 from math import inf
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import run_info
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from redis_process import RedisProcess
 from tqdm import tqdm
 
 SECTIONS = ("drops", "health", "journal", "goodput")
@@ -125,71 +121,6 @@ def client(**kw: Any) -> httpx.AsyncClient:
 
 
 # ---------------------------------------------------------------------- processes
-def die_with_parent() -> None:
-    """In a child before exec: SIGTERM it when the thread that started it ends (Linux
-    prctl; start it from the main thread, whose end is this process's)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class RedisProcess:
-    """A private redis-server on a free loopback port with a random password; AOF
-    persistence in `workdir` (fsync every second), so a stop/start is an outage of the
-    server, not a loss of what it held."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("redis-server is not installed (make redis)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.password, self.binary, self.workdir = secrets.token_hex(16), binary, workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisProcess:
-        import redis
-
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [
-                *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--requirepass", self.password, "--dir", str(self.workdir), "--save", ""),
-                *("--appendonly", "yes", "--appendfsync", "everysec"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
-        probe = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                probe.ping()
-                return self
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGTERM (the server writes its AOF and exits), SIGKILL after 10 s."""
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            self.proc = None
-
-
 def actor_pid(actor: Any) -> int:
     """The OS pid of a Ray actor's process (a method run inside it)."""
     import ray
@@ -960,19 +891,12 @@ def plot(r: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> None:
 
 # ---------------------------------------------------------------------- driver
 def machine() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        run = subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True)
-        return run.stdout.strip()
-
-    pkgs = ("ray", "fastapi", "httpx", "numpy", "redis", "marconi-ray")
-    out = {"cpu_count": os.cpu_count(), "python": platform.python_version()}
-    out["versions"] = {p: version(p) for p in pkgs}
+    """`run_info.machine` with the redis-server version."""
+    out = run_info.machine(("ray", "fastapi", "httpx", "numpy", "redis", "marconi-ray"))
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         run = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
         out["versions"]["redis-server"] = run.stdout.split(" v=")[-1].split()[0]
-    out["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return out | {"git_commit": git("rev-parse", "HEAD"), "git_dirty": dirty}
+    return out
 
 
 OPTIONS = (  # name, type, default, help
@@ -1111,7 +1035,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
             if "journal" not in args.skip:
-                redis = RedisProcess(Path(tmp) / "redis").start()
+                redis = RedisProcess(Path(tmp) / "redis", persist=True).start()
                 base_settings = replace(base_settings, redis_url=redis.url)
             quiet = {"include_dashboard": False, "log_to_driver": False}
             cpus = max(args.ray_cpus, cpus_needed(base_settings) + 2)

@@ -163,15 +163,11 @@ def pack(record: Record) -> bytes:
     return out
 
 
-def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """Inverse of `pack`, bounded: inputs over `max_bytes`, lengths past it, non-str map
-    keys, ext types, truncated or trailing data all raise ValueError."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ValueError(f"expected bytes, got {type_name(data)}")
-    if len(data) > max_bytes:
-        raise ValueError(f"{len(data)} bytes is over the limit of {max_bytes}")
+def bounded_unpacker(max_bytes: int) -> msgpack.Unpacker:
+    """A msgpack `Unpacker` that buffers at most `max_bytes` (>= 1), allows no length past
+    it, str map keys only, and no ext types."""
     limit = max(1, max_bytes)
-    unpacker = msgpack.Unpacker(
+    return msgpack.Unpacker(
         raw=False,
         strict_map_key=True,
         use_list=True,
@@ -182,6 +178,16 @@ def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
         max_map_len=limit,
         max_ext_len=0,
     )
+
+
+def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Inverse of `pack`, bounded: inputs over `max_bytes`, lengths past it, non-str map
+    keys, ext types, truncated or trailing data all raise ValueError."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ValueError(f"expected bytes, got {type_name(data)}")
+    if len(data) > max_bytes:
+        raise ValueError(f"{len(data)} bytes is over the limit of {max_bytes}")
+    unpacker = bounded_unpacker(max_bytes)
     try:
         unpacker.feed(data)
         obj = unpacker.unpack()

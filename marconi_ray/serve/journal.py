@@ -128,15 +128,7 @@ def peek_seq(data: bytes) -> int:
     """The `seq` of an encoded record or snapshot, read from its first `PEEK_BYTES` alone
     (both are maps that start with `v` then `seq`); JournalError when they do not hold a
     non-negative int `seq`."""
-    unpacker = msgpack.Unpacker(
-        raw=False,
-        max_buffer_size=PEEK_BYTES,
-        max_bin_len=PEEK_BYTES,
-        max_str_len=PEEK_BYTES,
-        max_array_len=PEEK_BYTES,
-        max_map_len=PEEK_BYTES,
-        max_ext_len=0,
-    )
+    unpacker = wire.bounded_unpacker(PEEK_BYTES)
     unpacker.feed(bytes(data[:PEEK_BYTES]))
     try:
         for _ in range(min(unpacker.read_map_header(), 2)):
