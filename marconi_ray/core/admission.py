@@ -6,6 +6,9 @@ A policy names checkpoint depths in two phases, so a live engine knows them in t
 - `decode_checkpoints`, for the sequence the request leaves behind; depths in
   (n_input, n_total]. The engine captures them while decoding.
 Each depth comes with its reason: "branch", "last_token" or "block".
+A policy may also declare that a state it keeps makes an earlier one on the same path
+redundant (`supersedes`): the cache then drops the earlier state when it commits the new
+one (the artifact's vLLM+ refills a partial block in place).
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def decode_checkpoints(self, n_input: int, n_total: int) -> list[Checkpoint]:
         """Depths in (n_input, n_total] (or n_total itself) to keep after decoding."""
+
+    def supersedes(self, new_depth: int, old_depth: int) -> bool:
+        """Does a state kept at `new_depth` replace one at `old_depth < new_depth` on the
+        same path? (Default: never; states are only removed by eviction.)"""
+        return False
+
+    @property
+    def refills(self) -> bool:
+        """True when `supersedes` can ever hold (the cache checks it only then)."""
+        return False
 
 
 class MarconiAdmission(AdmissionPolicy):
@@ -61,7 +74,11 @@ class MarconiAdmission(AdmissionPolicy):
 
 
 class FineGrainedAdmission(AdmissionPolicy):
-    """vLLM-style: a state at every block boundary, plus the last (partial) block."""
+    """vLLM-style, as real vLLM caches: a state at every full block boundary only.
+
+    The last, partial block of a sequence is not cached, so a conversation's next turn
+    reuses up to the last full block of the previous one (`fine_grained:B`).
+    """
 
     def __init__(self, block: int) -> None:
         if block <= 0:
@@ -75,10 +92,38 @@ class FineGrainedAdmission(AdmissionPolicy):
 
     def decode_checkpoints(self, n_input: int, n_total: int) -> list[Checkpoint]:
         first = (n_input // self.block + 1) * self.block
-        out = [(d, "block") for d in range(first, n_total + 1, self.block)]
+        return [(d, "block") for d in range(first, n_total + 1, self.block)]
+
+
+class FineGrainedRefillAdmission(FineGrainedAdmission):
+    """The paper's vLLM+ as its artifact runs it (`fine_grained_refill:B`).
+
+    Every full block and the last, partial block of a sequence hold a state. A later
+    state in the same block refills that partial block in place: the earlier partial
+    state is dropped (`supersedes`), so stale partial states do not pile up on inner
+    nodes, where LRU over leaves would rarely reach them.
+    """
+
+    def __init__(self, block: int) -> None:
+        super().__init__(block)
+        self.name = f"fine_grained_refill:{block}"
+
+    def decode_checkpoints(self, n_input: int, n_total: int) -> list[Checkpoint]:
+        out = super().decode_checkpoints(n_input, n_total)
         if n_total % self.block:
             out.append((n_total, "block"))
         return out
+
+    def supersedes(self, new_depth: int, old_depth: int) -> bool:
+        return (
+            old_depth % self.block != 0
+            and old_depth < new_depth
+            and old_depth // self.block == (new_depth - 1) // self.block
+        )
+
+    @property
+    def refills(self) -> bool:
+        return True
 
 
 class NoAdmission(AdmissionPolicy):
@@ -93,33 +138,34 @@ class NoAdmission(AdmissionPolicy):
         return []
 
 
-def _fine_grained(arg: str) -> AdmissionPolicy:
+def _block_size(arg: str) -> int:
     try:
-        block = int(arg)
+        return int(arg)
     except ValueError:
         raise ValueError(f"fine_grained block size must be an integer, got {arg!r}") from None
-    return FineGrainedAdmission(block)
 
 
 ADMISSION_POLICIES: Mapping[str, Callable[[str], AdmissionPolicy]] = MappingProxyType(
     {
         "marconi": lambda _arg: MarconiAdmission(),
         "none": lambda _arg: NoAdmission(),
-        "fine_grained": _fine_grained,
+        "fine_grained": lambda arg: FineGrainedAdmission(_block_size(arg)),
+        "fine_grained_refill": lambda arg: FineGrainedRefillAdmission(_block_size(arg)),
     }
 )
 
 
 def make_admission(spec: str) -> AdmissionPolicy:
     """Build a policy from `name` or `name:ARG` (e.g. `fine_grained:32`)."""
+    blocked = ("fine_grained", "fine_grained_refill")
     name, _, arg = spec.partition(":")
     factory = ADMISSION_POLICIES.get(name)
     if factory is None:
         raise ValueError(
             f"unknown admission policy {spec!r}; choose from {sorted(ADMISSION_POLICIES)}"
         )
-    if name == "fine_grained" and not arg:
-        raise ValueError(f"admission policy {spec!r} needs a block size, e.g. fine_grained:32")
-    if name != "fine_grained" and arg:
+    if name in blocked and not arg:
+        raise ValueError(f"admission policy {spec!r} needs a block size, e.g. {name}:32")
+    if name not in blocked and arg:
         raise ValueError(f"admission policy {name!r} takes no argument, got {spec!r}")
     return factory(arg)

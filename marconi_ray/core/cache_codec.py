@@ -69,6 +69,7 @@ _STATS_INTS = (
     "hit_tokens",
     "evictions",
     "states_dropped",
+    "states_superseded",
     "peak_bytes",
 )
 _STATS_FLOATS = ("flops_total", "flops_saved")

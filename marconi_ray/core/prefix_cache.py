@@ -84,6 +84,52 @@ class CommitResult:
     tree now holds: new edges; the caller frees the rest of `kv`."""
 
 
+class CommitFailed(RuntimeError):
+    """A commit failed after validation (a bug or an exhausted resource, the cause is
+    chained). The plan is still open; the tree keeps its invariants.
+
+    Attributes:
+        plan_id: the plan, still open: `abort` it.
+        freed: what the tree let go of before the failure (evicted states and KV): the
+            caller frees these, as after any commit.
+        held: the caller's state ids the tree took before the failure, and
+        held_kv: the caller's KV handles it took: the caller must not free these; it
+            frees its other ids and handles.
+    """
+
+    def __init__(self, plan_id: int, freed: Reclaimed, held: set[int], held_kv: set[int]) -> None:
+        super().__init__(f"commit of plan {plan_id} failed; the plan is still open")
+        self.plan_id = plan_id
+        self.freed = freed
+        self.held = held
+        self.held_kv = held_kv
+
+
+def _check_kv(kv: KVHandle, kv_start: int, n_total: int, walk: Match | None, end: int) -> None:
+    """ValueError unless `kv` is a 1-D integer array of handles for positions from
+    `kv_start` on, not past the `n_total` tokens, that covers every token the commit adds:
+    `walk` is the tree's match of the tokens up to `end` (the last checkpoint); the new
+    tokens are [walk.matched_len, end)."""
+    arr = np.asarray(kv)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"kv must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
+    if not 0 <= kv_start <= n_total:
+        raise ValueError(f"kv_start must be in [0, {n_total}], got {kv_start}")
+    if len(arr) > n_total - kv_start:
+        raise ValueError(
+            f"kv covers {len(arr)} positions from {kv_start}, past the {n_total} tokens"
+        )
+    if walk is None or walk.matched_len >= end:
+        return
+    if kv_start > walk.matched_len:
+        raise ValueError(f"kv starts at {kv_start} but new tokens start at {walk.matched_len}")
+    if kv_start + len(arr) < end:
+        raise ValueError(
+            f"kv covers positions [{kv_start}, {kv_start + len(arr)}) but the new tokens "
+            f"run to {end}"
+        )
+
+
 def as_tokens(tokens: object, what: str = "tokens") -> Tokens:
     """Validate a 1-D sequence of non-negative token ids and return it as int32."""
     arr = np.asarray(tokens)
@@ -305,47 +351,62 @@ class PrefixCache:
         Args:
             plan: from `plan`.
             tokens: input + output tokens; must start with the plan's input.
-            state_ids: depth -> state id for every planned checkpoint (prefill ones and
-                the policy's decode ones); None lets the cache number them (simulation).
-            kv: per-token KV handle for positions [kv_start, len(tokens)).
+            state_ids: depth -> state id for exactly the checkpoint depths (`checkpoints`:
+                the plan's prefill ones and the policy's decode ones), distinct ids >= 0;
+                None lets the cache number them (simulation).
+            kv: per-token KV handles (a 1-D integer array) for positions from
+                `kv_start` on, covering at least every token the commit adds (up to the
+                last checkpoint) and not past `tokens`; `kv_start` must not exceed the
+                position where the tree's copy of `tokens` ends (the new tokens' start).
+
+        Transactional: everything is validated before anything changes, so a ValueError
+        leaves the cache exactly as it was (the plan stays open; `abort` it or commit
+        again). Should a step fail after that (a bug, memory), the commit's own lock is
+        released, the tree keeps its invariants, the plan stays open, and `CommitFailed`
+        tells the caller what the tree let go of and which of its state ids it holds.
         """
+        self._require_open(plan)
         full = as_tokens(tokens, "tokens")
         n_input = len(plan.tokens)
         if len(full) < n_input or not np.array_equal(full[:n_input], plan.tokens):
             raise ValueError("committed tokens must start with the planned input tokens")
-        self._require_open(plan)
         ckpts = self.checkpoints(plan, len(full))
+        ids = self._validated_ids(ckpts, state_ids)
+        depths = [d for d, _ in ckpts]
+        walk = self.tree.match(full[: depths[-1]]) if ckpts else None
+        if kv is not None:
+            _check_kv(kv, kv_start, len(full), walk, depths[-1] if depths else 0)
+        # ---- nothing above changed the cache; from here on it changes
         if state_ids is None:
-            ids = list(range(self._next_state, self._next_state + len(ckpts)))
             self._next_state += len(ckpts)
-        else:
-            missing = [d for d, _ in ckpts if d not in state_ids]
-            if missing:
-                raise ValueError(f"no state id given for checkpoint depths {missing}")
-            ids = [state_ids[d] for d, _ in ckpts]
-        self._close(plan)
         now = self._tick()
         freed = Reclaimed()
         admitted: list[tuple[int, int, str]] = []
         dropped = 0
         kv_used = (0, 0)
-        if ckpts:
-            depths = [d for d, _ in ckpts]
-            walk = self.tree.match(full[: depths[-1]])
-            attach = walk.attach_node
-            self.tree.lock(attach)
-            try:
-                keep, walk = self._make_room(full[: depths[-1]], depths, freed, now, walk)
-                dropped = self._count_new(walk, depths[keep:])
-                if keep:
-                    pairs = list(zip(depths[:keep], ids, strict=False))
-                    done = self.tree.insert(full[: depths[keep - 1]], pairs, now, kv, kv_start)
-                    kv_used = (done.new_from, depths[keep - 1])
-                    reason = dict(ckpts)
-                    admitted = [(d, sid, reason[d]) for d, sid in done.admitted]
-            finally:
-                freed.extend(self.tree.unlock(attach))
+        try:
+            if walk is not None:
+                attach = walk.attach_node
+                self.tree.lock(attach)
+                try:
+                    keep, walk = self._make_room(full[: depths[-1]], depths, freed, now, walk)
+                    dropped = self._count_new(walk, depths[keep:])
+                    if keep:
+                        pairs = list(zip(depths[:keep], ids, strict=False))
+                        done = self.tree.insert(full[: depths[keep - 1]], pairs, now, kv, kv_start)
+                        kv_used = (done.new_from, depths[keep - 1])
+                        reason = dict(ckpts)
+                        admitted = [(d, sid, reason[d]) for d, sid in done.admitted]
+                finally:
+                    freed.extend(self.tree.unlock(attach))
+        except Exception as exc:
+            self._repair(full[: depths[-1]], ids, kv, freed)
+            held, held_kv = self._held(full[: depths[-1]], ids, kv)
+            raise CommitFailed(plan.plan_id, freed, held, held_kv) from exc
+        self._close(plan)
         freed.extend(self.tree.unlock(plan.hit_node))
+        if admitted and self.admission.refills:
+            self._drop_superseded(full, [d for d, _, _ in admitted], freed)
         for _, _, reason_name in admitted:
             self.stats.states_admitted[reason_name] += 1
         self.stats.states_dropped += dropped
@@ -359,6 +420,82 @@ class PrefixCache:
         kept = {sid for _, sid, _ in admitted}
         rejected = tuple(sid for sid in ids if sid not in kept)
         return CommitResult(tuple(admitted), rejected, freed, dropped, kv_used)
+
+    def _validated_ids(
+        self, ckpts: list[Checkpoint], state_ids: Mapping[int, int] | None
+    ) -> list[int]:
+        """The state id of each checkpoint, in depth order; ValueError naming what is
+        missing, unexpected, duplicated or not a valid id. Changes nothing."""
+        if state_ids is None:
+            return list(range(self._next_state, self._next_state + len(ckpts)))
+        wanted = [d for d, _ in ckpts]
+        missing = [d for d in wanted if d not in state_ids]
+        if missing:
+            raise ValueError(f"no state id given for checkpoint depths {missing}")
+        extra = sorted(set(state_ids) - set(wanted))
+        if extra:
+            raise ValueError(
+                f"state ids given for depths {extra}, which are not checkpoints {wanted}"
+            )
+        ids = [state_ids[d] for d in wanted]
+        bad = [sid for sid in ids if not isinstance(sid, (int, np.integer)) or sid < 0]
+        if bad:
+            raise ValueError(f"state ids must be integers >= 0, got {bad}")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"state ids must be distinct, got {ids}")
+        return [int(sid) for sid in ids]
+
+    def _repair(self, tokens: Tokens, ids: list[int], kv: KVHandle, freed: Reclaimed) -> None:
+        """After a failed insert: tidy state-less, unlocked nodes with < 2 children on
+        `tokens`' path (a node added before its state was set), deepest first. What they
+        held of the tree's goes to `freed`; the caller's own ids and handles do not (the
+        caller frees what `_held` says the tree does not hold)."""
+        own_ids = set(ids)
+        own_kv = set() if kv is None else {int(h) for h in np.asarray(kv)}
+        tidied = Reclaimed()
+        for node in reversed(self.tree.match(tokens).path):
+            if node.parent is not None and node.state == NO_STATE and node.lock == 0:
+                self.tree.tidy(node, tidied)
+        freed.states.extend(sid for sid in tidied.states if sid not in own_ids)
+        for handles in tidied.kv:
+            if handles is None:
+                freed.kv.append(None)
+                continue
+            arr = np.asarray(handles)
+            mine = np.isin(arr, np.fromiter(own_kv, np.int64, len(own_kv)))
+            if not mine.all():
+                freed.kv.append(arr[~mine])
+        freed.n_tokens += tidied.n_tokens
+
+    def _held(self, tokens: Tokens, ids: list[int], kv: KVHandle) -> tuple[set[int], set[int]]:
+        """Which of `ids` and of `kv`'s handles the tree holds on `tokens`' path."""
+        want_ids = set(ids)
+        want_kv = set() if kv is None else {int(h) for h in np.asarray(kv)}
+        states: set[int] = set()
+        slots: set[int] = set()
+        for node in self.tree.match(tokens).path:
+            if node.state in want_ids:
+                states.add(int(node.state))
+            if want_kv and node.kv is not None:
+                slots.update(int(h) for h in node.kv if int(h) in want_kv)
+        return states, slots
+
+    def _drop_superseded(self, full: Tokens, depths: list[int], freed: Reclaimed) -> None:
+        """Remove states on `full`'s path that a newly admitted state at one of `depths`
+        replaces (`AdmissionPolicy.supersedes`); only unlocked nodes with <= 1 child go
+        (a partial state other branches still extend stays)."""
+        walk = self.tree.match(full[: depths[-1]])
+        admitted = set(depths)
+        for node in walk.path:
+            if (
+                node.state != NO_STATE
+                and node.depth not in admitted
+                and node.lock == 0
+                and len(node.children) <= 1
+                and any(self.admission.supersedes(d, node.depth) for d in depths)
+            ):
+                freed.extend(self.tree.evict(node))
+                self.stats.states_superseded += 1
 
     def serve(self, input_tokens: object, output_tokens: object) -> int:
         """Simulate one request end to end; return its hit length."""

@@ -235,6 +235,12 @@ class RadixTree:
                 pos += k
         return Inserted(admitted, duplicates, end)
 
+    def tidy(self, node: Node, freed: Reclaimed) -> None:
+        """Restore invariant 2 at `node` and upwards (a caller's repair after a failed
+        insert left a state-less node with < 2 children); what goes is added to `freed`."""
+        self.version += 1
+        self._tidy(node, freed)
+
     def evict(self, node: Node) -> Reclaimed:
         """Evict a candidate (state-holding, <= 1 child, unlocked) node."""
         if node is self.root or node.state == NO_STATE or node.lock or len(node.children) > 1:

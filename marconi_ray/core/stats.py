@@ -26,6 +26,8 @@ class CacheStats:
         default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
     )
     states_dropped: int = 0
+    states_superseded: int = 0
+    """States a later one replaced in place (`AdmissionPolicy.supersedes`)."""
     peak_bytes: int = 0
 
     @property
@@ -61,5 +63,6 @@ class CacheStats:
             "evictions": self.evictions,
             "states_admitted": dict(self.states_admitted),
             "states_dropped": self.states_dropped,
+            "states_superseded": self.states_superseded,
             "peak_bytes": self.peak_bytes,
         }

@@ -1,7 +1,10 @@
 """The named caching systems compared in the paper, as policy compositions (registry).
 
 - `vanilla`: no prefix caching.
-- `vllm+`: a state at every 32-token block, LRU over leaf blocks (fine-grained).
+- `vllm+`: a state at every full 32-token block, as real vLLM caches (the last, partial
+  block is not cached), LRU over leaf blocks.
+- `vllm+refill`: the paper's vLLM+ as its artifact runs it: the last partial block holds a
+  state too, refilled in place when a later request completes that block.
 - `sglang+`: Marconi's judicious admission with LRU over leaves.
 - `marconi`: judicious admission + FLOP-aware eviction with bootstrap alpha tuning.
 """
@@ -34,6 +37,7 @@ SYSTEMS: Mapping[str, SystemSpec] = MappingProxyType(
     {
         "vanilla": SystemSpec("vanilla", "none", "lru"),
         "vllm+": SystemSpec("vllm+", "fine_grained:32", "lru"),
+        "vllm+refill": SystemSpec("vllm+refill", "fine_grained_refill:32", "lru"),
         "sglang+": SystemSpec("sglang+", "marconi", "lru"),
         "marconi": SystemSpec("marconi", "marconi", "flop_aware", tuned=True),
     }

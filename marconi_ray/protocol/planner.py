@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from marconi_ray.core import cache_codec
 from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.prefix_cache import Plan, PrefixCache
+from marconi_ray.core.prefix_cache import CommitFailed, Plan, PrefixCache
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tree_types import KVHandle, Reclaimed
 from marconi_ray.core.tuner import (
@@ -199,7 +199,16 @@ class Planner:
             raise RuntimeError(f"request {done.request_id}: no state captured at depths {missing}")
         ids = {d: done.state_ids[d] for d, _ in wanted}
         extra = tuple(sid for d, sid in done.state_ids.items() if d not in ids)
-        result = self.cache.commit(plan, full, ids, kv=done.kv_slots, kv_start=plan.hit_len)
+        try:
+            result = self.cache.commit(plan, full, ids, kv=done.kv_slots, kv_start=plan.hit_len)
+        except CommitFailed as exc:
+            # nothing is counted; the tree keeps what it took, the rest goes back
+            release = release_of(exc.freed) + release_of(self.cache.abort(plan))
+            own = Release(tuple(done.state_ids.values()), done.kv_slots)
+            return release + own.without(exc.held, exc.held_kv)
+        except ValueError:
+            self._plans[done.request_id] = plan  # refused, still open: abort can follow
+            raise
         # the tree took the slots of positions [start, end) (new edges): free the others
         start, end = (p - plan.hit_len for p in result.kv_used)
         taken = np.zeros(len(done.kv_slots), dtype=bool)

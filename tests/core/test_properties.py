@@ -20,6 +20,8 @@ POLICIES = [
     ("marconi", "lru"),
     ("fine_grained:3", "lru"),
     ("fine_grained:5", "flop_aware"),
+    ("fine_grained_refill:3", "lru"),
+    ("fine_grained_refill:4", "flop_aware"),
 ]
 
 

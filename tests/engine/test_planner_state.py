@@ -274,3 +274,39 @@ def test_tuner_state_round_trip():
         np.array_equal(a, c) and np.array_equal(b, d)
         for (a, b), (c, d) in zip(copy.window, tuner.window, strict=True)
     )
+
+
+def test_a_commit_that_fails_midway_returns_exactly_what_the_tree_did_not_keep() -> None:
+    """A failure inside the cache's commit (here: setting the second state, after the
+    tree took the first and added a node for the second) must not leak or double-free:
+    the release holds what planning and the failed commit evicted plus the request's
+    states and slots the tree did not keep."""
+    planner = planner_for("marconi", capacity=10**9)
+    planner.cache.serve(np.arange(1, 41, dtype=np.int32), np.zeros(0, np.int32))
+    prompt = np.asarray([*range(1, 21), *range(100, 120)], dtype=np.int32)
+    order, _ = planner.order(0, prompt, SamplingParams(max_tokens=4))
+    assert order.hit_len == 0 and order.checkpoints == (20,)
+    cache = planner.cache
+    real_set = cache.tree._set_state
+    calls = [0]
+
+    def set_then_fail(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise MemoryError("injected")
+        return real_set(*args, **kwargs)
+
+    cache.tree._set_state = set_then_fail  # type: ignore[method-assign]
+    slots = np.arange(43, dtype=np.int64) + 900
+    done = Finished(0, (7, 8, 9), "stop", {20: 500, 43: 501}, slots, NO_TIME)
+    before = {int(n.state) for n in cache.tree.iter_nodes() if n.state >= 0}
+    release = planner.commit(done)
+    assert calls[0] == 2
+    held = {int(n.state) for n in cache.tree.iter_nodes() if n.state >= 0}
+    kept_slots = {int(s) for n in cache.tree.iter_nodes() if n.kv is not None for s in n.kv}
+    assert held == before | {500}
+    assert set(release.states) == {501}
+    assert set(release.slots.tolist()) | kept_slots == set(range(900, 943))
+    assert not set(release.slots.tolist()) & kept_slots
+    assert cache.open_plans == 0 and cache.locked_nodes() == 0 and cache.stats.requests == 1
+    check_tree(cache.tree)
