@@ -18,7 +18,9 @@ class LoadConfig:
         url: server base URL (e.g. http://127.0.0.1:8000); loopback unless `allow_hosts`
             names the host.
         model: the `model` field sent (None: the first id of GET /v1/models).
-        trace: `sharegpt`, `sharegpt-rejoined`, `swebench`, `sample` or a JSONL path.
+        trace: `sharegpt`, `sharegpt-rejoined`, `swebench`, `sample`, a JSONL path, or
+            `mooncake[-chained][:FILE]` (token ids made from block hash ids; see
+            `marconi_ray.traces.mooncake`).
         sessions: sessions to run (the first N of the trace).
         session_rate: new sessions per second (Poisson, or gamma with `burstiness`);
             None with `concurrency` set: a fixed number of users, each starting its next

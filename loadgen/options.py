@@ -17,7 +17,15 @@ def session_rate(text: str) -> float | None:
 
 # (flag, type, default, help): the flag's dest is the LoadConfig field it sets.
 LOAD_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
-    ("--trace", str, "sharegpt", f"trace: {', '.join(CHOICES)} or a JSONL file"),
+    (
+        "--trace",
+        str,
+        "sharegpt",
+        f"trace: {', '.join(CHOICES)}; mooncake[-chained]:FILE reads a Mooncake-format "
+        "JSONL of block hash ids as pseudo-random token ids in [0, 32000) (chained: "
+        "conversations rebuilt; bare names: the data folder's shared file, whose inputs "
+        "average 15k tokens, so raise --max-prompt; send them in tokens mode)",
+    ),
     ("--sessions", int, 30, "sessions to run (the trace's first N)"),
     ("--burstiness", float, 1.0, "gamma shape of session inter-arrivals (1 = Poisson)"),
     ("--concurrency", int, None, "most sessions in flight; with --session-rate none: fixed users"),

@@ -31,7 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--prompt-mode",
         choices=("tokens", "text"),
         default="tokens",
-        help="tokens: token-id prompts (map with --vocab-size); text: detokenized prompts",
+        help="tokens: token-id prompts (map with --vocab-size); text: prompts detokenized "
+        "with the Llama-2 tokenizer of the data folder (for mooncake traces, whose ids are "
+        "pseudo-random, that text is gibberish that re-tokenizes to other ids and lengths, "
+        "so prefix reuse is not what the trace says: use tokens)",
     )
     p.add_argument(
         "--vocab-size",

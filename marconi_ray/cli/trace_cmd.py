@@ -1,4 +1,8 @@
-"""`marconi-ray trace build|stats`: export a trace as artifact JSONL, or print its stats."""
+"""`marconi-ray trace build|stats`: export a trace as artifact JSONL, or print its stats.
+
+`stats` adds the reuse classes of the trace (:mod:`marconi_ray.core.reuse`): the oracle
+hit of each request, split by where it ends (continuation, branch, inside_input).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi_ray.cli.trace_source import (
+    MOONCAKE_HELP,
     TRACE_NAMES,
     add_source_options,
     add_trace_option,
@@ -16,6 +21,7 @@ from marconi_ray.cli.trace_source import (
     load_from_args,
     trace_stats,
 )
+from marconi_ray.core.reuse import reuse_stats
 from marconi_ray.core.trace import write_jsonl
 
 _OUT_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -49,12 +55,19 @@ def add_parser(subparsers: Any) -> None:
     stats = sub.add_parser(
         "stats",
         help="print the stats of a trace",
-        description="Print request, session and token counts of a trace.",
+        description="Print request, session and token counts of a trace (chain counts "
+        "for mooncake-chained), then its reuse classes: each request's oracle hit (the "
+        "longest input prefix an earlier request's input + output started with) split by "
+        "where it ends: continuation (where an earlier input + output ended), branch "
+        "(where earlier sequences part, or an earlier input ended; branch_input_end: only "
+        "the latter), inside_input (strictly inside an earlier sequence, where Marconi "
+        "keeps no state); reuse_*_tokens and reuse_*_fraction weigh by tokens, "
+        "reuse_*_requests count requests (miss: nothing reused).",
     )
     stats.add_argument(
         "spec",
         metavar="FILE_OR_NAME",
-        help=f"a trace name ({', '.join(TRACE_NAMES)}) or an artifact JSONL file",
+        help=f"a trace name ({', '.join(TRACE_NAMES)}), an artifact JSONL file, or {MOONCAKE_HELP}",
     )
     add_source_options(stats)
     stats.set_defaults(func=run_stats)
@@ -76,6 +89,10 @@ def run_build(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def run_stats(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Print the stats of the trace named by the positional spec; 0 on success."""
-    print(format_stats(trace_stats(load_from_args(args.spec, args))))
+    """Print the stats and reuse classes of the trace named by the positional spec; 0 on
+    success."""
+    trace = load_from_args(args.spec, args)
+    stats = trace_stats(trace)
+    stats.update(reuse_stats(trace.requests).as_dict())
+    print(format_stats(stats))
     return 0

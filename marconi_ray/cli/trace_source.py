@@ -8,10 +8,17 @@ from pathlib import Path
 from marconi_ray.cli import values
 from marconi_ray.core.trace import Trace
 from marconi_ray.traces.paths import default_data_dir
-from marconi_ray.traces.registry import BUILDERS, load_trace
+from marconi_ray.traces.registry import BUILDERS, MOONCAKE_KINDS, load_trace, mooncake_spec
 from marconi_ray.traces.tokenizer import LLAMA2_RELPATH
 
-TRACE_NAMES = (*BUILDERS, "sample")
+TRACE_NAMES = (*BUILDERS, "sample", *MOONCAKE_KINDS)
+MOONCAKE_HELP = (
+    "mooncake:FILE / mooncake-chained:FILE, a Mooncake-format JSONL[.gz] of prefix-block "
+    "hash ids turned into pseudo-random token ids (512 per block), each request its own "
+    "session or, chained, each request joined to the earlier one whose input + output it "
+    "extends (bare mooncake / mooncake-chained: the data folder's "
+    "mooncake/synthetic_trace.jsonl)"
+)
 _FILE_SUFFIXES = (".jsonl", ".jsonl.gz")
 
 
@@ -28,27 +35,31 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
         type=values.positive_int,
         metavar="N",
         help="keep only the first N sessions (default: the builder's default, 100 for "
-        "sharegpt, 50 for swebench; every session of `sample` and of files)",
+        "sharegpt, 50 for swebench; every session of `sample`, of files and of mooncake "
+        "traces, where an unchained request is a session of its own)",
     )
     parser.add_argument(
         "--sessions-per-second",
         type=values.positive_float,
         metavar="X",
-        help="session start rate: one every 1/X s for sharegpt, `sample` and files, a "
-        "Poisson rate for sharegpt-rejoined and swebench (default: the builder's default; "
-        "recorded timestamps for `sample` and files)",
+        help="session start rate: one every 1/X s for sharegpt, `sample`, files and "
+        "mooncake traces (gaps within a session kept), a Poisson rate for "
+        "sharegpt-rejoined and swebench (default: the builder's default; recorded "
+        "timestamps for `sample`, files and mooncake traces, timestamp/1000 s)",
     )
     parser.add_argument(
         "--data-dir",
         metavar="DIR",
-        help=f"folder with the raw ShareGPT/SWE-bench data and tokenizers "
+        help=f"folder with the raw ShareGPT/SWE-bench data, the tokenizers and "
+        f"mooncake/synthetic_trace.jsonl, read by a bare `mooncake` or `mooncake-chained` "
         f"(default: $MARCONI_DATA_DIR or {default_data_dir()})",
     )
     parser.add_argument(
         "--tokenizer",
         metavar="PATH",
         help="SentencePiece .model file or folder with tokenizer.json used to tokenize "
-        "built traces (default: the Llama-2 tokenizer in the data folder)",
+        "built traces (default: the Llama-2 tokenizer in the data folder; not used by "
+        "`sample`, files and mooncake traces, which hold token ids already)",
     )
 
 
@@ -57,8 +68,9 @@ def add_trace_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         metavar="NAME|FILE",
-        help=f"trace to use: one of {', '.join(TRACE_NAMES)}, or an artifact JSONL file "
-        "(.jsonl or .jsonl.gz); default: sharegpt when the data folder exists, else sample",
+        help=f"trace to use: one of {', '.join(TRACE_NAMES)}, an artifact JSONL file "
+        f"(.jsonl or .jsonl.gz), or {MOONCAKE_HELP}; default: sharegpt when the data "
+        "folder exists, else sample",
     )
 
 
@@ -77,12 +89,12 @@ def load_from_args(spec: str | None, args: argparse.Namespace) -> Trace:
     """
     if spec is None:
         spec = default_trace(args.data_dir)
-    if spec not in TRACE_NAMES and not Path(spec).is_file():
+    if spec not in TRACE_NAMES and mooncake_spec(spec) is None and not Path(spec).is_file():
         if spec.endswith(_FILE_SUFFIXES) or "/" in spec:
             raise FileNotFoundError(f"trace file not found: {spec}")
         raise ValueError(
-            f"unknown trace {spec!r}; choose one of {', '.join(TRACE_NAMES)} "
-            "or give a .jsonl[.gz] file"
+            f"unknown trace {spec!r}; choose one of {', '.join(TRACE_NAMES)}, "
+            "give a .jsonl[.gz] file, or mooncake:FILE / mooncake-chained:FILE"
         )
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise FileNotFoundError(f"data folder not found: {args.data_dir}")
@@ -108,11 +120,15 @@ def trace_stats(trace: Trace) -> dict[str, float | str]:
 
 
 def format_stats(stats: dict[str, float | str]) -> str:
-    """One `key: value` line per stat; integral floats print as ints."""
+    """One `key: value` line per stat; integral floats print as ints, others with 2
+    decimals, or 4 when below 1 (fractions)."""
     lines = []
     for key, value in stats.items():
         if isinstance(value, float):
-            text = str(int(value)) if value.is_integer() else f"{value:.2f}"
+            if value.is_integer():
+                text = str(int(value))
+            else:
+                text = f"{value:.4f}" if abs(value) < 1 else f"{value:.2f}"
         else:
             text = value
         lines.append(f"{key}: {text}")

@@ -1,8 +1,13 @@
-"""Resolve a trace spec (a builder name or an artifact JSONL file) to a Trace.
+"""Resolve a trace spec (a builder name, a Mooncake spec or a JSONL file) to a Trace.
 
 Specs: ``sharegpt`` (artifact mode), ``sharegpt-rejoined``, ``swebench``, ``sample`` (the
-packaged 20-session ShareGPT sample; needs no data folder), or a path to an artifact
-``.jsonl``/``.jsonl.gz`` file. Builds go through the disk cache (:mod:`.cache`).
+packaged 20-session ShareGPT sample; needs no data folder), ``mooncake:FILE`` /
+``mooncake-chained:FILE`` (a Mooncake-format file of hash ids, unchained or with
+conversations chained, :mod:`.mooncake`; bare ``mooncake`` / ``mooncake-chained`` read
+the shared ``mooncake/synthetic_trace.jsonl`` of the data folder), or a path to an
+artifact ``.jsonl``/``.jsonl.gz`` file. Tokenized builds go through the disk cache
+(:mod:`.cache`); Mooncake traces need no tokenizer and are rebuilt each time (about a
+second for the shared file).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from marconi_ray.core.trace import Trace, read_jsonl, with_session_rate
-from marconi_ray.traces import sharegpt, swebench
+from marconi_ray.traces import mooncake, sharegpt, swebench
 from marconi_ray.traces.cache import cached_build
 from marconi_ray.traces.tokenizer import LLAMA2_RELPATH, Tokenizer, load_tokenizer
 
@@ -45,7 +50,25 @@ BUILDERS: dict[str, Builder] = {
     ),
     "swebench": Builder(swebench.build_swebench, swebench.default_path),
 }
-CHOICES = (*BUILDERS, "sample", "<file.jsonl[.gz]>")
+MOONCAKE_KINDS = {"mooncake": False, "mooncake-chained": True}
+"""Mooncake spec prefixes and whether they chain conversations."""
+CHOICES = (
+    *BUILDERS,
+    "sample",
+    *(f"{kind}[:FILE]" for kind in MOONCAKE_KINDS),
+    "<file.jsonl[.gz]>",
+)
+
+
+def mooncake_spec(spec: str) -> tuple[bool, str | None] | None:
+    """``(chained, file)`` for ``mooncake[-chained][:FILE]`` (file None: the shared
+    one), None for any other spec; ValueError for an empty ``FILE`` after the colon."""
+    kind, colon, file = spec.partition(":")
+    if kind not in MOONCAKE_KINDS:
+        return None
+    if colon and not file:
+        raise ValueError(f"trace {spec!r}: no file after '{kind}:'")
+    return MOONCAKE_KINDS[kind], (file or None)
 
 
 def load_sample() -> Trace:
@@ -57,7 +80,7 @@ def load_sample() -> Trace:
 
 def _check_kwargs(spec: str, fn: Callable[..., Trace] | None, kw: dict[str, Any]) -> None:
     allowed = set(inspect.signature(fn).parameters) if fn is not None else set()
-    allowed -= {"path", "tokenizer", "mode", "n_sessions", "sessions_per_second"}
+    allowed -= {"path", "tokenizer", "mode", "chained", "n_sessions", "sessions_per_second"}
     unknown = sorted(set(kw) - allowed)
     if unknown:
         raise ValueError(
@@ -85,9 +108,22 @@ def load_trace(
     :func:`load_tokenizer`, and ``kw``
     are further builder options (e.g. ``gaps``, ``seed``, ``max_tokens``). For ``sample``
     and files, ``n_sessions`` keeps the first sessions and ``sessions_per_second``
-    re-times session starts (:func:`with_session_rate`). Unknown specs or options raise
-    ValueError naming them.
+    re-times session starts (:func:`with_session_rate`). Mooncake specs take the same two
+    (sessions as built, :func:`.mooncake.build_mooncake`), ``data_dir`` for the shared
+    file, and the options ``seed``, ``vocab_size``, ``block_size``, ``name``; ``tokenizer``
+    and the disk cache are not used. Unknown specs or options raise ValueError naming them.
     """
+    moon = mooncake_spec(spec)
+    if moon is not None:
+        chained, file = moon
+        _check_kwargs(spec, mooncake.build_mooncake, kw)
+        return mooncake.build_mooncake(
+            file if file is not None else mooncake.default_path(data_dir),
+            chained=chained,
+            n_sessions=n_sessions,
+            sessions_per_second=sessions_per_second,
+            **kw,
+        )
     builder = BUILDERS.get(spec)
     if builder is None:
         if spec == "sample":

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from marconi_ray.core.trace import Trace
-from marconi_ray.traces import sharegpt, swebench
+from marconi_ray.traces import mooncake, sharegpt, swebench
 from marconi_ray.traces.paths import default_data_dir
 from marconi_ray.traces.tokenizer import LLAMA2_RELPATH, Tokenizer, load_tokenizer
 
@@ -40,6 +40,15 @@ def data_dir() -> Path:
     if not (d / LLAMA2_RELPATH).is_file():
         pytest.skip(f"shared data folder not found at {d}")
     return d
+
+
+@pytest.fixture(scope="session")
+def mooncake_file() -> Path:
+    """The shared Mooncake synthetic trace (skips, like `data_dir`, when it is missing)."""
+    path = mooncake.default_path()
+    if not path.is_file():
+        pytest.skip(f"shared Mooncake trace not found at {path}")
+    return path
 
 
 @pytest.fixture(scope="session")
