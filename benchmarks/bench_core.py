@@ -1,14 +1,21 @@
-"""Benchmark of the caching brain (issue "The caching brain"), all measured in one run.
+"""Benchmark of the caching brain, every figure measured in one run.
 
-1. Hit rates of vllm+, sglang+ and marconi on the artifact-faithful ShareGPT trace
-   (100 sessions, 1 session/s) at 1e9, 2e9, 5e9, 1e10 bytes, next to the artifact's
-   numbers, with the ratios marconi/vllm+ and marconi/sglang+ and peak bytes/capacity.
-2. Replay speed: wall time of that 12-run sweep; requests/s and input tokens/s per run.
-3. Tuner: one 21-alpha grid over a 1,000-request window, serial vs a 2-process pool.
-4. The same sweep on the SWE-bench agent trace (mean input ~15k tokens).
-5. Cost of one eviction decision with 10k candidate nodes (LRU and FLOP-aware).
+1. Token hit rates of vanilla, vllm+ (real vLLM: full blocks only), vllm+refill (the
+   artifact's vLLM+), sglang+, marconi, marconi+ and the oracle bound on ShareGPT (100
+   sessions, 1 session/s; 1, 2, 5, 10 GB), the SWE-bench agent trace (10, 20, 50, 100 GB)
+   and the Mooncake FAST'25 synthetic trace, unchained and chained (20, 50, 100, 300 GB
+   and unbounded), next to the artifact's own numbers where it has them.
+2. The admission figures that explain the differences: states admitted per reason, how
+   many of them served a hit, and the input tokens those hits reused.
+3. The FLOP-efficiency ablation: marconi (alpha tuned) with each efficiency formula on
+   ShareGPT and SWE, with the alpha each run picked.
+4. Replay speed: the 12-run SWE sweep (vllm+, sglang+, marconi at 4 sizes) on `--jobs`
+   processes, also with the artifact's vLLM+ variant, against the authors' simulator
+   (about 18 minutes for the same 12 runs); per-run request and token rates.
+5. The tuner: one 21-alpha grid over a 1,000-request window, serial vs 2 processes.
+6. The cost of one eviction decision over 10k candidates (LRU and FLOP-aware).
 
-Writes `OUT/bench_core.json` and `OUT/sharegpt_hit_rates.png`; prints a table.
+Writes `OUT/bench_core.json`, one hit-rate plot per trace and prints every table.
 Needs the shared data folder (../shared/data or $MARCONI_DATA_DIR).
 """
 
@@ -18,73 +25,192 @@ import argparse
 import json
 import multiprocessing
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from marconi_ray.cli.plot import plot_hit_rate_vs_cache
 from marconi_ray.core import cache_codec
-from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.cost_model import EFFICIENCY_FORMULAS, CostModel
 from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.presets import get_preset
 from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep
+from marconi_ray.core.stats import ADMISSION_REASONS
 from marconi_ray.core.systems import get_system
-from marconi_ray.core.tuner import TuneJob, default_grid, run_grid
+from marconi_ray.core.tuner import RequestLike, TuneJob, default_grid, run_grid
 from marconi_ray.traces.registry import load_trace
 
-SIZES = (int(1e9), int(2e9), int(5e9), int(1e10))
-SWE_SIZES = (int(1e10), int(2e10), int(5e10), int(1e11))
-SYSTEMS = ("vllm+", "sglang+", "marconi")
+GB = 10**9
+UNBOUNDED = 10**18
+SYSTEMS = ("vanilla", "vllm+", "vllm+refill", "sglang+", "marconi", "marconi+")
+SWEEP_SYSTEMS = ("vllm+", "sglang+", "marconi")
+ARTIFACT_SWEEP_S = 18 * 60  # the authors' simulator, 12 SWE runs (issue 14)
 ARTIFACT = {  # token hit rate (%) measured with the authors' simulator (artifact-notes.md)
-    "vllm+": (3.17, 3.96, 8.45, 17.80),
+    "vllm+refill": (3.17, 3.96, 8.45, 17.80),
     "sglang+": (15.58, 34.45, 68.75, 86.19),
     "marconi": (19.99, 31.83, 75.08, 90.36),
 }
 
 
-def sweep(requests, cost, sizes, jobs):  # type: ignore[no-untyped-def]
-    configs = [RunConfig(s, c) for s in SYSTEMS for c in sizes]
+@dataclass(frozen=True)
+class TraceCase:
+    name: str
+    spec: str
+    sizes: tuple[int, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def load(self) -> list[RequestLike]:
+        return list(load_trace(self.spec, **dict(self.options)).requests)
+
+
+SHAREGPT = TraceCase(
+    "sharegpt",
+    "sharegpt",
+    (1 * GB, 2 * GB, 5 * GB, 10 * GB),
+    (("n_sessions", 100), ("sessions_per_second", 1.0)),
+)
+SWE = TraceCase("swebench", "swebench", (10 * GB, 20 * GB, 50 * GB, 100 * GB))
+MOONCAKE_SIZES = (20 * GB, 50 * GB, 100 * GB, 300 * GB, UNBOUNDED)
+CASES = (
+    SHAREGPT,
+    SWE,
+    TraceCase("mooncake", "mooncake", MOONCAKE_SIZES),
+    TraceCase("mooncake-chained", "mooncake-chained", MOONCAKE_SIZES),
+)
+
+
+def size_label(size: int) -> str:
+    return "unbounded" if size >= UNBOUNDED else f"{size / GB:g} GB"
+
+
+def run_all(
+    requests: Sequence[RequestLike], cost: CostModel, configs: list[RunConfig], jobs: int, desc: str
+) -> tuple[list[RunResult], float]:
     start = time.perf_counter()
-    results = replay_sweep(requests, cost, configs, jobs=jobs)
+    with tqdm(total=len(configs), desc=desc, leave=False) as bar:
+        results = replay_sweep(requests, cost, configs, jobs=jobs, on_result=lambda _: bar.update())
     return results, time.perf_counter() - start
 
 
-def hit_table(results: list[RunResult], sizes: tuple[int, ...], artifact: bool) -> list[dict]:
+def hit_rows(case: TraceCase, results: list[RunResult], oracle: float) -> list[dict[str, Any]]:
     by = {(r.system, r.cache_bytes): r for r in results}
     rows = []
-    for i, size in enumerate(sizes):
-        v, s, m = (by[(name, size)] for name in SYSTEMS)
-        row = {
-            "cache_bytes": size,
-            **{f"{r.system}_token_hit_rate": r.token_hit_rate for r in (v, s, m)},
-            "marconi_over_vllm+": m.token_hit_rate / max(v.token_hit_rate, 1e-12),
-            "marconi_over_sglang+": m.token_hit_rate / max(s.token_hit_rate, 1e-12),
-            "max_peak_over_capacity": max(r.peak_bytes / size for r in (v, s, m)),
-            "marconi_alpha": m.alpha,
-        }
-        if artifact:
-            row.update({f"artifact_{k}": ARTIFACT[k][i] / 100 for k in SYSTEMS})
+    for i, size in enumerate(case.sizes):
+        row: dict[str, Any] = {"cache": size_label(size), "cache_bytes": size, "oracle": oracle}
+        for name in SYSTEMS:
+            r = by[(name, size)]
+            row[name] = r.token_hit_rate
+            row[f"{name}_alpha"] = r.alpha
+            row[f"{name}_peak_over_capacity"] = r.peak_bytes / size
+        if case is SHAREGPT:
+            row.update({f"artifact_{k}": v[i] / 100 for k, v in ARTIFACT.items()})
         rows.append(row)
     return rows
 
 
-def print_hit_table(title: str, rows: list[dict], artifact: bool) -> None:
-    print(f"\n{title}")
-    head = f"{'cache':>8} | {'vllm+':>7} {'sglang+':>8} {'marconi':>8} | {'m/v':>6} {'m/s':>5}"
-    head += f" | {'peak/cap':>8} {'alpha':>5}" + (" | artifact v / s / m" if artifact else "")
-    print(head)
-    for r in rows:
-        line = (
-            f"{r['cache_bytes'] / 1e9:>6.0f}GB | {100 * r['vllm+_token_hit_rate']:>6.2f}%"
-            f" {100 * r['sglang+_token_hit_rate']:>7.2f}%"
-            f" {100 * r['marconi_token_hit_rate']:>7.2f}%"
-            f" | {r['marconi_over_vllm+']:>5.1f}x {r['marconi_over_sglang+']:>4.2f}x"
-            f" | {r['max_peak_over_capacity']:>8.3f} {r['marconi_alpha']:>5.1f}"
+def print_hit_table(title: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n{title}: token hit rate (%)")
+    cols = [*SYSTEMS, "oracle"]
+    print(f"{'cache':>10} | " + " ".join(f"{c:>11}" for c in cols) + " | m+ - m | m / v+")
+    for row in rows:
+        cells = " ".join(f"{100 * row[c]:>11.2f}" for c in cols)
+        diff = 100 * (row["marconi+"] - row["marconi"])
+        ratio = row["marconi"] / max(row["vllm+"], 1e-12)
+        print(f"{row['cache']:>10} | {cells} | {diff:>+6.2f} | {ratio:>5.1f}x")
+    if "artifact_marconi" in rows[0]:
+        print(
+            "artifact's simulator (%): "
+            + "; ".join(
+                f"{row['cache']}: "
+                + " / ".join(f"{k} {100 * row[f'artifact_{k}']:.2f}" for k in ARTIFACT)
+                for row in rows
+            )
         )
-        if artifact:
-            line += " | " + " / ".join(f"{100 * r[f'artifact_{k}']:.2f}%" for k in SYSTEMS)
-        print(line)
+
+
+def admission_rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        if r.system not in ("marconi", "marconi+", "sglang+", "vllm+", "vllm+refill"):
+            continue
+        for reason in ADMISSION_REASONS:
+            admitted = r.states_by_reason.get(reason, 0)
+            if not admitted:
+                continue
+            rows.append(
+                {
+                    "system": r.system,
+                    "cache": size_label(r.cache_bytes),
+                    "reason": reason,
+                    "admitted": admitted,
+                    "states_hit": r.states_hit_by_reason.get(reason, 0),
+                    "hits": r.hits_by_reason.get(reason, 0),
+                    "hit_tokens_share": r.hit_tokens_by_reason.get(reason, 0)
+                    / max(r.input_tokens, 1),
+                }
+            )
+    return rows
+
+
+def print_admission(title: str, rows: list[dict[str, Any]], systems: Sequence[str]) -> None:
+    print(f"\n{title}: states admitted by reason, the share that served a hit, and the")
+    print("input tokens those hits reused (% of all input tokens)")
+    print(
+        f"{'system':>10} {'cache':>10} {'reason':>11} {'admitted':>9} {'hit %':>6} {'tokens %':>8}"
+    )
+    for row in rows:
+        if row["system"] not in systems:
+            continue
+        hit = 100 * row["states_hit"] / row["admitted"]
+        print(
+            f"{row['system']:>10} {row['cache']:>10} {row['reason']:>11} {row['admitted']:>9}"
+            f" {hit:>6.1f} {100 * row['hit_tokens_share']:>8.2f}"
+        )
+
+
+def ablation(
+    cases: Sequence[TraceCase], traces: dict[str, list[RequestLike]], cost: CostModel, jobs: int
+) -> list[dict[str, Any]]:
+    rows = []
+    for case in cases:
+        configs = [
+            RunConfig("marconi", size, efficiency=formula)
+            for formula in EFFICIENCY_FORMULAS
+            for size in case.sizes
+        ]
+        results, _ = run_all(traces[case.name], cost, configs, jobs, f"ablation {case.name}")
+        for cfg, r in zip(configs, results, strict=True):
+            rows.append(
+                {
+                    "trace": case.name,
+                    "cache": size_label(cfg.cache_bytes),
+                    "efficiency": cfg.efficiency,
+                    "token_hit_rate": r.token_hit_rate,
+                    "alpha": r.alpha,
+                }
+            )
+    return rows
+
+
+def print_ablation(rows: list[dict[str, Any]]) -> None:
+    print("\nFLOP-efficiency formula ablation: marconi, alpha tuned; hit rate % (alpha picked)")
+    formulas = list(EFFICIENCY_FORMULAS)
+    print(f"{'trace':>9} {'cache':>8} | " + " ".join(f"{f:>14}" for f in formulas))
+    keys = list(dict.fromkeys((r["trace"], r["cache"]) for r in rows))
+    by = {(r["trace"], r["cache"], r["efficiency"]): r for r in rows}
+    for trace, cache in keys:
+        picked = [by[(trace, cache, f)] for f in formulas]
+        cells = " ".join(f"{100 * r['token_hit_rate']:>7.2f} ({r['alpha']:>3.1f})" for r in picked)
+        print(f"{trace:>9} {cache:>8} | {cells}")
+    means = {
+        f: np.mean([r["token_hit_rate"] for r in rows if r["efficiency"] == f]) for f in formulas
+    }
+    print("mean over all rows: " + ", ".join(f"{f} {100 * m:.2f}%" for f, m in means.items()))
 
 
 def tuner_job(requests, cost, capacity: int, window: int) -> TuneJob:  # type: ignore[no-untyped-def]
@@ -120,64 +246,99 @@ def eviction_decision_cost(cost: CostModel, n_candidates: int) -> dict[str, floa
     return out
 
 
+def sweep_speed(requests: list[RequestLike], cost: CostModel, jobs: int) -> dict[str, Any]:
+    n_tok = sum(len(r.input_tokens) for r in requests)
+    out: dict[str, Any] = {}
+    for label, vllm in (("vllm+", "vllm+"), ("vllm+refill", "vllm+refill")):
+        systems = (vllm, *SWEEP_SYSTEMS[1:])
+        configs = [RunConfig(s, c) for s in systems for c in SWE.sizes]
+        results, wall = run_all(requests, cost, configs, jobs, f"SWE sweep ({label})")
+        out[label] = {
+            "wall_s": wall,
+            "vs_artifact": ARTIFACT_SWEEP_S / wall,
+            "runs": [
+                {
+                    "system": r.system,
+                    "cache": size_label(r.cache_bytes),
+                    "wall_s": r.wall_s,
+                    "requests_per_s": len(requests) / r.wall_s,
+                    "input_tokens_per_s": n_tok / r.wall_s,
+                }
+                for r in results
+            ],
+        }
+        print(
+            f"12-run SWE sweep with {label}: {wall:.2f} s on {jobs} processes, "
+            f"{ARTIFACT_SWEEP_S / wall:.0f}x the authors' simulator "
+            f"(~{ARTIFACT_SWEEP_S / 60:.0f} min); "
+            "per run "
+            + ", ".join(
+                f"{x['system']}@{x['cache']} {x['wall_s']:.2f}s" for x in out[label]["runs"]
+            )
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/core", help="output folder")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes for sweeps")
     parser.add_argument("--window", type=int, default=1000, help="tuner window (requests)")
+    parser.add_argument(
+        "--skip-mooncake", action="store_true", help="leave out the two Mooncake traces"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cost = CostModel.from_spec(get_preset("paper-7b"))
-    report: dict[str, object] = {"model": "paper-7b"}
+    report: dict[str, Any] = {"model": "paper-7b", "jobs": args.jobs}
+    cases = [c for c in CASES if not (args.skip_mooncake and c.spec.startswith("mooncake"))]
+    traces = {case.name: case.load() for case in tqdm(cases, desc="loading traces", leave=False)}
 
-    share = load_trace("sharegpt", n_sessions=100, sessions_per_second=1.0)
-    reqs = list(share.requests)
-    results, wall = sweep(reqs, cost, SIZES, args.jobs)
-    rows = hit_table(results, SIZES, artifact=True)
-    print_hit_table(f"ShareGPT, 100 sessions, {len(reqs)} requests: token hit rate", rows, True)
-    oracle = oracle_record(reqs)
-    print(f"oracle bound: {100 * oracle['token_hit_rate']:.2f}%")
-    n_tok = sum(len(r.input_tokens) for r in reqs)
-    speed = [
-        {
-            "system": r.system,
-            "cache_bytes": r.cache_bytes,
-            "wall_s": r.wall_s,
-            "requests_per_s": len(reqs) / r.wall_s,
-            "input_tokens_per_s": n_tok / r.wall_s,
+    print("== 4. replay speed")
+    report["sweep"] = sweep_speed(traces[SWE.name], cost, args.jobs)
+
+    report["traces"] = {}
+    for case in cases:
+        reqs = traces[case.name]
+        oracle = oracle_record(reqs)
+        configs = [RunConfig(s, c) for s in SYSTEMS for c in case.sizes]
+        results, wall = run_all(reqs, cost, configs, args.jobs, case.name)
+        rows = hit_rows(case, results, float(oracle["token_hit_rate"]))
+        n_in = sum(len(r.input_tokens) for r in reqs)
+        print(
+            f"\n== 1. {case.name}: {len(reqs)} requests, mean input {n_in / len(reqs):,.0f} tokens"
+        )
+        print_hit_table(case.name, rows)
+        adm = admission_rows(results)
+        print_admission(case.name, adm, ("sglang+", "marconi", "marconi+"))
+        report["traces"][case.name] = {
+            "rows": rows,
+            "oracle": oracle,
+            "admission": adm,
+            "wall_s": wall,
+            "records": [r.to_record() for r in results],
         }
-        for r in results
-    ]
-    print(f"12-run sweep wall time: {wall:.2f} s with {args.jobs} processes")
-    print(
-        f"per run: {min(s['requests_per_s'] for s in speed):,.0f}.."
-        f"{max(s['requests_per_s'] for s in speed):,.0f} requests/s, "
-        f"{min(s['input_tokens_per_s'] for s in speed) / 1e6:.1f}.."
-        f"{max(s['input_tokens_per_s'] for s in speed) / 1e6:.1f} M input tokens/s"
-    )
-    report["sharegpt"] = {
-        "rows": rows,
-        "oracle": oracle,
-        "sweep_wall_s": wall,
-        "runs": speed,
-        "records": [r.to_record() for r in results],
-    }
-    plot_hit_rate_vs_cache(
-        [r.to_record() for r in results],
-        out / "sharegpt_hit_rates.png",
-        title="ShareGPT (100 sessions, 1 sps), paper 7B hybrid",
-        oracle_hit_rate=float(oracle["token_hit_rate"]),  # type: ignore[arg-type]
-    )
+        finite = [r.to_record() for r in results if r.cache_bytes < UNBOUNDED]
+        plot_hit_rate_vs_cache(
+            finite,
+            out / f"{case.name}_hit_rates.png",
+            title=f"{case.name}, paper 7B hybrid",
+            oracle_hit_rate=float(oracle["token_hit_rate"]),
+        )
 
-    job = tuner_job(reqs, cost, SIZES[0], args.window)
+    print("\n== 3. efficiency ablation")
+    report["ablation"] = ablation([SHAREGPT, SWE], traces, cost, args.jobs)
+    print_ablation(report["ablation"])
+
+    job = tuner_job(traces[SHAREGPT.name], cost, SHAREGPT.sizes[0], args.window)
     serial = run_grid(job)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         pool.submit(int).result()  # workers up before timing
         parallel = run_grid(job, pool.map, n_tasks=2)
     assert serial.scores == parallel.scores
     print(
-        f"\ntuner grid (21 alphas, {len(job.window)}-request window): serial "
+        f"\n== 5. tuner grid (21 alphas, {len(job.window)}-request window): serial "
         f"{serial.wall_s:.2f} s, 2 processes {parallel.wall_s:.2f} s "
         f"({serial.wall_s / parallel.wall_s:.2f}x), best alpha {serial.best_alpha}"
     )
@@ -187,34 +348,14 @@ def main() -> None:
         "two_process_s": parallel.wall_s,
         "best_alpha": serial.best_alpha,
     }
-
-    swe = load_trace("swebench")
-    swe_reqs = list(swe.requests)
-    stats = swe.stats()
-    swe_results, swe_wall = sweep(swe_reqs, cost, SWE_SIZES, args.jobs)
-    swe_rows = hit_table(swe_results, SWE_SIZES, artifact=False)
-    print_hit_table(
-        f"SWE-bench agent trace, {len(swe_reqs)} requests, mean input "
-        f"{stats['mean_input_tokens']:,.0f} tokens",
-        swe_rows,
-        False,
-    )
-    print(f"12-run SWE sweep wall time: {swe_wall:.2f} s with {args.jobs} processes")
-    report["swebench"] = {
-        "rows": swe_rows,
-        "sweep_wall_s": swe_wall,
-        "stats": stats,
-        "oracle": oracle_record(swe_reqs),
-    }
-
     decision = eviction_decision_cost(cost, 10_000)
     print(
-        f"\none eviction decision over 10k candidates: LRU {decision['lru']:.0f} us, "
+        f"== 6. one eviction decision over 10k candidates: LRU {decision['lru']:.0f} us, "
         f"FLOP-aware {decision['flop_aware']:.0f} us"
     )
     report["eviction_decision_us"] = decision
     (out / "bench_core.json").write_text(json.dumps(report, indent=2, default=float))
-    print(f"\nwrote {out / 'bench_core.json'} and {out / 'sharegpt_hit_rates.png'}")
+    print(f"\nwrote {out / 'bench_core.json'} and the plots in {out}")
 
 
 if __name__ == "__main__":

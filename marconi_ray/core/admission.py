@@ -5,7 +5,7 @@ A policy names checkpoint depths in two phases, so a live engine knows them in t
   in (hit_len, n_input]. The engine captures the states there during prefill.
 - `decode_checkpoints`, for the sequence the request leaves behind; depths in
   (n_input, n_total]. The engine captures them while decoding.
-Each depth comes with its reason: "branch", "last_token" or "block".
+Each depth comes with its reason: "branch", "last_token", "block" or "speculative".
 A policy may also declare that a state it keeps makes an earlier one on the same path
 redundant (`supersedes`): the cache then drops the earlier state when it commits the new
 one (the artifact's vLLM+ refills a partial block in place).
@@ -41,6 +41,18 @@ class AdmissionPolicy(ABC):
         return False
 
     @property
+    def tunable(self) -> bool:
+        """Does the policy have a `speculate` knob for the tuner to set?"""
+        return False
+
+    def state(self) -> dict[str, int]:
+        """Mutable policy state a snapshot must carry (default: none)."""
+        return {}
+
+    def set_state(self, state: dict[str, int]) -> None:  # noqa: B027 (a no-op by default)
+        """Restore what `state` returned."""
+
+    @property
     def refills(self) -> bool:
         """True when `supersedes` can ever hold (the cache checks it only then)."""
         return False
@@ -71,6 +83,64 @@ class MarconiAdmission(AdmissionPolicy):
 
     def decode_checkpoints(self, n_input: int, n_total: int) -> list[Checkpoint]:
         return [(n_total, "last_token")]
+
+
+class MarconiPlusAdmission(MarconiAdmission):
+    """Marconi's admission plus speculative checkpoints inside long inputs (`marconi+`).
+
+    Marconi keeps a state where an input leaves the tree and after the last decoded
+    token. Reuse of a prefix that ended *inside* an earlier input (a shared system
+    prompt or document seen once before) then misses on its first reuse, where the
+    branch checkpoint is only created. `marconi+` also checkpoints each new input at
+    block-aligned depths spaced geometrically from the root (`block`, 2 `block`,
+    4 `block`, ...: O(log n) states per input, each a "speculative" state), so a first
+    reuse of a block-aligned prefix of length L gets at least L/2 of it, and a long
+    input's tail can be evicted while its head, the part other requests share, stays.
+
+    Speculation pays only where such reuse exists; where it does not, its states take
+    bytes that proven states would use. So `speculate` is a knob the bootstrap tuner sets
+    with alpha: it replays its window with speculation on and off and keeps what hit more
+    (`core.tuner`). It starts on, and is off while the tuner records its first window.
+    """
+
+    def __init__(self, block: int = 512, speculate: bool = True) -> None:
+        if block <= 0:
+            raise ValueError(f"marconi+ block size must be > 0, got {block}")
+        self.block = block
+        self.speculate = speculate
+        self.name = "marconi+" if block == 512 else f"marconi+:{block}"
+
+    @property
+    def tunable(self) -> bool:
+        return True
+
+    def speculative_depths(self, hit_len: int, n_input: int) -> list[int]:
+        """Block-aligned depths block * 2**k in (hit_len, n_input)."""
+        out: list[int] = []
+        depth = self.block
+        while depth < n_input:
+            if depth > hit_len:
+                out.append(depth)
+            depth *= 2
+        return out
+
+    def prefill_checkpoints(self, match: Match, n_input: int) -> list[Checkpoint]:
+        base = super().prefill_checkpoints(match, n_input)
+        if not self.speculate:
+            return base
+        taken = {d for d, _ in base}
+        spec = [
+            (d, "speculative")
+            for d in self.speculative_depths(match.hit_len, n_input)
+            if d not in taken
+        ]
+        return sorted(base + spec)
+
+    def state(self) -> dict[str, int]:
+        return {"speculate": int(self.speculate)}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.speculate = bool(state["speculate"])
 
 
 class FineGrainedAdmission(AdmissionPolicy):
@@ -138,19 +208,24 @@ class NoAdmission(AdmissionPolicy):
         return []
 
 
-def _block_size(arg: str) -> int:
+def _block_size(arg: str, name: str) -> int:
     try:
         return int(arg)
     except ValueError:
-        raise ValueError(f"fine_grained block size must be an integer, got {arg!r}") from None
+        raise ValueError(f"{name} block size must be an integer, got {arg!r}") from None
 
 
 ADMISSION_POLICIES: Mapping[str, Callable[[str], AdmissionPolicy]] = MappingProxyType(
     {
         "marconi": lambda _arg: MarconiAdmission(),
+        "marconi+": lambda arg: (
+            MarconiPlusAdmission(_block_size(arg, "marconi+")) if arg else MarconiPlusAdmission()
+        ),
         "none": lambda _arg: NoAdmission(),
-        "fine_grained": lambda arg: FineGrainedAdmission(_block_size(arg)),
-        "fine_grained_refill": lambda arg: FineGrainedRefillAdmission(_block_size(arg)),
+        "fine_grained": lambda arg: FineGrainedAdmission(_block_size(arg, "fine_grained")),
+        "fine_grained_refill": lambda arg: FineGrainedRefillAdmission(
+            _block_size(arg, "fine_grained_refill")
+        ),
     }
 )
 
@@ -158,6 +233,7 @@ ADMISSION_POLICIES: Mapping[str, Callable[[str], AdmissionPolicy]] = MappingProx
 def make_admission(spec: str) -> AdmissionPolicy:
     """Build a policy from `name` or `name:ARG` (e.g. `fine_grained:32`)."""
     blocked = ("fine_grained", "fine_grained_refill")
+    optional = ("marconi+",)
     name, _, arg = spec.partition(":")
     factory = ADMISSION_POLICIES.get(name)
     if factory is None:
@@ -166,6 +242,6 @@ def make_admission(spec: str) -> AdmissionPolicy:
         )
     if name in blocked and not arg:
         raise ValueError(f"admission policy {spec!r} needs a block size, e.g. {name}:32")
-    if name not in blocked and arg:
+    if name not in blocked and name not in optional and arg:
         raise ValueError(f"admission policy {name!r} takes no argument, got {spec!r}")
     return factory(arg)

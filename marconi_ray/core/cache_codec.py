@@ -27,7 +27,7 @@ import dataclasses
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel
 from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache, as_tokens
 from marconi_ray.core.radix_tree import FlatTree, RadixTree
 from marconi_ray.core.stats import ADMISSION_REASONS, CacheStats
@@ -59,9 +59,22 @@ _CACHE_KEYS = (
     "stats",
     "tree",
     "plans",
+    "reasons",
+    "admission_state",
 )
 _COST_KEYS = ("flops_linear", "flops_quadratic", "kv_bytes_per_token", "state_bytes")
-_CONFIG_KEYS = ("capacity_bytes", "admission", "eviction", "alpha", "recency")
+_CONFIG_KEYS = ("capacity_bytes", "admission", "eviction", "alpha", "recency", "efficiency")
+_OPTIONAL_KEYS: dict[str, object] = {
+    "efficiency": DEFAULT_EFFICIENCY,
+    "states_superseded": 0,
+    "hits_by_reason": {},
+    "hit_tokens_by_reason": {},
+    "states_hit": {},
+    "reasons": None,
+    "admission_state": {},
+}
+"""Keys later versions of the form added, and the value a form without one means (so
+snapshots written before them still restore as before)."""
 _STATS_INTS = (
     "requests",
     "hit_requests",
@@ -73,7 +86,9 @@ _STATS_INTS = (
     "peak_bytes",
 )
 _STATS_FLOATS = ("flops_total", "flops_saved")
-_STATS_KEYS = (*_STATS_INTS, *_STATS_FLOATS, "states_admitted")
+_STATS_BY_REASON = ("states_admitted", "hits_by_reason", "hit_tokens_by_reason", "states_hit")
+_STATS_KEYS = (*_STATS_INTS, *_STATS_FLOATS, *_STATS_BY_REASON)
+_REASON_KEYS = ("state", "reason", "hit")
 _TREE_COLUMNS = {
     "parent": "<i8",
     "slot": "<i8",
@@ -129,6 +144,7 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
             "eviction": str(config.eviction),
             "alpha": float(config.alpha),
             "recency": str(config.recency),
+            "efficiency": str(config.efficiency),
         },
         "alpha": float(cache.alpha),
         "clock": float(cache.clock),
@@ -138,8 +154,13 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
         "stats": {
             **{k: int(getattr(stats, k)) for k in _STATS_INTS},
             **{k: float(getattr(stats, k)) for k in _STATS_FLOATS},
-            "states_admitted": {k: int(v) for k, v in stats.states_admitted.items()},
+            **{
+                name: {k: int(v) for k, v in getattr(stats, name).items()}
+                for name in _STATS_BY_REASON
+            },
         },
+        "reasons": _reasons_record(cache),
+        "admission_state": {k: int(v) for k, v in cache.admission.state().items()},
         "tree": tree,
         "plans": [
             {
@@ -177,7 +198,7 @@ def _plan_locks(
 # ----------------------------------------------------------------- decoding
 def from_record(state: object) -> PrefixCache:
     """Validate a `to_state` structure and rebuild the cache; ValueError if malformed."""
-    top = check_header(state, "cache", CACHE_KIND, _CACHE_KEYS)
+    top = check_header(_with_defaults(state, _CACHE_KEYS), "cache", CACHE_KIND, _CACHE_KEYS)
     cost_f = Fields(top.get("cost"), "cache.cost", _COST_KEYS)
     cost = CostModel(
         cost_f.get_float("flops_linear"),
@@ -185,13 +206,14 @@ def from_record(state: object) -> PrefixCache:
         cost_f.get_int("kv_bytes_per_token"),
         cost_f.get_int("state_bytes"),
     )
-    config_f = Fields(top.get("config"), "cache.config", _CONFIG_KEYS)
+    config_f = Fields(_with_defaults(top.get("config"), _CONFIG_KEYS), "cache.config", _CONFIG_KEYS)
     config = CacheConfig(
         config_f.get_int("capacity_bytes"),
         config_f.get_str("admission"),
         config_f.get_str("eviction"),
         config_f.get_float("alpha"),
         config_f.get_str("recency"),
+        config_f.get_str("efficiency"),
     )
     cache = PrefixCache(cost, config)
     cache.set_alpha(top.get_float("alpha"))
@@ -201,6 +223,11 @@ def from_record(state: object) -> PrefixCache:
     cache.stats = _stats_from(top.get("stats"))
     flat = _flat_from(top.get("tree"))
     cache.tree = RadixTree.from_flat(cost, flat)
+    _reasons_from(top.get("reasons"), cache, flat)
+    admission_state = Fields(
+        top.get("admission_state"), "cache.admission_state", tuple(cache.admission.state())
+    )
+    cache.admission.set_state({k: admission_state.get_int(k) for k in cache.admission.state()})
     plans = [_plan_from(cache, flat, obj, i) for i, obj in enumerate(top.get_list("plans"))]
     _check_plans(cache, flat, plans, top.get_int("reserved", 0))
     cache._open = {plan.plan_id: plan for plan in plans}
@@ -208,18 +235,71 @@ def from_record(state: object) -> PrefixCache:
     return cache
 
 
+def _with_defaults(obj: object, keys: tuple[str, ...]) -> object:
+    """A map of the form, with the `_OPTIONAL_KEYS` among `keys` (its key list) that it
+    lacks filled in (a copy; anything but a map as it is)."""
+    if not isinstance(obj, dict):
+        return obj
+    out = dict(obj)
+    for key in keys:
+        if key in _OPTIONAL_KEYS:
+            out.setdefault(key, _OPTIONAL_KEYS[key])
+    return out
+
+
 def _stats_from(obj: object) -> CacheStats:
-    fields = Fields(obj, "cache.stats", _STATS_KEYS)
+    fields = Fields(_with_defaults(obj, _STATS_KEYS), "cache.stats", _STATS_KEYS)
     stats = CacheStats()
     for key in _STATS_INTS:
         setattr(stats, key, fields.get_int(key, 0))
     for key in _STATS_FLOATS:
         setattr(stats, key, fields.get_float(key))
-    admitted = Fields(
-        fields.get("states_admitted"), "cache.stats.states_admitted", ADMISSION_REASONS
-    )
-    stats.states_admitted = {reason: admitted.get_int(reason, 0) for reason in ADMISSION_REASONS}
+    for name in _STATS_BY_REASON:
+        got = fields.get(name)
+        present = tuple(got) if isinstance(got, dict) else ADMISSION_REASONS
+        counts = Fields(got, f"cache.stats.{name}", present)
+        unknown = sorted(set(present) - set(ADMISSION_REASONS))
+        if unknown:
+            raise ValueError(f"cache.stats.{name}: unknown key(s) {unknown}")
+        setattr(
+            stats, name, {r: counts.get_int(r, 0) if r in present else 0 for r in ADMISSION_REASONS}
+        )
     return stats
+
+
+def _reasons_record(cache: PrefixCache) -> Record:
+    """Why each live state was admitted, as columns: state ids, reason codes (indices in
+    `ADMISSION_REASONS`), and whether each has served a hit."""
+    ids = np.fromiter(cache.reasons, np.int64, len(cache.reasons))
+    codes = np.fromiter(
+        (ADMISSION_REASONS.index(r) for r in cache.reasons.values()), np.int64, len(ids)
+    )
+    hit = np.fromiter((sid in cache.hit_once for sid in cache.reasons), np.bool_, len(ids))
+    return {
+        "state": encode_array(ids, "<i8"),
+        "reason": encode_array(codes, "<i8"),
+        "hit": encode_array(hit, "|u1"),
+    }
+
+
+def _reasons_from(obj: object, cache: PrefixCache, flat: FlatTree) -> None:
+    """Restore `cache.reasons` and `cache.hit_once`; every state must be one the tree holds
+    (a form without them, from before they existed, restores none)."""
+    if obj is None:
+        return
+    f = Fields(obj, "cache.reasons", _REASON_KEYS)
+    ids = f.get_array("state", "<i8")
+    codes = f.get_array("reason", "<i8")
+    hit = f.get_array("hit", "|u1")
+    if not len(ids) == len(codes) == len(hit):
+        raise ValueError("cache.reasons: columns of different lengths")
+    if len(codes) and (codes.min() < 0 or codes.max() >= len(ADMISSION_REASONS)):
+        raise ValueError(f"cache.reasons.reason: codes must be in [0, {len(ADMISSION_REASONS)})")
+    unknown = np.setdiff1d(ids, flat.state[flat.state != NO_STATE])
+    if len(unknown):
+        raise ValueError(f"cache.reasons: state {int(unknown[0])} is not in the tree")
+    cache.reasons = {int(i): ADMISSION_REASONS[int(c)] for i, c in zip(ids, codes, strict=True)}
+    cache.hit_once = {int(i) for i, h in zip(ids, hit, strict=True) if h}
 
 
 def _flat_from(obj: object) -> FlatTree:
@@ -268,6 +348,7 @@ def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
         tuple(checkpoints),
         fields.get_int("reserved", 0),
         Reclaimed(),
+        cache.reasons.get(node.state, "") if hit_len else "",
     )
 
 

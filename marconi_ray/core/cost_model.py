@@ -9,8 +9,16 @@ quadratic one), so prefilling `n_new` tokens after a cached prefix of `n_prefix`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 class SpecLike(Protocol):
@@ -68,8 +76,16 @@ class CostModel:
     def kv_bytes(self, n_tokens: int) -> int:
         return self.kv_bytes_per_token * n_tokens
 
-    def efficiency(self, depth: int, anchor_depth: int, edge_len: int, is_leaf: bool) -> float:
-        """FLOPs saved per byte freed by evicting a state-holding node.
+    def efficiency(
+        self,
+        depth: int,
+        anchor_depth: int,
+        edge_len: int,
+        is_leaf: bool,
+        formula: str = "freed",
+    ) -> float:
+        """FLOPs saved per byte held by a state-holding node, by `formula` (the scalar
+        reference of `EFFICIENCY_FORMULAS`, which the eviction policy evaluates vectorised).
 
         Args:
             depth: tokens from the root to the end of the node.
@@ -78,6 +94,126 @@ class CostModel:
             edge_len: tokens on the node's edge.
             is_leaf: a leaf frees its edge's KV with its state; an inner node's KV is
                 merged into its child, so only the state is freed.
+            formula: a name from `EFFICIENCY_FORMULAS`:
+                `freed`: prefill_flops(depth - anchor, anchor) / (state + KV of the edge if
+                    a leaf, else state): FLOPs lost per byte eviction frees (default).
+                `paper`: total_flops(depth) / (state + KV of all `depth` tokens): the
+                    node's whole prefix per byte of everything it holds (Marconi's text).
+                `artifact`: prefill_flops(edge_len, depth - edge_len) / (state + KV of all
+                    `depth` tokens): the edge given its parent, per byte of the path (the
+                    authors' simulator, without its MLP-FLOP bug).
+                `uniform`: prefill_flops(depth - anchor, anchor) / (state + KV of the
+                    edge), leaves and inner nodes alike.
         """
+        validate_efficiency(formula)
+        if formula == "paper":
+            return self.total_flops(depth) / (self.state_bytes + self.kv_bytes(depth))
+        if formula == "artifact":
+            return self.prefill_flops(edge_len, depth - edge_len) / (
+                self.state_bytes + self.kv_bytes(depth)
+            )
+        if formula == "uniform":
+            return self.prefill_flops(depth - anchor_depth, anchor_depth) / (
+                self.state_bytes + self.kv_bytes(edge_len)
+            )
         freed = self.state_bytes + (self.kv_bytes_per_token * edge_len if is_leaf else 0)
         return self.prefill_flops(depth - anchor_depth, anchor_depth) / freed
+
+    def efficiencies(
+        self,
+        depth: IntArray,
+        anchor_depth: IntArray,
+        edge_len: IntArray,
+        is_leaf: npt.NDArray[np.bool_],
+        formula: str = "freed",
+    ) -> FloatArray:
+        """`efficiency` of many nodes at once (int64 / bool arrays of one length); equal,
+        element by element and bit for bit, to the scalar reference."""
+        fn = EFFICIENCY_FORMULAS[validate_efficiency(formula)]
+        return fn(self, depth, anchor_depth, edge_len, is_leaf)
+
+
+# Vectorised formulas: the same floating-point operations in the same order as the
+# scalar reference (`CostModel.efficiency`), so values match it bit for bit. Integer parts
+# are exact in any order (int64, as Python's ints are below 3e9 tokens), so they take the
+# fewest numpy calls: `end**2 - n_prefix**2 == n_new * (end + n_prefix)`.
+def _prefill(cost: CostModel, n_new: IntArray, n_prefix: IntArray, end: IntArray) -> FloatArray:
+    """`CostModel.prefill_flops(n_new, n_prefix)`, given `end == n_prefix + n_new`."""
+    out: FloatArray = cost.flops_linear * n_new + cost.flops_quadratic * (n_new * (end + n_prefix))
+    return out
+
+
+def _eff_freed(
+    cost: CostModel,
+    depth: IntArray,
+    anchor: IntArray,
+    edge_len: IntArray,
+    leaf: npt.NDArray[np.bool_],
+) -> FloatArray:
+    freed = cost.state_bytes + cost.kv_bytes_per_token * (edge_len * leaf)
+    out: FloatArray = _prefill(cost, depth - anchor, anchor, depth) / freed
+    return out
+
+
+def _eff_paper(
+    cost: CostModel,
+    depth: IntArray,
+    anchor: IntArray,
+    edge_len: IntArray,
+    leaf: npt.NDArray[np.bool_],
+) -> FloatArray:
+    flops = cost.flops_linear * depth + cost.flops_quadratic * depth * depth
+    out: FloatArray = flops / (cost.state_bytes + cost.kv_bytes_per_token * depth)
+    return out
+
+
+def _eff_artifact(
+    cost: CostModel,
+    depth: IntArray,
+    anchor: IntArray,
+    edge_len: IntArray,
+    leaf: npt.NDArray[np.bool_],
+) -> FloatArray:
+    out: FloatArray = _prefill(cost, edge_len, depth - edge_len, depth) / (
+        cost.state_bytes + cost.kv_bytes_per_token * depth
+    )
+    return out
+
+
+def _eff_uniform(
+    cost: CostModel,
+    depth: IntArray,
+    anchor: IntArray,
+    edge_len: IntArray,
+    leaf: npt.NDArray[np.bool_],
+) -> FloatArray:
+    out: FloatArray = _prefill(cost, depth - anchor, anchor, depth) / (
+        cost.state_bytes + cost.kv_bytes_per_token * edge_len
+    )
+    return out
+
+
+EfficiencyFormula = Callable[
+    [CostModel, IntArray, IntArray, IntArray, npt.NDArray[np.bool_]], FloatArray
+]
+
+EFFICIENCY_FORMULAS: Mapping[str, EfficiencyFormula] = MappingProxyType(
+    {
+        "freed": _eff_freed,
+        "paper": _eff_paper,
+        "artifact": _eff_artifact,
+        "uniform": _eff_uniform,
+    }
+)
+"""FLOP-efficiency formulas of FLOP-aware eviction by name (see `CostModel.efficiency`)."""
+
+DEFAULT_EFFICIENCY = "freed"
+
+
+def validate_efficiency(formula: str) -> str:
+    """`formula` if it names an `EFFICIENCY_FORMULAS` entry; else ValueError naming it."""
+    if formula not in EFFICIENCY_FORMULAS:
+        raise ValueError(
+            f"unknown efficiency formula {formula!r}; choose from {sorted(EFFICIENCY_FORMULAS)}"
+        )
+    return formula

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
+from marconi_ray.core.cost_model import EFFICIENCY_FORMULAS
 from marconi_ray.core.radix_tree import RadixTree
-from marconi_ray.core.tree_types import NO_STATE
+from marconi_ray.core.tree_types import NO_STATE, Node
 
 
 def check_tree(tree: RadixTree) -> None:
@@ -13,6 +14,13 @@ def check_tree(tree: RadixTree) -> None:
     n_tokens = 0
     n_states = 0
     seen_slots: set[int] = set()
+    heap_entries = set(tree.table.lru)
+    candidates: list[tuple[Node, int]] = []
+    root_slot = tree.root.slot
+    assert tree.table.depth[root_slot] == 0 and tree.table.anchor[root_slot] == 0, (
+        "the root's columns must be 0"
+    )
+    assert tree.table.edge_len[root_slot] == 0, "the root's columns must be 0"
     for node in tree.iter_nodes():
         assert node.slot not in seen_slots, f"slot {node.slot} used twice"
         seen_slots.add(node.slot)
@@ -38,19 +46,39 @@ def check_tree(tree: RadixTree) -> None:
         assert bool(tree.table.evictable[slot]) == candidate, f"{node!r} evictable flag stale"
         leaf = candidate and not node.children
         assert bool(tree.table.leaf[slot]) == leaf, f"{node!r} leaf flag stale"
-        if node.state != NO_STATE:
-            want = tree.cost.efficiency(
-                node.depth, tree.anchor_depth(node), len(node.edge), not node.children
-            )
-            got = float(tree.table.efficiency[slot])
-            assert math.isclose(got, want, rel_tol=1e-9), f"{node!r} efficiency {got} != {want}"
+        table = tree.table
+        assert table.depth[slot] == node.depth, f"{node!r} depth column stale"
+        assert table.edge_len[slot] == len(node.edge), f"{node!r} edge_len column stale"
+        anchor = tree.anchor_depth(node)
+        assert table.anchor[slot] == anchor, f"{node!r} anchor column {table.anchor[slot]}"
+        if leaf:
+            entry = (float(table.last_access[slot]), slot)
+            assert entry in heap_entries, f"{node!r} is a leaf missing from the LRU heap"
+        if candidate:
+            candidates.append((node, anchor))
     assert len(seen_slots) == len(tree.nodes), "slot map holds dead nodes"
     assert tree.table.used_slots() == len(tree.nodes), "node table leaks slots"
     assert n_tokens == tree.n_tokens, f"n_tokens {tree.n_tokens} != sum {n_tokens}"
     assert n_states == tree.n_states, f"n_states {tree.n_states} != sum {n_states}"
+    _check_efficiencies(tree, candidates)
     live = set(tree.nodes)
     for slot in range(tree.table.n_slots):
         if slot not in live:
             assert not tree.table.evictable[slot] and not tree.table.leaf[slot], (
                 f"free slot {slot} is a candidate"
             )
+
+
+def _check_efficiencies(tree: RadixTree, candidates: list[tuple[Node, int]]) -> None:
+    """Every formula, vectorised over the candidates' columns, equals its scalar
+    reference computed from the nodes themselves, bit for bit."""
+    if not candidates:
+        return
+    slots = np.asarray([node.slot for node, _ in candidates], dtype=np.int64)
+    for formula in EFFICIENCY_FORMULAS:
+        got = tree.table.efficiency(tree.cost, formula, slots).tolist()
+        for (node, anchor), value in zip(candidates, got, strict=True):
+            want = tree.cost.efficiency(
+                node.depth, anchor, len(node.edge), not node.children, formula
+            )
+            assert value == want, f"{node!r} {formula} efficiency {value} != {want}"

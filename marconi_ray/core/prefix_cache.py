@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from marconi_ray.core.admission import AdmissionPolicy, Checkpoint, make_admission
-from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel, validate_efficiency
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
@@ -32,10 +32,13 @@ class CacheConfig:
 
     Attributes:
         capacity_bytes: hard limit on KV + SSM bytes held.
-        admission: `marconi`, `fine_grained:BLOCK` or `none`.
+        admission: `marconi`, `marconi+[:BLOCK]`, `fine_grained:BLOCK`,
+            `fine_grained_refill:BLOCK` or `none` (see `core.admission`).
         eviction: `lru` or `flop_aware`.
         alpha: weight of FLOP efficiency in `flop_aware` eviction.
         recency: `timestamp` (paper) or `inverse_age` (artifact), for `flop_aware`.
+        efficiency: the FLOP-efficiency formula of `flop_aware`: `freed`, `paper`,
+            `artifact` or `uniform` (`cost_model.EFFICIENCY_FORMULAS`).
     """
 
     capacity_bytes: int
@@ -43,11 +46,13 @@ class CacheConfig:
     eviction: str = "flop_aware"
     alpha: float = 0.0
     recency: str = "timestamp"
+    efficiency: str = DEFAULT_EFFICIENCY
 
     def __post_init__(self) -> None:
         if not self.capacity_bytes > 0:
             raise ValueError(f"capacity_bytes must be > 0, got {self.capacity_bytes}")
         validate_alpha(self.alpha)
+        validate_efficiency(self.efficiency)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class Plan:
     checkpoints: tuple[Checkpoint, ...]
     reserved: int = 0
     freed: Reclaimed = field(default_factory=Reclaimed)
+    hit_reason: str = ""
+    """Why the hit's state was admitted ("" without a hit or when unknown)."""
 
     @property
     def hit_state(self) -> int:
@@ -86,23 +93,26 @@ class CommitResult:
 
 class CommitFailed(RuntimeError):
     """A commit failed after validation (a bug or an exhausted resource, the cause is
-    chained). The plan is still open; the tree keeps its invariants.
+    chained). The plan was aborted; the tree keeps its invariants.
 
     Attributes:
-        plan_id: the plan, still open: `abort` it.
-        freed: what the tree let go of before the failure (evicted states and KV): the
-            caller frees these, as after any commit.
+        plan_id: the plan (closed).
+        freed: what the tree let go of (evicted states, KV, and what the abort tidied),
+            none of it the caller's own: the caller frees these, as after any commit.
         held: the caller's state ids the tree took before the failure, and
         held_kv: the caller's KV handles it took: the caller must not free these; it
             frees its other ids and handles.
     """
 
     def __init__(self, plan_id: int, freed: Reclaimed, held: set[int], held_kv: set[int]) -> None:
-        super().__init__(f"commit of plan {plan_id} failed; the plan is still open")
+        super().__init__(f"commit of plan {plan_id} failed; the plan was aborted")
         self.plan_id = plan_id
         self.freed = freed
         self.held = held
         self.held_kv = held_kv
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.plan_id, self.freed, self.held, self.held_kv))
 
 
 def _check_kv(kv: KVHandle, kv_start: int, n_total: int, walk: Match | None, end: int) -> None:
@@ -150,13 +160,19 @@ class PrefixCache:
         self.config = config
         self.tree = RadixTree(cost)
         self.admission: AdmissionPolicy = make_admission(config.admission)
-        self.eviction: EvictionPolicy = make_eviction(config.eviction, config.alpha, config.recency)
+        self.eviction: EvictionPolicy = make_eviction(
+            config.eviction, config.alpha, config.recency, config.efficiency
+        )
         self.stats = CacheStats()
         self.clock = 0.0
         self._next_plan = 0
         self._next_state = 0
         self._open: dict[int, Plan] = {}
         self.reserved = 0
+        self.reasons: dict[int, str] = {}
+        """Live state id -> why it was admitted (for hits by reason and `marconi+`)."""
+        self.hit_once: set[int] = set()
+        """Live state ids that served at least one hit."""
         self._probed: tuple[object, RadixTree, int, Match] | None = None
         """(tokens, tree, tree version, match) of the last `peek`: `plan` of the same
         array object on the unchanged tree reuses the walk (route, then plan)."""
@@ -180,6 +196,13 @@ class PrefixCache:
 
     def set_alpha(self, alpha: float) -> None:
         self.eviction.alpha = validate_alpha(alpha)
+
+    def set_speculate(self, on: bool) -> None:
+        """Set the admission policy's `speculate` knob (`marconi+`); ValueError when the
+        policy has none."""
+        if not self.admission.tunable:
+            raise ValueError(f"admission {self.config.admission!r} has no speculate knob")
+        self.admission.set_state({"speculate": int(on)})
 
     @property
     def open_plans(self) -> int:
@@ -302,7 +325,11 @@ class PrefixCache:
             granted = self._reserve(
                 self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now
             )
-        plan = Plan(self._next_plan, arr, match.hit_len, match.hit_node, ckpts, granted, freed)
+        self._forget(freed)
+        reason = self.reasons.get(match.hit_node.state, "") if match.hit_len else ""
+        plan = Plan(
+            self._next_plan, arr, match.hit_len, match.hit_node, ckpts, granted, freed, reason
+        )
         self._next_plan += 1
         self._open[plan.plan_id] = plan
         return plan
@@ -319,12 +346,10 @@ class PrefixCache:
 
     def _reserve(self, want: int, freed: Reclaimed, now: float) -> int:
         """Hold back up to `want` bytes, evicting unlocked entries; returns what was held."""
-        while want > self.capacity - self.bytes_used - self.reserved:
-            victim = self.eviction.choose(self.tree, now)
-            if victim is None:
-                break
-            freed.extend(self.tree.evict(victim))
-            self.stats.evictions += 1
+        evicted, _ = self.eviction.evict_until(
+            self.tree, now, self.capacity - self.reserved - want, freed
+        )
+        self.stats.evictions += evicted
         granted = max(0, min(want, self.capacity - self.bytes_used - self.reserved))
         self.reserved += granted
         return granted
@@ -361,9 +386,10 @@ class PrefixCache:
 
         Transactional: everything is validated before anything changes, so a ValueError
         leaves the cache exactly as it was (the plan stays open; `abort` it or commit
-        again). Should a step fail after that (a bug, memory), the commit's own lock is
-        released, the tree keeps its invariants, the plan stays open, and `CommitFailed`
-        tells the caller what the tree let go of and which of its state ids it holds.
+        again). Should a step fail after that (a bug, memory), the plan is aborted (its
+        locks and reservation released), the tree keeps its invariants, nothing is
+        counted, and `CommitFailed` tells the caller what the tree let go of and which of
+        its state ids and KV handles the tree holds.
         """
         self._require_open(plan)
         full = as_tokens(tokens, "tokens")
@@ -379,11 +405,14 @@ class PrefixCache:
         # ---- nothing above changed the cache; from here on it changes
         if state_ids is None:
             self._next_state += len(ckpts)
+        self._close(plan)  # its reserved room is now its commit's
         now = self._tick()
         freed = Reclaimed()
         admitted: list[tuple[int, int, str]] = []
         dropped = 0
         kv_used = (0, 0)
+        hit = plan.hit_node
+        hit_locked = True
         try:
             if walk is not None:
                 attach = walk.attach_node
@@ -399,16 +428,20 @@ class PrefixCache:
                         admitted = [(d, sid, reason[d]) for d, sid in done.admitted]
                 finally:
                     freed.extend(self.tree.unlock(attach))
+            hit_locked = False
+            freed.extend(self.tree.unlock(hit))
+            if admitted and self.admission.refills:
+                self._drop_superseded(full, [d for d, _, _ in admitted], freed)
         except Exception as exc:
-            self._repair(full[: depths[-1]], ids, kv, freed)
-            held, held_kv = self._held(full[: depths[-1]], ids, kv)
+            if hit_locked:
+                freed.extend(self.tree.unlock(hit))
+            end = depths[-1] if depths else 0
+            self._repair(full[:end], ids, kv, freed)
+            held, held_kv = self._held(full[:end], ids, kv)
+            self._forget(freed)
             raise CommitFailed(plan.plan_id, freed, held, held_kv) from exc
-        self._close(plan)
-        freed.extend(self.tree.unlock(plan.hit_node))
-        if admitted and self.admission.refills:
-            self._drop_superseded(full, [d for d, _, _ in admitted], freed)
-        for _, _, reason_name in admitted:
-            self.stats.states_admitted[reason_name] += 1
+        self._forget(freed)
+        self._count_reasons(plan, admitted)
         self.stats.states_dropped += dropped
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes_used)
         self.stats.record_request(
@@ -420,6 +453,28 @@ class PrefixCache:
         kept = {sid for _, sid, _ in admitted}
         rejected = tuple(sid for sid in ids if sid not in kept)
         return CommitResult(tuple(admitted), rejected, freed, dropped, kv_used)
+
+    def _forget(self, freed: Reclaimed) -> None:
+        """Drop the per-state records of states that left the tree."""
+        for sid in freed.states:
+            self.reasons.pop(sid, None)
+            self.hit_once.discard(sid)
+
+    def _count_reasons(self, plan: Plan, admitted: list[tuple[int, int, str]]) -> None:
+        """Stats by admission reason for a committed request."""
+        stats = self.stats
+        for _, sid, reason in admitted:
+            stats.states_admitted[reason] += 1
+            self.reasons[sid] = reason
+        reason = plan.hit_reason
+        if not reason:
+            return
+        stats.hits_by_reason[reason] += 1
+        stats.hit_tokens_by_reason[reason] += plan.hit_len
+        sid = plan.hit_state
+        if sid not in self.hit_once and sid in self.reasons:
+            self.hit_once.add(sid)
+            stats.states_hit[reason] += 1
 
     def _validated_ids(
         self, ckpts: list[Checkpoint], state_ids: Mapping[int, int] | None
@@ -483,7 +538,7 @@ class PrefixCache:
     def _drop_superseded(self, full: Tokens, depths: list[int], freed: Reclaimed) -> None:
         """Remove states on `full`'s path that a newly admitted state at one of `depths`
         replaces (`AdmissionPolicy.supersedes`); only unlocked nodes with <= 1 child go
-        (a partial state other branches still extend stays)."""
+        (a partial state other branches still extend, or another plan's hit, stays)."""
         walk = self.tree.match(full[: depths[-1]])
         admitted = set(depths)
         for node in walk.path:
@@ -549,9 +604,8 @@ class PrefixCache:
 
     def _count_new(self, match: Match, depths: list[int]) -> int:
         """States of `depths` not already on the path of `match` (a walk at least as
-        deep as the last of them)."""
-        have = self._have(match)
-        return sum(d not in have for d in depths)
+        deep as the last of them). `depths` are distinct."""
+        return len(depths) - len(self._have(match).intersection(depths))
 
     def _make_room(
         self, tokens: Tokens, depths: list[int], freed: Reclaimed, now: float, match: Match
@@ -562,17 +616,20 @@ class PrefixCache:
         The caller locks the node where `tokens` attach, so the matched path survives.
         """
         while True:
-            needed = self._needed(match, depths)
-            deficit = needed[-1] - (self.capacity - self.bytes_used - self.reserved)
+            # needed[-1] of `_needed`: KV past the walk plus every state not on its path
+            new_states = self._count_new(match, depths)
+            needed = (
+                max(0, depths[-1] - match.matched_len) * self.cost.kv_bytes_per_token
+                + new_states * self.cost.state_bytes
+            )
+            deficit = needed - (self.capacity - self.bytes_used - self.reserved)
             if deficit <= 0:
                 return len(depths), match
-            target = self.bytes_used - deficit
-            while self.bytes_used > target:
-                victim = self.eviction.choose(self.tree, now)
-                if victim is None:
-                    match = self.tree.match(tokens)
-                    room = self.capacity - self.bytes_used - self.reserved
-                    return sum(1 for b in self._needed(match, depths) if b <= room), match
-                freed.extend(self.tree.evict(victim))
-                self.stats.evictions += 1
+            evicted, exhausted = self.eviction.evict_until(
+                self.tree, now, self.bytes_used - deficit, freed
+            )
+            self.stats.evictions += evicted
             match = self.tree.match(tokens)
+            if exhausted:
+                room = self.capacity - self.bytes_used - self.reserved
+                return sum(1 for b in self._needed(match, depths) if b <= room), match

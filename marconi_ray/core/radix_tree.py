@@ -14,7 +14,8 @@ Invariants (all checked by `core.invariants.check_tree`):
    is tidied when its last lock is released). So every leaf holds a state, and every
    path of KV ends in a usable checkpoint.
 3. `n_tokens` and `n_states` equal the sums over nodes; bytes follow from the cost model.
-4. The node table's masks and efficiencies match the nodes (see `node_table`).
+4. The node table's masks, depth / anchor / edge columns and LRU heap match the nodes
+   (see `node_table`).
 A locked node is never removed, merged away or evicted.
 
 Eviction primitives: a leaf gives back its state and its edge's KV; a node with one child
@@ -25,6 +26,8 @@ removed so that invariant 2 holds again.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,6 +46,10 @@ from marconi_ray.core.tree_types import (
     common_prefix_len,
     tokens_bytes,
 )
+
+_CHAIN_MIN = 2
+"""New chains of at least this many nodes are built in one batch (`_add_chain`); shorter
+ones node by node (`_add_child`, `_set_state`)."""
 
 
 class Inserted(NamedTuple):
@@ -124,6 +131,12 @@ class RadixTree:
             up = up.parent
         return 0 if up is None else up.depth
 
+    def efficiency(self, node: Node, formula: str = "freed") -> float:
+        """FLOP efficiency of an eviction candidate by `formula` (see
+        `cost_model.EFFICIENCY_FORMULAS`), from the table's columns."""
+        slots = np.asarray([node.slot], dtype=np.int64)
+        return float(self.table.efficiency(self.cost, formula, slots)[0])
+
     def path_tokens(self, node: Node) -> Tokens:
         """All tokens from the root to the end of `node`."""
         parts: list[Tokens] = []
@@ -146,7 +159,21 @@ class RadixTree:
     # --------------------------------------------------------------- mutations
     def touch(self, node: Node, now: float) -> None:
         if node is not self.root:
-            self.table.last_access[node.slot] = now
+            table = self.table
+            slot = node.slot
+            table.last_access[slot] = now
+            if table.leaf[slot]:
+                table.push_leaf(slot)
+
+    def touch_many(self, nodes: Sequence[Node], now: float) -> None:
+        """`touch` every node of `nodes` (a matched path: the root is never on one)."""
+        if not nodes:
+            return
+        table = self.table
+        slots = [n.slot for n in nodes if n is not self.root]
+        table.last_access[slots] = now
+        for i in np.flatnonzero(table.leaf[slots]).tolist():
+            table.push_leaf(slots[i])
 
     def lock(self, node: Node) -> None:
         if node is not self.root:
@@ -196,15 +223,22 @@ class RadixTree:
         node = self.root
         pos = 0
         ci = 0
+        tokens = np.asarray(tokens, dtype=np.int32)
         buf = tokens_bytes(tokens)
+        ids = memoryview(buf).cast("i")
         while pos < end:
             cp, sid = checkpoints[ci]
-            child = node.children.get(int(tokens[pos]))
+            child = node.children.get(ids[pos])
             if child is None:
+                if pos < kv_start and kv is not None:
+                    raise ValueError(f"kv starts at {kv_start} but new tokens start at {pos}")
                 new_from = pos
-                for cp, sid in checkpoints[ci:]:
-                    if pos < kv_start and kv is not None:
-                        raise ValueError(f"kv starts at {kv_start} but new tokens start at {pos}")
+                rest = checkpoints[ci:]
+                if len(rest) >= _CHAIN_MIN:
+                    self._add_chain(node, tokens, buf, ids, rest, pos, now, kv, kv_start)
+                    admitted.extend((cp, sid) for cp, sid in rest)
+                    return Inserted(admitted, duplicates, new_from)
+                for cp, sid in rest:
                     edge_kv = None if kv is None else kv[pos - kv_start : cp - kv_start]
                     node = self._add_child(node, tokens[pos:cp], edge_kv, now)
                     self._set_state(node, sid, now)
@@ -243,25 +277,172 @@ class RadixTree:
 
     def evict(self, node: Node) -> Reclaimed:
         """Evict a candidate (state-holding, <= 1 child, unlocked) node."""
+        freed = Reclaimed()
+        self.evict_into(node, freed)
+        return freed
+
+    def evict_into(self, node: Node, freed: Reclaimed) -> None:
+        """`evict`, adding what it reclaims to `freed`."""
         if node is self.root or node.state == NO_STATE or node.lock or len(node.children) > 1:
             raise RuntimeError(f"{node!r} is not an eviction candidate")
-        freed = Reclaimed(states=[node.state])
+        freed.states.append(node.state)
         self.version += 1
         node.state = NO_STATE
         self.n_states -= 1
         if node.children:
             self._merge_into_child(node)
         else:
-            self._remove_leaf(node, freed)
-        return freed
+            self._tidy(self._detach_leaf(node, freed), freed)
+
+    def evict_lru(self, max_bytes: int, freed: Reclaimed) -> tuple[int, bool]:
+        """Evict the oldest leaf (`NodeTable.oldest_leaf`) while the tree holds more than
+        `max_bytes`, adding what is freed to `freed`: LRU eviction, each step exactly
+        `evict_into(nodes[oldest_leaf()])`, with the common case inlined (a leaf whose
+        parent holds a state, or is the root). A parent that becomes a leaf older than
+        the heap's top is the next victim without a trip through the heap. Returns
+        (victims evicted, whether the leaves ran out first)."""
+        table = self.table
+        heap = table.lru
+        leaf = table.leaf
+        last = table.last_access
+        evictable = table.evictable
+        free = table._free
+        nodes = self.nodes
+        root = self.root
+        states = freed.states
+        kvs = freed.kv
+        kv_per_token = self.cost.kv_bytes_per_token
+        state_bytes = self.cost.state_bytes
+        heappop = heapq.heappop
+        heappush = heapq.heappush
+        excess = self.n_tokens * kv_per_token + self.n_states * state_bytes - max_bytes
+        n = 0
+        pending = -1  # the next victim, known to be the oldest leaf, not in the heap
+        try:
+            while excess > 0:
+                if pending >= 0:
+                    slot = pending
+                    pending = -1
+                else:
+                    while heap:
+                        t, slot = heappop(heap)
+                        if leaf[slot] and last[slot] == t:
+                            break
+                    else:
+                        return n, True
+                node = nodes[slot]
+                parent = node.parent
+                assert parent is not None
+                n += 1
+                states.append(node.state)
+                node.state = NO_STATE
+                siblings = parent.children
+                if len(siblings) == 1:
+                    siblings.clear()
+                else:
+                    del siblings[int(node.edge[0])]
+                k = node.depth - parent.depth
+                self.n_tokens -= k
+                self.n_states -= 1
+                excess -= k * kv_per_token + state_bytes
+                kvs.append(node.kv)
+                freed.n_tokens += k
+                del nodes[slot]
+                evictable[slot] = False
+                leaf[slot] = False
+                free.append(slot)
+                node.parent = None
+                if parent is root:
+                    continue
+                if parent.state == NO_STATE or parent.lock:
+                    self._tidy(parent, freed)
+                    heap = table.lru  # a heap rebuild replaces the list
+                    excess = self.n_tokens * kv_per_token + self.n_states * state_bytes - max_bytes
+                elif not siblings:  # a state-holding, unlocked parent becomes a leaf
+                    slot = parent.slot
+                    evictable[slot] = True
+                    leaf[slot] = True
+                    entry = (float(last[slot]), slot)
+                    if not heap or entry < heap[0]:
+                        pending = slot
+                    else:
+                        heappush(heap, entry)
+                elif len(siblings) == 1:
+                    evictable[parent.slot] = True
+            return n, False
+        finally:
+            if pending >= 0:
+                heappush(heap, (float(last[pending]), pending))
+            self.version += n
 
     # ---------------------------------------------------------------- helpers
+    def _add_chain(
+        self,
+        parent: Node,
+        tokens: Tokens,
+        buf: bytes,
+        ids: memoryview,
+        checkpoints: list[tuple[int, int]],
+        pos: int,
+        now: float,
+        kv: KVHandle,
+        kv_start: int,
+    ) -> None:
+        """Hang a new chain under `parent`: one state-holding node per checkpoint, edges
+        `tokens[pos:depth]` (what `_add_child` + `_set_state` per checkpoint would do, with
+        the table's columns written once for the whole chain). The chain is built apart
+        and then linked: should building fail, the tree is as it was."""
+        table = self.table
+        slots = table.alloc_many(len(checkpoints))
+        top = parent
+        start = pos
+        first = ids[pos]
+        chain: list[Node] = []
+        rows: list[tuple[int, int, int]] = []  # (depth, anchor, edge_len) per new node
+        anchor = self._anchor_below(top)
+        try:
+            for (cp, sid), slot in zip(checkpoints, slots, strict=True):
+                edge_kv = None if kv is None else kv[pos - kv_start : cp - kv_start]
+                child = Node(parent, tokens[pos:cp], edge_kv, cp, slot, buf[4 * pos : 4 * cp], sid)
+                if chain:
+                    parent.children[ids[pos]] = child
+                chain.append(child)
+                rows.append((cp, anchor, cp - pos))
+                anchor = cp
+                parent = child
+                pos = cp
+        except BaseException:
+            table._free.extend(reversed(slots))
+            raise
+        # link: plain stores from here on
+        self.nodes.update(zip(slots, chain, strict=True))
+        if len(slots) == 1:
+            slot = slots[0]
+            table.last_access[slot] = now
+            table.geometry[slot] = rows[0]
+            table.evictable[slot] = True
+        else:
+            table.last_access[slots] = now
+            table.geometry[slots] = rows
+            table.evictable[slots] = True
+        table.leaf[slots[-1]] = True
+        top.children[first] = chain[0]
+        self.n_tokens += pos - start
+        self.n_states += len(slots)
+        table.push_leaf(slots[-1])
+        self._refresh(top)
+
     def _add_child(self, parent: Node, edge: Tokens, kv: KVHandle, now: float) -> Node:
         child = Node(parent, edge, kv, parent.depth + len(edge), self.table.alloc())
         parent.children[int(edge[0])] = child
         self.nodes[child.slot] = child
         self.n_tokens += len(edge)
-        self.table.last_access[child.slot] = now
+        table = self.table
+        slot = child.slot
+        table.last_access[slot] = now
+        table.depth[slot] = child.depth
+        table.edge_len[slot] = len(edge)
+        table.anchor[slot] = self._anchor_below(parent)
         self._refresh(parent)
         return child
 
@@ -277,16 +458,20 @@ class RadixTree:
         assert parent is not None and 0 < k < len(child.edge)
         head_kv = None if child.kv is None else child.kv[:k]
         depth = child.depth - len(child.edge) + k
-        mid = Node(parent, child.edge[:k], head_kv, depth, self.table.alloc())
+        table = self.table
+        mid = Node(parent, child.edge[:k], head_kv, depth, table.alloc())
         self.nodes[mid.slot] = mid
-        self.table.last_access[mid.slot] = self.table.last_access[child.slot]
+        table.last_access[mid.slot] = table.last_access[child.slot]
+        table.depth[mid.slot] = depth
+        table.edge_len[mid.slot] = k
+        table.anchor[mid.slot] = table.anchor[child.slot]
+        table.edge_len[child.slot] -= k
         child.edge = child.edge[k:]
         child.kv = None if child.kv is None else child.kv[k:]
         child.parent = mid
         mid.children[int(child.edge[0])] = child
         parent.children[int(mid.edge[0])] = mid
-        self._refresh(mid)
-        self._refresh(child)
+        # mid holds no state (no candidate flags); child's flags and anchor are unchanged.
         return mid
 
     def _merge_into_child(self, node: Node) -> None:
@@ -294,6 +479,7 @@ class RadixTree:
         parent = node.parent
         assert parent is not None and node.state == NO_STATE and len(node.children) == 1
         (child,) = node.children.values()
+        self.table.edge_len[child.slot] += len(node.edge)
         child.edge = np.concatenate([node.edge, child.edge])
         child.kv = _concat_kv(node.kv, child.kv)
         child.parent = parent
@@ -301,18 +487,23 @@ class RadixTree:
         self._drop(node)
         self._refresh_down(child)
 
-    def _remove_leaf(self, node: Node, freed: Reclaimed) -> None:
-        self._tidy(self._detach_leaf(node, freed), freed)
-
     def _detach_leaf(self, node: Node, freed: Reclaimed) -> Node:
         """Unlink a childless node, hand its edge's KV to `freed`; return its parent."""
         parent = node.parent
         assert parent is not None and not node.children
-        del parent.children[int(node.edge[0])]
-        self.n_tokens -= len(node.edge)
+        siblings = parent.children
+        if len(siblings) == 1:
+            siblings.clear()
+        else:
+            del siblings[int(node.edge[0])]
+        n = node.depth - parent.depth
+        self.n_tokens -= n
         freed.kv.append(node.kv)
-        freed.n_tokens += len(node.edge)
-        self._drop(node)
+        freed.n_tokens += n
+        slot = node.slot
+        del self.nodes[slot]
+        self.table.release(slot)
+        node.parent = None
         return parent
 
     def _tidy(self, node: Node, freed: Reclaimed) -> None:
@@ -334,33 +525,51 @@ class RadixTree:
         self.table.release(node.slot)
         node.parent = None
 
-    def _refresh(self, node: Node, anchor: int | None = None) -> None:
-        """Recompute the node's candidate flags and efficiency in the table (`anchor`:
-        its `anchor_depth`, when the caller knows it)."""
+    def _refresh(self, node: Node) -> None:
+        """Recompute the node's candidate flags in the table (a node that becomes a leaf
+        candidate enters the LRU heap)."""
         if node is self.root:
             return
         slot = node.slot
+        table = self.table
         n_children = len(node.children)
-        candidate = node.state != NO_STATE and n_children <= 1 and node.lock == 0
-        self.table.evictable[slot] = candidate
-        self.table.leaf[slot] = candidate and n_children == 0
+        if node.state != NO_STATE and n_children <= 1 and node.lock == 0:
+            table.evictable[slot] = True
+            if n_children:
+                table.leaf[slot] = False
+            elif not table.leaf[slot]:
+                table.leaf[slot] = True
+                table.push_leaf(slot)
+        else:
+            table.evictable[slot] = False
+            table.leaf[slot] = False
+
+    def _anchor_below(self, node: Node) -> int:
+        """The anchor depth of `node`'s children: its depth if it holds a state, else its
+        own anchor (the root's column holds 0)."""
         if node.state != NO_STATE:
-            self.table.efficiency[slot] = self.cost.efficiency(
-                node.depth,
-                self.anchor_depth(node) if anchor is None else anchor,
-                len(node.edge),
-                n_children == 0,
-            )
+            return node.depth
+        return int(self.table.anchor[node.slot])
 
     def _refresh_down(self, node: Node) -> None:
-        """Refresh `node` and every descendant whose anchor is `node`'s (through state-less)."""
+        """Refresh `node`'s flags and anchor and those of every descendant whose anchor is
+        at or above `node` (the subtree down to the first state-holding nodes)."""
+        if node is self.root:
+            return
+        parent = node.parent
+        assert parent is not None
+        anchor = self.table.anchor
+        anchor[node.slot] = self._anchor_below(parent)
         self._refresh(node)
-        stack = list(node.children.values())
+        stack = [node]
         while stack:
             cur = stack.pop()
-            self._refresh(cur)
-            if cur.state == NO_STATE:
-                stack.extend(cur.children.values())
+            below = self._anchor_below(cur)
+            for child in cur.children.values():
+                anchor[child.slot] = below
+                self._refresh(child)
+                if child.state == NO_STATE:
+                    stack.append(child)
 
     # ------------------------------------------------------------ flattening
     def flatten(self) -> FlatTree:
@@ -403,7 +612,7 @@ class RadixTree:
 
         Raises ValueError naming the first inconsistency (lengths, parent indices, slots,
         edges, sibling keys, state ids, lock counts, invariant 2). Derived columns
-        (efficiency, candidate masks) are recomputed.
+        (depths, anchors, candidate masks, the LRU heap) are recomputed.
         """
         n = _check_flat(flat)
         tree = cls(cost)
@@ -436,13 +645,17 @@ class RadixTree:
             tree.nodes[node.slot] = node
             built.append(node)
             anchors.append(parent.depth if parent.state != NO_STATE else anchors[p])
-        tree.table.last_access[flat.slot] = flat.last_access
+        table = tree.table
+        table.last_access[flat.slot] = flat.last_access
+        table.depth[flat.slot] = [node.depth for node in built]
+        table.edge_len[flat.slot] = flat.edge_len
+        table.anchor[flat.slot] = anchors
         tree.n_tokens = int(flat.edge_len.sum())
         tree.n_states = int(np.count_nonzero(flat.state != NO_STATE))
         for i, node in enumerate(built):
             if i and node.state == NO_STATE and node.lock == 0 and len(node.children) < 2:
                 raise ValueError(f"node {i}: unlocked, holds no state and has < 2 children")
-            tree._refresh(node, anchors[i])
+            tree._refresh(node)
         return tree
 
 

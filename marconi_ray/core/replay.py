@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel, validate_efficiency
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.oracle import oracle_hits
 from marconi_ray.core.prefix_cache import PrefixCache
@@ -34,6 +34,8 @@ class RunConfig:
         alpha: fixed alpha; None means 0 for untuned systems and bootstrap tuning for
             tuned ones (`marconi`).
         recency: `timestamp` or `inverse_age` (FLOP-aware eviction only).
+        efficiency: the FLOP-efficiency formula of FLOP-aware eviction, a name from
+            `cost_model.EFFICIENCY_FORMULAS` (`freed`, `paper`, `artifact`, `uniform`).
         tuner: bootstrap tuner settings for tuned systems.
         check: debug mode: check every hit against a brute-force reference and the tree
             invariants after every request (slow; for tests).
@@ -45,9 +47,11 @@ class RunConfig:
     recency: str = "timestamp"
     tuner: TunerConfig = field(default_factory=TunerConfig)
     check: bool = False
+    efficiency: str = DEFAULT_EFFICIENCY
 
     def __post_init__(self) -> None:
         get_system(self.system)
+        validate_efficiency(self.efficiency)
         if not self.cache_bytes > 0:
             raise ValueError(f"cache size must be > 0 bytes, got {self.cache_bytes}")
 
@@ -57,9 +61,16 @@ class RunResult:
     """Metrics of one run; `to_record` is one row of `results.json`.
 
     `bytes_by_kind` is what the cache holds at the end of the run (KV vs SSM).
+    `admission`, `eviction` and `efficiency` name what ran (e.g. which vLLM+ variant);
+    the `*_by_reason` maps count per admission reason: states admitted, states that
+    served at least one hit, hits served, input tokens those hits reused.
+    `speculate` is the `marconi+` knob at the end (None for other systems).
     """
 
     system: str
+    admission: str
+    eviction: str
+    efficiency: str
     cache_bytes: int
     token_hit_rate: float
     request_hit_rate: float
@@ -69,6 +80,11 @@ class RunResult:
     bytes_by_kind: dict[str, int]
     states_admitted: int
     states_by_reason: dict[str, int]
+    states_hit_by_reason: dict[str, int]
+    hits_by_reason: dict[str, int]
+    hit_tokens_by_reason: dict[str, int]
+    states_superseded: int
+    speculate: bool | None
     states_dropped: int
     evictions: int
     alpha: float
@@ -94,7 +110,8 @@ def run_replay(
     system = get_system(cfg.system)
     tuned = system.tuned and cfg.alpha is None
     alpha = 0.0 if cfg.alpha is None else cfg.alpha
-    cache = PrefixCache(cost, system.cache_config(cfg.cache_bytes, alpha, cfg.recency))
+    config = system.cache_config(cfg.cache_bytes, alpha, cfg.recency, cfg.efficiency)
+    cache = PrefixCache(cost, config)
     tuner = BootstrapTuner(cfg.tuner) if tuned else None
     ref = ReferenceCache() if cfg.check else None
     for req in requests:
@@ -109,8 +126,12 @@ def run_replay(
                 tuner.adopt(run_grid(job, tune_map), cache)
     stats = cache.stats
     history = () if tuner is None else tuple((r.start_request, r.best_alpha) for r in tuner.history)
+    admission_state = cache.admission.state()
     return RunResult(
         system=cfg.system,
+        admission=config.admission,
+        eviction=config.eviction,
+        efficiency=config.efficiency,
         cache_bytes=cfg.cache_bytes,
         token_hit_rate=stats.token_hit_rate,
         request_hit_rate=stats.request_hit_rate,
@@ -120,6 +141,11 @@ def run_replay(
         bytes_by_kind=cache.bytes_by_kind(),
         states_admitted=sum(stats.states_admitted.values()),
         states_by_reason=dict(stats.states_admitted),
+        states_hit_by_reason=dict(stats.states_hit),
+        hits_by_reason=dict(stats.hits_by_reason),
+        hit_tokens_by_reason=dict(stats.hit_tokens_by_reason),
+        states_superseded=stats.states_superseded,
+        speculate=bool(admission_state["speculate"]) if "speculate" in admission_state else None,
         states_dropped=stats.states_dropped,
         evictions=stats.evictions,
         alpha=cache.alpha,

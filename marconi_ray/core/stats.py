@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ADMISSION_REASONS = ("branch", "last_token", "block")
+ADMISSION_REASONS = ("branch", "last_token", "block", "speculative")
 
 
 @dataclass
@@ -28,6 +28,16 @@ class CacheStats:
     states_dropped: int = 0
     states_superseded: int = 0
     """States a later one replaced in place (`AdmissionPolicy.supersedes`)."""
+    hits_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+    )
+    """Requests whose hit came from a state admitted for each reason."""
+    hit_tokens_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+    )
+    """Input tokens those hits reused."""
+    states_hit: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0))
+    """States of each reason that served at least one hit (each counted once)."""
     peak_bytes: int = 0
 
     @property
@@ -64,5 +74,8 @@ class CacheStats:
             "states_admitted": dict(self.states_admitted),
             "states_dropped": self.states_dropped,
             "states_superseded": self.states_superseded,
+            "hits_by_reason": dict(self.hits_by_reason),
+            "hit_tokens_by_reason": dict(self.hit_tokens_by_reason),
+            "states_hit": dict(self.states_hit),
             "peak_bytes": self.peak_bytes,
         }

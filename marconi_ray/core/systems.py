@@ -7,6 +7,8 @@
   state too, refilled in place when a later request completes that block.
 - `sglang+`: Marconi's judicious admission with LRU over leaves.
 - `marconi`: judicious admission + FLOP-aware eviction with bootstrap alpha tuning.
+- `marconi+`: Marconi plus gated speculative checkpoints at geometric block boundaries
+  of long inputs (see `core.admission.MarconiPlusAdmission`), same eviction and tuning.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY
 from marconi_ray.core.prefix_cache import CacheConfig
 
 
@@ -28,9 +31,15 @@ class SystemSpec:
     tuned: bool = False
 
     def cache_config(
-        self, capacity_bytes: int, alpha: float = 0.0, recency: str = "timestamp"
+        self,
+        capacity_bytes: int,
+        alpha: float = 0.0,
+        recency: str = "timestamp",
+        efficiency: str = DEFAULT_EFFICIENCY,
     ) -> CacheConfig:
-        return CacheConfig(capacity_bytes, self.admission, self.eviction, alpha, recency)
+        return CacheConfig(
+            capacity_bytes, self.admission, self.eviction, alpha, recency, efficiency
+        )
 
 
 SYSTEMS: Mapping[str, SystemSpec] = MappingProxyType(
@@ -40,6 +49,7 @@ SYSTEMS: Mapping[str, SystemSpec] = MappingProxyType(
         "vllm+refill": SystemSpec("vllm+refill", "fine_grained_refill:32", "lru"),
         "sglang+": SystemSpec("sglang+", "marconi", "lru"),
         "marconi": SystemSpec("marconi", "marconi", "flop_aware", tuned=True),
+        "marconi+": SystemSpec("marconi+", "marconi+", "flop_aware", tuned=True),
     }
 )
 

@@ -23,14 +23,27 @@ class Node:
     __slots__ = ("_edge", "children", "depth", "key", "kv", "lock", "parent", "slot", "state")
 
     def __init__(
-        self, parent: Node | None, edge: Tokens, kv: KVHandle, depth: int, slot: int
+        self,
+        parent: Node | None,
+        edge: Tokens,
+        kv: KVHandle,
+        depth: int,
+        slot: int,
+        key: bytes | None = None,
+        state: int = NO_STATE,
     ) -> None:
+        """`key`: `edge.tobytes()` when the caller has it (then `edge` must already be a
+        1-D int32 array); None computes it."""
         self.parent = parent
-        self.edge = edge
+        if key is None:
+            self.edge = edge
+        else:
+            self._edge = edge
+            self.key = key
         self.kv = kv
         self.depth = depth
         self.slot = slot
-        self.state = NO_STATE
+        self.state = state
         self.lock = 0
         self.children: dict[int, Node] = {}
 

@@ -5,7 +5,12 @@ Protocol, driven by whoever serves requests (the replay loop, the live tuner act
   the next `multiplier x (requests before the first eviction)` requests are recorded.
 - When the window is full, `after_request` returns a `TuneJob`: replay the window from
   the snapshot once per alpha on the grid (through any parallel `map`), pick the alpha
-  with the best objective (ties: the smallest alpha) and `adopt` it.
+  with the best objective (ties: the smallest alpha) and `adopt` it. When the cache's
+  admission policy has a `speculate` knob (`marconi+`), every alpha is replayed with
+  speculation on and off, and the pair that scores best is adopted (ties: off). The
+  knob starts on (until the cache is first full, a speculative state costs nothing) and
+  is off while the first window is recorded (bytes are scarce from then on, and whether
+  speculation pays is not known yet).
 - With `retune_every = k`, a new snapshot is taken at adoption and the next k requests
   form the next window, forever.
 Snapshots are `cache_codec.snapshot` bytes (msgpack, no pickle); `BootstrapTuner.to_record`
@@ -84,14 +89,21 @@ class TunerConfig:
             raise ValueError(f"retune_every must be > 0, got {self.retune_every}")
 
 
+Knob = bool | None
+"""A `speculate` setting of the admission policy (None: the policy has no knob)."""
+
+
 @dataclass(frozen=True)
 class AlphaTask:
-    """A share of the grid: replay `window` from `snapshot` once per alpha in `alphas`."""
+    """A share of the grid: replay `window` from `snapshot` once per alpha in `alphas`,
+    with the admission policy's `speculate` knob at `speculate[i]` for `alphas[i]` (empty:
+    leave the policy as the snapshot has it)."""
 
     snapshot: bytes
     window: tuple[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]], ...]
     alphas: tuple[float, ...]
     objective: str
+    speculate: tuple[Knob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,31 +113,56 @@ class TuneJob:
     grid: tuple[float, ...]
     objective: str
     start_request: int
+    knobs: tuple[Knob, ...] = (None,)
+    """`speculate` values to try with every alpha ((None,): the policy has no knob)."""
+
+    @property
+    def settings(self) -> list[tuple[float, Knob]]:
+        """(alpha, knob) pairs in evaluation order: the grid once per knob value."""
+        return [(alpha, knob) for knob in self.knobs for alpha in self.grid]
 
     def tasks(self, n_tasks: int | None = None) -> list[AlphaTask]:
-        """Split the grid into `n_tasks` interleaved shares (None: one per alpha).
+        """Split the settings into `n_tasks` interleaved shares (None: one per setting).
 
-        Fewer tasks than alphas send the window to each worker fewer times; task i
-        holds grid[i::n_tasks].
+        Fewer tasks than settings send the window to each worker fewer times; task i
+        holds settings[i::n_tasks].
         """
-        n = len(self.grid) if n_tasks is None else max(1, min(n_tasks, len(self.grid)))
-        return [
-            AlphaTask(self.snapshot, self.window, self.grid[i::n], self.objective) for i in range(n)
-        ]
+        settings = self.settings
+        n = len(settings) if n_tasks is None else max(1, min(n_tasks, len(settings)))
+        tasks = []
+        for i in range(n):
+            share = settings[i::n]
+            knobs = tuple(k for _, k in share) if self.knobs != (None,) else ()
+            tasks.append(
+                AlphaTask(
+                    self.snapshot, self.window, tuple(a for a, _ in share), self.objective, knobs
+                )
+            )
+        return tasks
 
 
 @dataclass(frozen=True)
 class TuneResult:
+    """The winner of a grid search: `best_alpha` (and `best_speculate`, None without a
+    knob); `scores` are (alpha, score) with the winning knob, `knob_scores` (alpha, knob,
+    score) for every setting when there was a knob."""
+
     best_alpha: float
     scores: tuple[tuple[float, float], ...]
     window_requests: int
     start_request: int
     wall_s: float
+    best_speculate: Knob = None
+    knob_scores: tuple[tuple[float, bool, float], ...] = ()
 
 
 def evaluate_alphas(task: AlphaTask) -> list[float]:
-    """Objective of replaying the task's window from its snapshot, per alpha."""
-    return [_evaluate(task.snapshot, task.window, alpha, task.objective) for alpha in task.alphas]
+    """Objective of replaying the task's window from its snapshot, per alpha (and knob)."""
+    knobs: Sequence[Knob] = task.speculate or [None] * len(task.alphas)
+    return [
+        _evaluate(task.snapshot, task.window, alpha, task.objective, knob)
+        for alpha, knob in zip(task.alphas, knobs, strict=True)
+    ]
 
 
 def _evaluate(
@@ -133,9 +170,12 @@ def _evaluate(
     window: Sequence[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
     alpha: float,
     objective: str,
+    knob: Knob = None,
 ) -> float:
     cache = cache_codec.restore(snapshot)
     cache.set_alpha(alpha)
+    if knob is not None:
+        cache.set_speculate(knob)
     before_hit, before_in = cache.stats.hit_tokens, cache.stats.input_tokens
     before_saved = cache.stats.flops_saved
     for inp, out in window:
@@ -162,16 +202,32 @@ def run_grid(job: TuneJob, map_fn: MapFn = map, n_tasks: int | None = None) -> T
     """
     start = time.perf_counter()
     tasks = job.tasks(n_tasks)
-    scores = [0.0] * len(job.grid)
+    settings = job.settings
+    scores = [0.0] * len(settings)
     for i, share in enumerate(map_fn(evaluate_alphas, tasks)):
         scores[i :: len(tasks)] = share
-    best = pick_best(job.grid, scores)
+    if job.knobs == (None,):
+        best = pick_best(job.grid, scores)
+        return TuneResult(
+            best,
+            tuple(zip(job.grid, scores, strict=True)),
+            len(job.window),
+            job.start_request,
+            time.perf_counter() - start,
+        )
+    top = max(scores)  # ties: knob off before on, then the smallest alpha
+    alpha, knob = min(
+        (s for s, v in zip(settings, scores, strict=True) if v == top),
+        key=lambda s: (bool(s[1]), s[0]),
+    )
     return TuneResult(
-        best,
-        tuple(zip(job.grid, scores, strict=True)),
+        alpha,
+        tuple((a, v) for (a, k), v in zip(settings, scores, strict=True) if k == knob),
         len(job.window),
         job.start_request,
         time.perf_counter() - start,
+        knob,
+        tuple((a, bool(k), v) for (a, k), v in zip(settings, scores, strict=True)),
     )
 
 
@@ -204,6 +260,8 @@ class BootstrapTuner:
             return None
         if self.snapshot is None:
             if cache.stats.evictions > 0:
+                if cache.admission.tunable:
+                    cache.set_speculate(False)  # full now: speculate only once it pays
                 self._open_window(cache, self.config.multiplier * self.seen)
             return None
         self.window.append((request.input_tokens, request.output_tokens))
@@ -215,6 +273,7 @@ class BootstrapTuner:
             self.config.grid,
             self.config.objective,
             self.window_start,
+            (True, False) if cache.admission.tunable else (None,),
         )
         self.snapshot = None
         self.window = []
@@ -224,6 +283,8 @@ class BootstrapTuner:
     def adopt(self, result: TuneResult, cache: PrefixCache) -> None:
         """Apply a finished grid search to the live cache and arm the next window."""
         cache.set_alpha(result.best_alpha)
+        if result.best_speculate is not None:
+            cache.set_speculate(result.best_speculate)
         self.history.append(result)
         self.pending = False
         if self.config.retune_every is None:
@@ -258,16 +319,7 @@ class BootstrapTuner:
             "window": [
                 [encode_array(inp, "<i4"), encode_array(out, "<i4")] for inp, out in self.window
             ],
-            "history": [
-                {
-                    "best_alpha": float(r.best_alpha),
-                    "scores": [[float(alpha), float(score)] for alpha, score in r.scores],
-                    "window_requests": int(r.window_requests),
-                    "start_request": int(r.start_request),
-                    "wall_s": float(r.wall_s),
-                }
-                for r in self.history
-            ],
+            "history": [result_record(r) for r in self.history],
             "done": bool(self.done),
             "pending": bool(self.pending),
         }
@@ -287,7 +339,9 @@ class BootstrapTuner:
         snapshot = top.get("snapshot")
         tuner.snapshot = None if snapshot is None else top.get_bytes("snapshot")
         tuner.window = [_window_item(item, i) for i, item in enumerate(top.get_list("window"))]
-        tuner.history = [_result_from(obj, i) for i, obj in enumerate(top.get_list("history"))]
+        tuner.history = [
+            result_from(obj, f"tuner.history[{i}]") for i, obj in enumerate(top.get_list("history"))
+        ]
         tuner.done = top.get_bool("done")
         tuner.pending = top.get_bool("pending")
         if tuner.snapshot is None and tuner.window:
@@ -312,7 +366,15 @@ _TUNER_KEYS = (
     "pending",
 )
 _CONFIG_KEYS = ("multiplier", "grid", "objective", "retune_every")
-_RESULT_KEYS = ("best_alpha", "scores", "window_requests", "start_request", "wall_s")
+_RESULT_KEYS = (
+    "best_alpha",
+    "scores",
+    "window_requests",
+    "start_request",
+    "wall_s",
+    "best_speculate",
+    "knob_scores",
+)
 
 
 def _tuner_config_from(obj: object) -> TunerConfig:
@@ -340,8 +402,24 @@ def _window_item(item: Any, i: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[
     return inp, out
 
 
-def _result_from(obj: object, i: int) -> TuneResult:
-    path = f"tuner.history[{i}]"
+def result_record(r: TuneResult) -> Record:
+    """A `TuneResult` as a plain structure (journal and tuner records)."""
+    return {
+        "best_alpha": float(r.best_alpha),
+        "scores": [[float(alpha), float(score)] for alpha, score in r.scores],
+        "window_requests": int(r.window_requests),
+        "start_request": int(r.start_request),
+        "wall_s": float(r.wall_s),
+        "best_speculate": None if r.best_speculate is None else bool(r.best_speculate),
+        "knob_scores": [[float(a), bool(k), float(v)] for a, k, v in r.knob_scores],
+    }
+
+
+def result_from(obj: object, path: str) -> TuneResult:
+    """Validate a `result_record` structure (records from before the speculate knob lack
+    its two keys) and rebuild the result; ValueError naming `path` if malformed."""
+    if isinstance(obj, dict):
+        obj = {"best_speculate": None, "knob_scores": [], **obj}
     fields = Fields(obj, path, _RESULT_KEYS)
     scores: list[tuple[float, float]] = []
     for j, pair in enumerate(fields.get_list("scores")):
@@ -349,10 +427,21 @@ def _result_from(obj: object, i: int) -> TuneResult:
         if not isinstance(pair, list) or len(pair) != 2:
             raise ValueError(f"{where}: expected an [alpha, score] pair")
         scores.append((check_float(pair[0], where), check_float(pair[1], where)))
+    knob_scores: list[tuple[float, bool, float]] = []
+    for j, row in enumerate(fields.get_list("knob_scores")):
+        where = f"{path}.knob_scores[{j}]"
+        if not isinstance(row, list) or len(row) != 3 or not isinstance(row[1], bool):
+            raise ValueError(f"{where}: expected an [alpha, speculate, score] triple")
+        knob_scores.append((check_float(row[0], where), row[1], check_float(row[2], where)))
+    speculate = fields.get("best_speculate")
+    if speculate is not None and not isinstance(speculate, bool):
+        raise ValueError(f"{path}.best_speculate: expected a bool or None, got {speculate!r}")
     return TuneResult(
         fields.get_float("best_alpha"),
         tuple(scores),
         fields.get_int("window_requests", 0),
         fields.get_int("start_request", 0),
         fields.get_float("wall_s"),
+        speculate,
+        tuple(knob_scores),
     )

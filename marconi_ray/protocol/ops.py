@@ -22,8 +22,8 @@ from typing import Any, ClassVar, Final
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.tuner import TuneResult
-from marconi_ray.core.wire import Fields, Record, check_float, check_int, encode_array
+from marconi_ray.core.tuner import TuneResult, result_from, result_record
+from marconi_ray.core.wire import Fields, Record, check_int, encode_array
 from marconi_ray.protocol.orders import Finished
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
@@ -32,7 +32,6 @@ NO_TIMINGS: Final = Timings(0.0, 0.0, 0.0, 0.0)
 """Timings of a replayed commit (the journal keeps what the cache needs, not timings)."""
 
 _PARAM_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
-_RESULT_KEYS = tuple(f.name for f in dataclasses.fields(TuneResult))
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,12 @@ class Commit:
 
     NAME: ClassVar[str] = "commit"
     KEYS: ClassVar[tuple[str, ...]] = (
-        "replica", "request", "tokens", "finish_reason", "state_ids", "kv_slots"
+        "replica",
+        "request",
+        "tokens",
+        "finish_reason",
+        "state_ids",
+        "kv_slots",
     )
     replica: str
     done: Finished
@@ -188,28 +192,11 @@ class Adopt:
     result: TuneResult
 
     def to_record(self) -> Record:
-        result = dataclasses.asdict(self.result)
-        result["scores"] = [list(s) for s in self.result.scores]
-        return {"replica": self.replica, "result": result}
+        return {"replica": self.replica, "result": result_record(self.result)}
 
     @classmethod
     def from_record(cls, f: Fields) -> Adopt:
-        r = Fields(f.get("result"), f.where("result"), _RESULT_KEYS)
-        scores = tuple(
-            (check_float(s[0], r.where("scores")), check_float(s[1], r.where("scores")))
-            for s in r.get_list("scores")
-            if isinstance(s, list) and len(s) == 2
-        )
-        if len(scores) != len(r.get_list("scores")):
-            raise ValueError(f"{r.where('scores')}: expected [alpha, score] pairs")
-        result = TuneResult(
-            best_alpha=r.get_float("best_alpha"),
-            scores=scores,
-            window_requests=r.get_int("window_requests", 0),
-            start_request=r.get_int("start_request", 0),
-            wall_s=r.get_float("wall_s"),
-        )
-        return cls(f.get_str("replica"), result)
+        return cls(f.get_str("replica"), result_from(f.get("result"), f.where("result")))
 
 
 Op = Register | Unregister | Plan | Commit | Abort | Adopt

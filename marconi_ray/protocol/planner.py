@@ -202,10 +202,9 @@ class Planner:
         try:
             result = self.cache.commit(plan, full, ids, kv=done.kv_slots, kv_start=plan.hit_len)
         except CommitFailed as exc:
-            # nothing is counted; the tree keeps what it took, the rest goes back
-            release = release_of(exc.freed) + release_of(self.cache.abort(plan))
+            # aborted, nothing counted: the tree keeps what it took, the rest goes back
             own = Release(tuple(done.state_ids.values()), done.kv_slots)
-            return release + own.without(exc.held, exc.held_kv)
+            return release_of(exc.freed) + own.without(exc.held, exc.held_kv)
         except ValueError:
             self._plans[done.request_id] = plan  # refused, still open: abort can follow
             raise

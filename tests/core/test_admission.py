@@ -27,7 +27,7 @@ def test_conversation_continuation_hits_the_last_decoded_token() -> None:
     plan = c.plan(toks(1, 2, 3, 4, 5, 6))
     assert plan.hit_len == 5 and plan.checkpoints == ()
     c.commit(plan, toks(1, 2, 3, 4, 5, 6, 8))
-    assert c.stats.states_admitted == {"branch": 0, "last_token": 2, "block": 0}
+    assert c.stats.states_admitted == {"branch": 0, "last_token": 2, "block": 0, "speculative": 0}
 
 
 def test_at_most_two_states_per_request() -> None:

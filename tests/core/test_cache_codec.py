@@ -156,6 +156,9 @@ def observe(c: PrefixCache) -> dict[str, Any]:
         "cost": c.cost,
         "open": {pid: plan_view(c.get_plan(pid)) for pid in sorted(c._open)},
         "next": (c._next_plan, c._next_state),
+        "reasons": dict(c.reasons),
+        "hit_once": set(c.hit_once),
+        "admission_state": c.admission.state(),
     }
 
 
@@ -163,6 +166,8 @@ POLICIES = [
     dict(admission="marconi", eviction="flop_aware", alpha=1.5),
     dict(admission="marconi", eviction="lru"),
     dict(admission="fine_grained:64", eviction="flop_aware", recency="inverse_age", alpha=0.5),
+    dict(admission="marconi+:32", eviction="flop_aware", alpha=1.0),
+    dict(admission="fine_grained_refill:48", eviction="lru"),
 ]
 
 
@@ -504,3 +509,36 @@ def test_numpy_scalars_become_plain_values():
     data = cache_codec.dumps(c)
     assert cache_codec.dumps(cache_codec.loads(data)) == data
     assert observe(cache_codec.loads(data)) == observe(c)
+
+
+@pytest.mark.parametrize("formula", ["freed", "paper", "artifact", "uniform"])
+def test_the_efficiency_formula_round_trips_and_keeps_evicting_alike(formula: str):
+    config = CacheConfig(20_000, "marconi", "flop_aware", 0.8, "timestamp", formula)
+    c = PrefixCache(SMALL_COST, config)
+    for inp, out in SAMPLE[:15]:
+        c.serve(inp, out)
+    copy_ = cache_codec.restore(cache_codec.snapshot(c))
+    assert copy_.config == config and copy_.config.efficiency == formula
+    assert copy_.eviction.efficiency == formula  # type: ignore[attr-defined]
+    later = [c.serve(inp, out) for inp, out in SAMPLE[15:45]]
+    assert [copy_.serve(inp, out) for inp, out in SAMPLE[15:45]] == later
+    assert c.stats.evictions > 0 and copy_.stats.evictions == c.stats.evictions
+
+
+def test_a_snapshot_from_before_the_efficiency_option_restores_as_freed():
+    c = cache(capacity=5000, alpha=0.5)
+    for inp, out in SAMPLE[:5]:
+        c.serve(inp, out)
+    record = cache_codec.to_record(c, open_plans=False)
+    del record["config"]["efficiency"]  # type: ignore[index, union-attr]
+    del record["stats"]["states_superseded"]  # type: ignore[index, union-attr]
+    old = cache_codec.loads(wire.pack(record))
+    assert old.config.efficiency == "freed" and old.stats.states_superseded == 0
+    assert cache_codec.snapshot(old) == cache_codec.snapshot(c)
+
+
+def test_an_unknown_efficiency_formula_in_a_snapshot_is_a_value_error():
+    record = cache_codec.to_record(cache(capacity=5000))
+    record["config"]["efficiency"] = "flops"  # type: ignore[index]
+    with pytest.raises(ValueError, match="'flops'"):
+        cache_codec.loads(wire.pack(record))

@@ -72,11 +72,11 @@ def test_efficiency_is_flops_over_the_nearest_state_ancestor_per_byte_freed() ->
     tree = _chain_tree()
     leaf = tree.match(toks(1, 2, 3, 4)).path[-1]
     want = SMALL_COST.prefill_flops(2, 2) / (SMALL_COST.state_bytes + 2 * 10)
-    assert tree.table.efficiency[leaf.slot] == pytest.approx(want)
+    assert tree.efficiency(leaf) == pytest.approx(want)
     inner = tree.match(toks(1, 2)).path[-1]
     tree.evict(inner)  # leaf's anchor becomes the root and its edge grows to 4 tokens
     want = SMALL_COST.prefill_flops(4, 0) / (SMALL_COST.state_bytes + 4 * 10)
-    assert tree.table.efficiency[leaf.slot] == pytest.approx(want)
+    assert tree.efficiency(leaf) == pytest.approx(want)
 
 
 def test_inverse_age_recency_orders_like_timestamps() -> None:

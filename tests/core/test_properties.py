@@ -22,6 +22,8 @@ POLICIES = [
     ("fine_grained:5", "flop_aware"),
     ("fine_grained_refill:3", "lru"),
     ("fine_grained_refill:4", "flop_aware"),
+    ("marconi+:2", "flop_aware"),
+    ("marconi+:3", "lru"),
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from engine_helpers import GREEDY, prompts
 
+from marconi_ray.core.admission import MarconiPlusAdmission
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.seq_state import SeqState
@@ -54,8 +55,11 @@ def test_marconi_reuse_is_exact(model_dirs, family):
     assert cached[5] == n_history
 
 
-@pytest.mark.parametrize("system", ["vllm+", "sglang+"])
-def test_other_systems_reuse_is_exact(model_dirs, system):
+@pytest.mark.parametrize("system", ["vllm+", "vllm+refill", "sglang+", "marconi+"])
+def test_other_systems_reuse_is_exact(model_dirs, system, monkeypatch):
+    # marconi+ with 16-token blocks, so this short conversation resumes from speculative
+    # states too
+    monkeypatch.setattr(MarconiPlusAdmission.__init__, "__defaults__", (16, True))
     engine = Engine(model_dirs["nemotron_h"], system=system, cache_bytes=50_000_000)
     reference = Engine(model_dirs["nemotron_h"], system="vanilla")
     cached, _ = _conversation(engine, reference, seed=2)

@@ -5,18 +5,23 @@ predicts exactly the engine's hits, evictions and tuned alpha (bootstrap tuning 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from engine_helpers import GREEDY
 
+from marconi_ray.core.admission import MarconiPlusAdmission
 from marconi_ray.core.replay import RunConfig, run_replay
 from marconi_ray.core.trace import Request
 from marconi_ray.core.tuner import TunerConfig
 from marconi_ray.engine.engine import Engine
 
 
-def test_engine_hit_rate_equals_simulator_with_tuning(model_dirs):
+@pytest.mark.parametrize("system", ["marconi", "marconi+"])
+def test_engine_hit_rate_equals_simulator_with_tuning(model_dirs, system, monkeypatch):
+    # marconi+ with 16-token blocks, so these short conversations speculate
+    monkeypatch.setattr(MarconiPlusAdmission.__init__, "__defaults__", (16, True))
     tuner = TunerConfig(multiplier=1, grid=(0.0, 0.5, 2.0))
     capacity = 300_000
-    engine = Engine(model_dirs["nemotron_h"], system="marconi", cache_bytes=capacity, tuner=tuner)
+    engine = Engine(model_dirs["nemotron_h"], system=system, cache_bytes=capacity, tuner=tuner)
     rng = np.random.default_rng(9)
     vocab = engine.config.vocab_size
     shared = rng.integers(7, vocab, 24).tolist()
@@ -35,7 +40,10 @@ def test_engine_hit_rate_equals_simulator_with_tuning(model_dirs):
         assert engine.store.bytes_used == engine.cache.bytes_used <= capacity
     assert engine.cache.stats.evictions > 0
     assert engine.tuner is not None and engine.tuner.history, "the tuner should have run"
-    sim = run_replay(served, engine.cache.cost, RunConfig("marconi", capacity, tuner=tuner))
+    sim = run_replay(served, engine.cache.cost, RunConfig(system, capacity, tuner=tuner))
     assert sim.token_hit_rate == engine.cache.stats.token_hit_rate
     assert sim.evictions == engine.cache.stats.evictions
     assert sim.alpha_history == tuple((h.start_request, h.best_alpha) for h in engine.tuner.history)
+    if system == "marconi+":
+        assert engine.cache.stats.states_admitted["speculative"] > 0
+        assert sim.states_by_reason == engine.cache.stats.states_admitted

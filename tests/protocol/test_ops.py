@@ -41,6 +41,10 @@ OPS = [
     Commit("r0", DONE),
     Abort("r0", 4, "lease"),
     Adopt("r0", TuneResult(0.4, ((0.0, 0.1), (0.4, 0.3)), 50, 120, 0.25)),
+    Adopt(
+        "r1",
+        TuneResult(0.0, ((0.0, 0.5),), 9, 3, 0.1, True, ((0.0, True, 0.5), (0.0, False, 0.25))),
+    ),
 ]
 
 
