@@ -65,3 +65,45 @@ def plot_hit_rate_vs_cache(
     out = Path(path)
     fig.savefig(out, format="png", dpi=120)
     return out
+
+
+def plot_eviction_decisions(
+    decisions: Sequence[Any], path: str | os.PathLike[str], title: str
+) -> Path:
+    """Write two panels to `path`: each victim's normalised recency vs efficiency (leaves
+    and inner nodes apart; LRU would have taken those at recency 0), and per window of
+    requests the share of decisions where the efficiency term changed LRU's choice.
+
+    Args:
+        decisions: `core.explain.Decision`s, in order.
+    """
+    fig = Figure(figsize=(11.0, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    for leaf, colour, label in ((True, "tab:blue", "leaf"), (False, "tab:orange", "inner")):
+        pts = [(d.recency, d.efficiency) for d in decisions if d.leaf == leaf]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            left.scatter(xs, ys, s=6, alpha=0.5, color=colour, label=f"{label} ({len(pts)})")
+    left.set_xlabel("victim's normalised recency (0 = least recent candidate)")
+    left.set_ylabel("victim's normalised FLOP efficiency")
+    left.set_title("what each eviction took")
+    if decisions:
+        left.legend(loc="upper right")
+    if decisions:
+        last = max(d.request for d in decisions) + 1
+        width = max(1, last // 40)
+        bins: dict[int, list[bool]] = {}
+        for d in decisions:
+            bins.setdefault(d.request // width, []).append(d.lru_rank > 0)
+        xs2 = [k * width for k in sorted(bins)]
+        ys2 = [100.0 * sum(bins[k]) / len(bins[k]) for k in sorted(bins)]
+        right.plot(xs2, ys2, marker="o", markersize=3)
+    right.set_xlabel("request")
+    right.set_ylabel("decisions not LRU's choice (%)")
+    right.set_ylim(-2, 102)
+    right.set_title("where the FLOP term changed the choice")
+    fig.suptitle(title)
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    return out

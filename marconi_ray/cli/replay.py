@@ -29,9 +29,11 @@ from marconi_ray.cli.trace_source import (
     load_from_args,
     trace_stats,
 )
+from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, EFFICIENCY_FORMULAS
 from marconi_ray.core.eviction import RECENCY_MODES
-from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep
-from marconi_ray.core.systems import SYSTEMS
+from marconi_ray.core.explain import Decision, summarize
+from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep, run_replay
+from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.trace import Trace
 from marconi_ray.core.tuner import OBJECTIVES, TunerConfig, default_grid
 
@@ -39,6 +41,8 @@ DEFAULT_CACHE_SIZES = "1e9,2e9,5e9,1e10"
 RESULTS_FILE = "results.json"
 RUN_FILE = "run.json"
 PLOT_FILE = "hit_rate_vs_cache.png"
+EXPLAIN_FILE = "explain.jsonl"
+EXPLAIN_PLOT = "explain.png"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -81,6 +85,23 @@ def add_parser(subparsers: Any) -> None:
         choices=RECENCY_MODES,
         default="timestamp",
         help="recency score of FLOP-aware eviction (default: timestamp)",
+    )
+    p.add_argument(
+        "--efficiency",
+        choices=tuple(EFFICIENCY_FORMULAS),
+        default=DEFAULT_EFFICIENCY,
+        help="FLOP-efficiency formula of FLOP-aware eviction: freed (FLOPs a hit on the "
+        "node saves over its nearest state-holding ancestor, per byte its eviction frees), "
+        "uniform (the same FLOPs per state + edge KV bytes, leaves and inner nodes alike), "
+        "paper (FLOPs of the whole prefix per byte of its KV and state) or artifact (the "
+        f"edge's FLOPs per byte of state + whole-path KV) (default: {DEFAULT_EFFICIENCY})",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help=f"for one system (FLOP-aware eviction) at one cache size: record why each "
+        f"eviction chose its victim (normalised recency, efficiency, score, rank by "
+        f"recency) into {EXPLAIN_FILE} and {EXPLAIN_PLOT}, and print a summary",
     )
     p.add_argument(
         "--objective",
@@ -135,11 +156,22 @@ def _configs(args: argparse.Namespace) -> list[RunConfig]:
         objective=args.objective,
         retune_every=args.retune_every,
     )
-    return [
-        RunConfig(system, size, args.alpha, args.recency, tuner, args.check)
+    configs = [
+        RunConfig(system, size, args.alpha, args.recency, tuner, args.check, args.efficiency)
         for system in args.systems
         for size in args.cache_bytes
     ]
+    if args.explain:
+        if len(configs) != 1:
+            raise ValueError(
+                f"--explain explains one run: give one system and one cache size, got "
+                f"{len(args.systems)} system(s) x {len(args.cache_bytes)} size(s)"
+            )
+        if get_system(configs[0].system).eviction != "flop_aware":
+            raise ValueError(
+                f"--explain needs a system with flop_aware eviction, got {configs[0].system}"
+            )
+    return configs
 
 
 def _check_out(out: Path) -> None:
@@ -180,7 +212,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     trace = load_from_args(trace_spec, args)
     out.mkdir(parents=True, exist_ok=True)
 
-    results = _sweep(trace, cost, configs, args.jobs)
+    decisions: list[Decision] = []
+    if args.explain:
+        results = [run_replay(trace.requests, cost, configs[0], explain=decisions)]
+    else:
+        results = _sweep(trace, cost, configs, args.jobs)
     oracle = oracle_record(trace.requests)
     records: list[dict[str, Any]] = [r.to_record() for r in results]
     records.append(oracle)
@@ -213,4 +249,35 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         },
     )
     print(f"wrote {out / RESULTS_FILE}, {out / PLOT_FILE}, {out / RUN_FILE}")
+    if args.explain:
+        _write_explain(
+            out,
+            decisions,
+            f"{configs[0].system} at {configs[0].cache_bytes / 1e9:g} GB, {trace.name}",
+        )
     return 0
+
+
+def _write_explain(out: Path, decisions: list[Decision], what: str) -> None:
+    from marconi_ray.cli.plot import plot_eviction_decisions
+
+    with (out / EXPLAIN_FILE).open("w", encoding="utf-8") as f:
+        for d in decisions:
+            f.write(json.dumps(dataclasses.asdict(d)) + "\n")
+    plot_eviction_decisions(decisions, out / EXPLAIN_PLOT, f"Eviction decisions: {what}")
+    summary = summarize(decisions)
+    print(f"explained {summary.decisions} eviction decisions ({what})")
+    if decisions:
+        print(
+            f"  the victim was the least recent candidate (LRU's choice) in "
+            f"{100 * summary.lru_choice_share:.1f}% of decisions; "
+            f"median rank by recency {summary.median_lru_rank:.0f} of "
+            f"{summary.median_candidates:.0f} candidates"
+        )
+        print(
+            f"  victims: {100 * summary.leaf_share:.1f}% leaves; median normalised "
+            f"recency {summary.median_recency:.3f}, efficiency "
+            f"{summary.median_efficiency:.3f}; by admission reason "
+            f"{summary.victims_by_reason}"
+        )
+    print(f"wrote {out / EXPLAIN_FILE}, {out / EXPLAIN_PLOT}")

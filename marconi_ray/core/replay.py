@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel, validate_efficiency
+from marconi_ray.core.eviction import FlopAwareEviction
+from marconi_ray.core.explain import Decision, ExplainingEviction
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.oracle import oracle_hits
 from marconi_ray.core.prefix_cache import PrefixCache
@@ -104,17 +106,33 @@ def run_replay(
     cost: CostModel,
     cfg: RunConfig,
     tune_map: MapFn = map,
+    explain: list[Decision] | None = None,
 ) -> RunResult:
-    """Replay `requests` through one system at one cache size."""
+    """Replay `requests` through one system at one cache size.
+
+    Args:
+        explain: when a list, every eviction decision is appended to it (`core.explain`);
+            the system must use `flop_aware` eviction (ValueError otherwise).
+    """
     start = time.perf_counter()
     system = get_system(cfg.system)
     tuned = system.tuned and cfg.alpha is None
     alpha = 0.0 if cfg.alpha is None else cfg.alpha
     config = system.cache_config(cfg.cache_bytes, alpha, cfg.recency, cfg.efficiency)
     cache = PrefixCache(cost, config)
+    explaining: ExplainingEviction | None = None
+    if explain is not None:
+        if not isinstance(cache.eviction, FlopAwareEviction):
+            raise ValueError(
+                f"explain needs flop_aware eviction; {cfg.system} uses {config.eviction}"
+            )
+        explaining = ExplainingEviction(cache.eviction, cache.reasons)
+        cache.eviction = explaining
     tuner = BootstrapTuner(cfg.tuner) if tuned else None
     ref = ReferenceCache() if cfg.check else None
-    for req in requests:
+    for i, req in enumerate(requests):
+        if explaining is not None:
+            explaining.request = i
         if ref is not None:
             checked_serve(cache, ref, req.input_tokens, req.output_tokens)
             check_tree(cache.tree)
@@ -124,6 +142,8 @@ def run_replay(
             job = tuner.after_request(cache, req)
             if job is not None:
                 tuner.adopt(run_grid(job, tune_map), cache)
+    if explain is not None and explaining is not None:
+        explain.extend(explaining.decisions)
     stats = cache.stats
     history = () if tuner is None else tuple((r.start_request, r.best_alpha) for r in tuner.history)
     admission_state = cache.admission.state()

@@ -131,6 +131,7 @@ def _bad_jsonl(tmp_path: Path) -> Path:
         (["--alpha", "-0.5"], "-0.5"),
         (["--model", "no-such-model"], "no-such-model"),
         (["--recency", "sometimes"], "sometimes"),
+        (["--efficiency", "magic"], "magic"),
     ],
 )
 def test_bad_option_exits_2_and_writes_nothing(
@@ -241,3 +242,37 @@ def test_alpha_grid_forms() -> None:
     assert values.alpha_grid("0.5, 1,2") == (0.5, 1.0, 2.0)
     assert values.alpha("auto") is None
     assert values.cache_sizes("1e9,2.5e9") == (1_000_000_000, 2_500_000_000)
+
+
+def test_explain_writes_every_decision_and_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    code = main(
+        [
+            "replay", "--trace", "sample", "--cache-bytes", "2e8", "--systems", "marconi",
+            "--alpha", "1.0", "--efficiency", "uniform", "--explain", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    lines = (out / "explain.jsonl").read_text().splitlines()
+    (record,) = json.loads((out / "results.json").read_text())[:1]
+    assert record["efficiency"] == "uniform" and len(lines) == record["evictions"] > 0
+    first = json.loads(lines[0])
+    assert {"recency", "efficiency", "score", "lru_rank", "leaf", "reason"} <= set(first)
+    assert (out / "explain.png").read_bytes().startswith(PNG_MAGIC)
+    assert f"explained {len(lines)} eviction decisions" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("systems", "sizes", "named"),
+    [("marconi,sglang+", "2e8", "one system"), ("marconi", "2e8,1e9", "one system"),
+     ("sglang+", "2e8", "flop_aware")],
+)  # fmt: skip
+def test_explain_refuses_what_it_cannot_explain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], systems: str, sizes: str, named: str
+) -> None:
+    out = tmp_path / "out"
+    argv = ["replay", "--trace", "sample", "--cache-bytes", sizes, "--systems", systems]
+    assert main([*argv, "--explain", "--out", str(out)]) == 2
+    assert named in capsys.readouterr().err and not out.exists()

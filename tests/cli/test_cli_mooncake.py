@@ -37,10 +37,10 @@ def test_replay_on_a_mooncake_file(
     tmp_path: Path, moon: Path, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    argv = ["replay", "--trace", f"{kind}:{moon}", "--systems", "marconi,sglang+"]
+    argv = ["replay", "--trace", f"{kind}:{moon}", "--systems", "marconi,marconi+,sglang+"]
     assert main([*argv, "--cache-bytes", "1e9", "--out", str(out)]) == 0
     records = json.loads((out / "results.json").read_text())
-    assert {r["system"] for r in records} == {"marconi", "sglang+", "oracle"}
+    assert {r["system"] for r in records} == {"marconi", "marconi+", "sglang+", "oracle"}
     for r in records:
         assert 0.0 <= r["token_hit_rate"] <= 1.0
     oracle = next(r for r in records if r["system"] == "oracle")
