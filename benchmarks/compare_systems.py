@@ -109,11 +109,18 @@ def settings_for(cfg: CompareConfig, system: str) -> ServeSettings:
     )
 
 
-def sim_config(settings: ServeSettings) -> RunConfig:
-    """The replay run matching a deployment: system, capacity, alpha and tuner window."""
+def sim_config(settings: ServeSettings, max_output: int | None = None) -> RunConfig:
+    """The replay run matching a deployment: system, capacity, alpha and tuner window, and
+    the output room each request's plan reserved (the load's `max_output`)."""
     t = settings.tuner
     tuner = TunerConfig(t.multiplier, tuple(t.grid), retune_every=t.retune_every)
-    return RunConfig(settings.system, settings.cache_bytes, alpha=settings.alpha, tuner=tuner)
+    return RunConfig(
+        settings.system,
+        settings.cache_bytes,
+        alpha=settings.alpha,
+        tuner=tuner,
+        max_output=max_output,
+    )
 
 
 def serve_and_load(settings: ServeSettings, load: LoadConfig, progress: bool) -> SystemRun:
@@ -135,7 +142,7 @@ def serve_and_load(settings: ServeSettings, load: LoadConfig, progress: bool) ->
         result = run_load(replace(load, model=settings.model_name), progress=progress)
     finally:
         shutdown_app(settings)
-    return SystemRun(result, cost, sim_config(settings))
+    return SystemRun(result, cost, sim_config(settings, load.max_output))
 
 
 def config_doc(cfg: CompareConfig) -> dict[str, Any]:

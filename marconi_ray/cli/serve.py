@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marconi_kernels.choices import KERNEL_CHOICES
+from marconi_ray.cli import values
 from marconi_ray.core.systems import SYSTEMS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
 from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS
@@ -63,8 +64,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--replicas", type=int, metavar="N", help="model replicas (default: 1)")
     p.add_argument(
         "--system",
-        choices=sorted(SYSTEMS),
-        help="caching system (default: marconi)",
+        type=values.system,
+        metavar="NAME",
+        help=f"caching system: {', '.join(sorted(SYSTEMS))}, or marconi+:B (speculative "
+        "checkpoints at B * 2**k tokens) (default: marconi)",
     )
     p.add_argument(
         "--cache-bytes",

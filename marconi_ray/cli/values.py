@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from marconi_ray.core.systems import SYSTEMS
+from marconi_ray.core.systems import get_system
 
 _GRID_MAX_POINTS = 10_000
 
@@ -41,14 +41,22 @@ def cache_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def system(text: str) -> str:
+    """One known system name (see `core.systems.get_system`)."""
+    try:
+        return get_system(text.strip()).name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def systems(text: str) -> tuple[str, ...]:
     """`vllm+,marconi` -> ('vllm+', 'marconi'); every name must be a known system."""
     names = _split(text)
     for name in names:
-        if name not in SYSTEMS:
-            raise argparse.ArgumentTypeError(
-                f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}"
-            )
+        try:
+            get_system(name)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     if not names:
         raise argparse.ArgumentTypeError(f"no system given in {text!r}")
     return tuple(dict.fromkeys(names))

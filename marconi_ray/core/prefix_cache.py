@@ -552,11 +552,14 @@ class PrefixCache:
                 freed.extend(self.tree.evict(node))
                 self.stats.states_superseded += 1
 
-    def serve(self, input_tokens: object, output_tokens: object) -> int:
-        """Simulate one request end to end; return its hit length."""
+    def serve(
+        self, input_tokens: object, output_tokens: object, max_output: int | None = None
+    ) -> int:
+        """Simulate one request end to end; return its hit length. With `max_output`, plan
+        reserves room for that many output tokens, as the live service's planner does."""
         inp = as_tokens(input_tokens, "input tokens")
         out = np.asarray(output_tokens, dtype=np.int32)
-        plan = self.plan(inp)
+        plan = self.plan(inp, max_output)
         self.commit(plan, np.concatenate([inp, out]) if len(out) else inp)
         return plan.hit_len
 

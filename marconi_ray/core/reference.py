@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core.prefix_cache import CommitResult, PrefixCache
+from marconi_ray.core.tree_types import Reclaimed
 
 
 class ReferenceCache:
@@ -29,8 +30,16 @@ class ReferenceCache:
                 best = n
         return best
 
-    def apply(self, tokens: npt.NDArray[np.int32], result: CommitResult) -> None:
-        for sid in result.freed.states:
+    def apply(
+        self,
+        tokens: npt.NDArray[np.int32],
+        result: CommitResult,
+        planned: Reclaimed | None = None,
+    ) -> None:
+        """Learn a commit: what its planning evicted (`planned`, if it reserved), then
+        what the commit did."""
+        evicted = [*(planned.states if planned is not None else ()), *result.freed.states]
+        for sid in evicted:
             if self.states.pop(sid, None) is None:
                 raise AssertionError(f"freed state {sid} was never admitted")
         seq = tuple(int(t) for t in tokens)
@@ -45,15 +54,17 @@ def checked_serve(
     ref: ReferenceCache,
     input_tokens: npt.NDArray[np.int32],
     output_tokens: npt.NDArray[np.int32],
+    max_output: int | None = None,
 ) -> int:
-    """Serve one request through `cache`, asserting it agrees with `ref` and its budget."""
-    plan = cache.plan(input_tokens)
+    """Serve one request through `cache` (`PrefixCache.serve`), asserting it agrees with
+    `ref` and its budget."""
+    plan = cache.plan(input_tokens, max_output)
     want = ref.expected_hit(plan.tokens)
     if plan.hit_len != want:
         raise AssertionError(f"cache hit {plan.hit_len} tokens, reference says {want}")
     full = np.concatenate([plan.tokens, np.asarray(output_tokens, dtype=np.int32)])
     result = cache.commit(plan, full)
-    ref.apply(full, result)
+    ref.apply(full, result, plan.freed)
     if cache.bytes_used > cache.capacity:
         raise AssertionError(f"{cache.bytes_used} bytes held > capacity {cache.capacity}")
     if len(ref.states) != cache.tree.n_states:

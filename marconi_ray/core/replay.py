@@ -41,6 +41,9 @@ class RunConfig:
         tuner: bootstrap tuner settings for tuned systems.
         check: debug mode: check every hit against a brute-force reference and the tree
             invariants after every request (slow; for tests).
+        max_output: reserve room for this many output tokens when each request is
+            planned, as the live service does (for comparing a replay with a served run);
+            None reserves nothing, as the paper's simulator.
     """
 
     system: str
@@ -50,10 +53,13 @@ class RunConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     check: bool = False
     efficiency: str = DEFAULT_EFFICIENCY
+    max_output: int | None = None
 
     def __post_init__(self) -> None:
         get_system(self.system)
         validate_efficiency(self.efficiency)
+        if self.max_output is not None and self.max_output < 0:
+            raise ValueError(f"max_output must be >= 0, got {self.max_output}")
         if not self.cache_bytes > 0:
             raise ValueError(f"cache size must be > 0 bytes, got {self.cache_bytes}")
 
@@ -134,10 +140,10 @@ def run_replay(
         if explaining is not None:
             explaining.request = i
         if ref is not None:
-            checked_serve(cache, ref, req.input_tokens, req.output_tokens)
+            checked_serve(cache, ref, req.input_tokens, req.output_tokens, cfg.max_output)
             check_tree(cache.tree)
         else:
-            cache.serve(req.input_tokens, req.output_tokens)
+            cache.serve(req.input_tokens, req.output_tokens, cfg.max_output)
         if tuner is not None:
             job = tuner.after_request(cache, req)
             if job is not None:

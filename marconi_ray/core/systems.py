@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from marconi_ray.core.admission import make_admission
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY
 from marconi_ray.core.prefix_cache import CacheConfig
 
@@ -55,8 +56,12 @@ SYSTEMS: Mapping[str, SystemSpec] = MappingProxyType(
 
 
 def get_system(name: str) -> SystemSpec:
-    """Look a system up by name; ValueError naming it when unknown."""
+    """Look a system up by name; ValueError naming it when unknown. `marconi+:B` is
+    `marconi+` with speculative checkpoints at B * 2**k (B tokens > 0)."""
     spec = SYSTEMS.get(name)
+    if spec is None and name.startswith("marconi+:"):
+        make_admission(name)  # a bad block size raises here, naming it
+        return SystemSpec(name, name, "flop_aware", tuned=True)
     if spec is None:
         raise ValueError(f"unknown system {name!r}; choose from {sorted(SYSTEMS)}")
     return spec

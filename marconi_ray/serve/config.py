@@ -114,7 +114,8 @@ class ServeConfig(BaseModel):
     )
     system: str = Field(
         default="marconi",
-        description=f"Caching system, one of {sorted(SYSTEMS)}.",
+        description=f"Caching system, one of {sorted(SYSTEMS)}, or marconi+:B (marconi+ "
+        "with speculative checkpoints at B * 2**k tokens; marconi+ is marconi+:512).",
     )
     alpha: Literal["auto"] | float = Field(
         default=AUTO,

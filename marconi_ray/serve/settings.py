@@ -38,7 +38,7 @@ class ServeSettings:
         model_name: the name clients pass as `model` (and `/v1/models` lists).
         tp: tensor-parallel ranks per replica; replicas: model replicas.
         cache_bytes: prefix cache budget per replica, per device (KV + SSM bytes).
-        system: `marconi`, `sglang+`, `vllm+` or `vanilla`.
+        system: `marconi`, `marconi+`, `sglang+`, `vllm+`, `vllm+refill` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
         kernels: SSM kernel set, `auto`, `ref` or `triton` (see `marconi_kernels`).

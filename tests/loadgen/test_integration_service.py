@@ -74,7 +74,9 @@ def _vocab(model_dir: Path) -> int:
     return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
 
 
-@pytest.mark.parametrize(("system", "alpha"), [("marconi", 1.0), ("vllm+", None)])
+@pytest.mark.parametrize(
+    ("system", "alpha"), [("marconi", 1.0), ("vllm+", None), ("marconi+:16", 1.0)]
+)
 def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, system, alpha):
     """One session at a time, one request at a time: no interleaving, so the live cache
     and the simulator see the same sequence and must agree exactly, evictions included
@@ -86,7 +88,7 @@ def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, s
         system=system,
         alpha=alpha,
         port=PORT,
-        app_name=f"lg-seq-{system}",
+        app_name="lg-seq-" + system.replace("+", "plus").replace(":", "-"),
     )
     load = LoadConfig(
         url=URL,
@@ -116,11 +118,15 @@ def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, s
     assert server is not None and server["requests"] == len(result.records)
     assert server["evictions"] > 0
     sim = run_replay(
-        compare_report.sim_requests(result.records), cost, compare_systems.sim_config(settings)
+        compare_report.sim_requests(result.records),
+        cost,
+        compare_systems.sim_config(settings, load.max_output),
     )
     assert sim.token_hit_rate == server["token_hit_rate"] > 0
     assert sim.evictions == server["evictions"]
     assert sim.states_dropped == server["states_dropped"]
+    if system.startswith("marconi+"):  # the live cache speculated as the simulator did
+        assert sim.states_by_reason["speculative"] > 0
     assert summary["client_token_hit_rate"] == pytest.approx(server["token_hit_rate"])
 
 
