@@ -17,7 +17,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -251,13 +251,20 @@ def _check_tokens(obj: dict[str, Any], key: str, num_key: str) -> TokenArray:
     return arr
 
 
-def _parse_line(text: str) -> Request:
+def json_object(text: str, keys: Sequence[str]) -> dict[str, Any]:
+    """One JSON line that must be an object holding `keys`; ValueError naming what is
+    wrong (the caller adds where)."""
     obj = json.loads(text)
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    missing = [k for k in _KEYS if k not in obj]
+    missing = [k for k in keys if k not in obj]
     if missing:
         raise ValueError(f"missing key(s) {', '.join(missing)}")
+    return obj
+
+
+def _parse_line(text: str) -> Request:
+    obj = json_object(text, _KEYS)
     ts = obj["ts"]
     if isinstance(ts, bool) or not isinstance(ts, (int, float)):
         raise ValueError(f"ts must be a number, got {ts!r}")

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from marconi_ray.core.trace import TraceFormatError
+from marconi_ray.core.trace import TraceFormatError, json_object
 
 BLOCK_SIZE = 512
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -98,12 +97,7 @@ def _hash_ids(obj: dict[str, Any], input_length: int, block_size: int) -> tuple[
 
 def parse_row(text: str, index: int, line: int, block_size: int = BLOCK_SIZE) -> MooncakeRow:
     """One line as a MooncakeRow; ValueError (no path prefix) saying what is wrong."""
-    obj = json.loads(text)
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    missing = [k for k in KEYS if k not in obj]
-    if missing:
-        raise ValueError(f"missing key(s) {', '.join(missing)}")
+    obj = json_object(text, KEYS)
     n_in = _int(obj, "input_length", 1)
     return MooncakeRow(
         index,
