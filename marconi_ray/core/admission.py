@@ -14,7 +14,8 @@ one (the artifact's vLLM+ refills a partial block in place).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from marconi_ray.core.tree_types import NO_STATE, Match
@@ -40,10 +41,21 @@ class AdmissionPolicy(ABC):
         same path? (Default: never; states are only removed by eviction.)"""
         return False
 
+    def superseded_by(self, new_depths: Sequence[int]) -> tuple[int, Callable[[int], bool]]:
+        """For states newly kept at `new_depths` (sorted): a depth below which nothing
+        is replaced, and a test of older depths at or above it (`supersedes` by any)."""
+        return 0, lambda old: any(self.supersedes(d, old) for d in new_depths)
+
     @property
     def tunable(self) -> bool:
         """Does the policy have a `speculate` knob for the tuner to set?"""
         return False
+
+    @property
+    def only_reason(self) -> str | None:
+        """The one reason every state of this policy is kept for, if there is one (the
+        cache then keeps no per-state record of it)."""
+        return None
 
     def state(self) -> dict[str, int]:
         """Mutable policy state a snapshot must carry (default: none)."""
@@ -164,6 +176,10 @@ class FineGrainedAdmission(AdmissionPolicy):
         first = (n_input // self.block + 1) * self.block
         return [(d, "block") for d in range(first, n_total + 1, self.block)]
 
+    @property
+    def only_reason(self) -> str | None:
+        return "block"
+
 
 class FineGrainedRefillAdmission(FineGrainedAdmission):
     """The paper's vLLM+ as its artifact runs it (`fine_grained_refill:B`).
@@ -190,6 +206,17 @@ class FineGrainedRefillAdmission(FineGrainedAdmission):
             and old_depth < new_depth
             and old_depth // self.block == (new_depth - 1) // self.block
         )
+
+    def superseded_by(self, new_depths: Sequence[int]) -> tuple[int, Callable[[int], bool]]:
+        block = self.block
+
+        def replaced(old: int) -> bool:  # a new depth in (old, end of old's block]?
+            if old % block == 0:
+                return False
+            i = bisect_right(new_depths, old)
+            return i < len(new_depths) and new_depths[i] <= (old // block + 1) * block
+
+        return ((new_depths[0] - 1) // block) * block if new_depths else 0, replaced
 
     @property
     def refills(self) -> bool:

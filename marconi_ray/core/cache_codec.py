@@ -88,7 +88,7 @@ _STATS_INTS = (
 _STATS_FLOATS = ("flops_total", "flops_saved")
 _STATS_BY_REASON = ("states_admitted", "hits_by_reason", "hit_tokens_by_reason", "states_hit")
 _STATS_KEYS = (*_STATS_INTS, *_STATS_FLOATS, *_STATS_BY_REASON)
-_REASON_KEYS = ("state", "reason", "hit")
+_REASON_KEYS = ("state", "reason", "hit_once")
 _TREE_COLUMNS = {
     "parent": "<i8",
     "slot": "<i8",
@@ -268,17 +268,17 @@ def _stats_from(obj: object) -> CacheStats:
 
 
 def _reasons_record(cache: PrefixCache) -> Record:
-    """Why each live state was admitted, as columns: state ids, reason codes (indices in
-    `ADMISSION_REASONS`), and whether each has served a hit."""
+    """Why each live state was admitted, as columns (state ids, reason codes: indices in
+    `ADMISSION_REASONS`), and the live states that served a hit."""
     ids = np.fromiter(cache.reasons, np.int64, len(cache.reasons))
     codes = np.fromiter(
         (ADMISSION_REASONS.index(r) for r in cache.reasons.values()), np.int64, len(ids)
     )
-    hit = np.fromiter((sid in cache.hit_once for sid in cache.reasons), np.bool_, len(ids))
+    hit = np.fromiter(sorted(cache.hit_once), np.int64, len(cache.hit_once))
     return {
         "state": encode_array(ids, "<i8"),
         "reason": encode_array(codes, "<i8"),
-        "hit": encode_array(hit, "|u1"),
+        "hit_once": encode_array(hit, "<i8"),
     }
 
 
@@ -290,16 +290,16 @@ def _reasons_from(obj: object, cache: PrefixCache, flat: FlatTree) -> None:
     f = Fields(obj, "cache.reasons", _REASON_KEYS)
     ids = f.get_array("state", "<i8")
     codes = f.get_array("reason", "<i8")
-    hit = f.get_array("hit", "|u1")
-    if not len(ids) == len(codes) == len(hit):
-        raise ValueError("cache.reasons: columns of different lengths")
+    hit = f.get_array("hit_once", "<i8")
+    if len(ids) != len(codes):
+        raise ValueError("cache.reasons: state and reason columns of different lengths")
     if len(codes) and (codes.min() < 0 or codes.max() >= len(ADMISSION_REASONS)):
         raise ValueError(f"cache.reasons.reason: codes must be in [0, {len(ADMISSION_REASONS)})")
-    unknown = np.setdiff1d(ids, flat.state[flat.state != NO_STATE])
+    unknown = np.setdiff1d(np.concatenate([ids, hit]), flat.state[flat.state != NO_STATE])
     if len(unknown):
         raise ValueError(f"cache.reasons: state {int(unknown[0])} is not in the tree")
     cache.reasons = {int(i): ADMISSION_REASONS[int(c)] for i, c in zip(ids, codes, strict=True)}
-    cache.hit_once = {int(i) for i, h in zip(ids, hit, strict=True) if h}
+    cache.hit_once = {int(i) for i in hit}
 
 
 def _flat_from(obj: object) -> FlatTree:
@@ -348,7 +348,7 @@ def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
         tuple(checkpoints),
         fields.get_int("reserved", 0),
         Reclaimed(),
-        cache.reasons.get(node.state, "") if hit_len else "",
+        cache._reason_of(node.state) if hit_len else "",
     )
 
 

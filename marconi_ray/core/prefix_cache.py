@@ -172,7 +172,8 @@ class PrefixCache:
         self._open: dict[int, Plan] = {}
         self.reserved = 0
         self.reasons: dict[int, str] = {}
-        """Live state id -> why it was admitted (for hits by reason and `marconi+`)."""
+        """Live state id -> why it was admitted (for hits by reason); empty when the
+        policy keeps every state for one reason (`AdmissionPolicy.only_reason`)."""
         self.hit_once: set[int] = set()
         """Live state ids that served at least one hit."""
         self._probed: tuple[object, RadixTree, int, Match] | None = None
@@ -328,7 +329,7 @@ class PrefixCache:
                 self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now
             )
         self._forget(freed)
-        reason = self.reasons.get(match.hit_node.state, "") if match.hit_len else ""
+        reason = self._reason_of(match.hit_node.state) if match.hit_len else ""
         plan = Plan(
             self._next_plan, arr, match.hit_len, match.hit_node, ckpts, granted, freed, reason
         )
@@ -414,6 +415,7 @@ class PrefixCache:
         dropped = 0
         kv_used = (0, 0)
         hit = plan.hit_node
+        hit_state = hit.state  # before a refill may replace it
         hit_locked = True
         try:
             if walk is not None:
@@ -443,7 +445,7 @@ class PrefixCache:
             self._forget(freed)
             raise CommitFailed(plan.plan_id, freed, held, held_kv) from exc
         self._forget(freed)
-        self._count_reasons(plan, admitted)
+        self._count_reasons(plan, admitted, hit_state)
         self.stats.states_dropped += dropped
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes_used)
         self.stats.record_request(
@@ -464,10 +466,20 @@ class PrefixCache:
             deque(map(self.reasons.pop, states, repeat(None)), maxlen=0)
             self.hit_once.difference_update(states)
 
-    def _count_reasons(self, plan: Plan, admitted: list[tuple[int, int, str]]) -> None:
-        """Stats by admission reason for a committed request."""
+    def _reason_of(self, state: int) -> str:
+        """Why a live state was admitted ("" when unknown)."""
+        return self.admission.only_reason or self.reasons.get(state, "")
+
+    def _count_reasons(
+        self, plan: Plan, admitted: list[tuple[int, int, str]], hit_state: int
+    ) -> None:
+        """Stats by admission reason for a committed request whose hit was `hit_state`
+        (which the commit may have replaced since)."""
         stats = self.stats
-        if admitted:
+        only = self.admission.only_reason
+        if only is not None:
+            stats.states_admitted[only] += len(admitted)
+        elif admitted:
             _, ids, reasons = zip(*admitted, strict=True)
             self.reasons.update(zip(ids, reasons, strict=True))
             for name, n in Counter(reasons).items():
@@ -477,10 +489,11 @@ class PrefixCache:
             return
         stats.hits_by_reason[reason] += 1
         stats.hit_tokens_by_reason[reason] += plan.hit_len
-        sid = plan.hit_state
-        if sid not in self.hit_once and sid in self.reasons:
-            self.hit_once.add(sid)
-            stats.states_hit[reason] += 1
+        if hit_state in self.hit_once:
+            return
+        stats.states_hit[reason] += 1
+        if plan.hit_node.state == hit_state:  # still live (not replaced by a refill)
+            self.hit_once.add(hit_state)
 
     def _validated_ids(
         self, ckpts: list[Checkpoint], state_ids: Mapping[int, int] | None
@@ -547,13 +560,16 @@ class PrefixCache:
         (a partial state other branches still extend, or another plan's hit, stays)."""
         walk = self.tree.match(full[: depths[-1]])
         admitted = set(depths)
-        for node in walk.path:
+        lowest, replaced = self.admission.superseded_by(depths)
+        for node in reversed(walk.path):
+            if node.depth < lowest:
+                break
             if (
                 node.state != NO_STATE
+                and replaced(node.depth)
                 and node.depth not in admitted
                 and node.lock == 0
                 and len(node.children) <= 1
-                and any(self.admission.supersedes(d, node.depth) for d in depths)
             ):
                 freed.extend(self.tree.evict(node))
                 self.stats.states_superseded += 1

@@ -118,3 +118,13 @@ def test_refill_keeps_a_partial_state_that_another_branch_still_extends() -> Non
     assert c.lookup(toks(1, 2, 3, 4, 5, 6, 30, 1)) == 7
     assert c.stats.states_superseded == 1
     check_tree(c.tree)
+
+
+def test_the_refill_test_of_many_depths_agrees_with_supersedes_pair_by_pair() -> None:
+    policy = make_admission("fine_grained_refill:8")
+    for new in ([8, 16, 21], [5], [13, 24, 33], [40]):
+        lowest, fast = policy.superseded_by(new)
+        for old in range(1, 45):
+            want = any(policy.supersedes(d, old) for d in new)
+            assert fast(old) == want, (new, old)
+            assert old >= lowest or not want
