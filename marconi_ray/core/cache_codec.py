@@ -9,9 +9,12 @@ explain, ...) raises ValueError naming what is wrong, never another exception.
 
 What the form holds: the cost model and config (so a cache is rebuilt standalone), the
 current alpha, clock, id counters, stats, the tree as columns (`RadixTree.flatten`: nodes
-in pre-order with their slots, so later evictions break ties as the original's do) and,
-optionally, the open plans (tokens, hit node by its index in the node order,
-checkpoints, reservation). A restored plan's `freed` is empty: what planning evicted
+in pre-order with their slots, so later evictions break ties as the original's do), why
+each live state was admitted and which served a hit (`reasons`), the admission policy's
+mutable state (`admission_state`: marconi+'s speculate knob) and, optionally, the open
+plans (tokens, hit node by its index in the node order, checkpoints, reservation).
+Keys added after the first version (`_OPTIONAL_KEYS`) may be missing: older forms
+restore with their defaults. A restored plan's `freed` is empty: what planning evicted
 was handed to the caller when it planned. With `open_plans=False` the form is the
 cache as if every open plan were aborted: no plans, no reservations, no locks.
 
