@@ -443,6 +443,11 @@ class PrefixCache:
             self._repair(full[:end], ids, kv, freed)
             held, held_kv = self._held(full[:end], ids, kv)
             self._forget(freed)
+            if self.admission.only_reason is None:  # what the tree kept keeps its reason
+                reason_at = dict(ckpts)
+                self.reasons.update(
+                    (sid, reason_at[d]) for d, sid in zip(depths, ids, strict=True) if sid in held
+                )
             raise CommitFailed(plan.plan_id, freed, held, held_kv) from exc
         self._forget(freed)
         self._count_reasons(plan, admitted, hit_state)

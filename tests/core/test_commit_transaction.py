@@ -213,6 +213,8 @@ def test_a_failure_at_any_step_leaves_a_consistent_cache(seqs, policy, capacity,
     assert after | set(freed.states) == states_before | kept_ids
     assert not after & set(freed.states) and kept_ids <= after
     assert set(given_ids.values()) & after == kept_ids
+    if c.admission.only_reason is None:  # else no per-state records are kept
+        assert set(c.reasons) == after, "every live state, and only those, has its reason"
     freed_kv = {int(x) for arr in freed.kv if arr is not None for x in arr}
     assert held_kv(c) | freed_kv == kv_before | kept_kv
     assert not held_kv(c) & freed_kv
