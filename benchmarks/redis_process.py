@@ -1,4 +1,5 @@
-"""`RedisProcess`: a private `redis-server` for a benchmark (the service's journal)."""
+"""`RedisProcess`: a private `redis-server` for a benchmark or a test (the service's
+journal); `tests/serve/redis_server.py` uses it too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 
 def die_with_parent() -> None:
@@ -22,20 +24,30 @@ def die_with_parent() -> None:
 
 
 class RedisProcess:
-    """A redis-server on a free loopback port with a random password, its files in
-    `workdir`, ended with the benchmark that started it. With `persist`, AOF persistence
-    (fsync every second), so a stop/start is an outage of the server, not a loss of what
-    it held; without, nothing is persisted (`--save "" --appendonly no`)."""
+    """A redis-server on a free loopback port with a random password (or `password`), its
+    files in `workdir`, ended with the process that started it. With `persist`, AOF
+    persistence (`fsync`: `everysec` or `always`), so a stop/start is an outage of the
+    server, not a loss of what it held; without, nothing is persisted (`--save ""
+    --appendonly no`)."""
 
-    def __init__(self, workdir: Path, persist: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        persist: bool = False,
+        fsync: str = "everysec",
+        password: str | None = None,
+    ) -> None:
+        if fsync not in ("everysec", "always"):
+            raise ValueError(f"fsync must be everysec or always, got {fsync!r}")
         binary = shutil.which("redis-server")
         if binary is None:
-            raise SystemExit("redis-server is not installed (make redis)")
+            raise RuntimeError("redis-server is not installed (make redis, or .ci/run)")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
-        self.password, self.binary, self.workdir = secrets.token_hex(16), binary, workdir
-        self.persist = persist
+        self.password = password or secrets.token_hex(16)
+        self.binary, self.workdir = binary, workdir
+        self.persist, self.fsync = persist, fsync
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,7 +59,7 @@ class RedisProcess:
         import redis
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        aof = ("yes", "--appendfsync", "everysec") if self.persist else ("no",)
+        aof = ("yes", "--appendfsync", self.fsync) if self.persist else ("no",)
         self.proc = subprocess.Popen(
             [
                 *(self.binary, "--port", str(self.port), "--bind", "127.0.0.1"),
@@ -69,13 +81,21 @@ class RedisProcess:
                     raise
                 time.sleep(0.05)
 
-    def stop(self) -> None:
-        """SIGTERM (a persisting server writes its AOF and exits), SIGKILL after 10 s."""
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (a persisting server writes its AOF and exits), SIGKILL after 10 s; with
+        `kill`, SIGKILL at once (a crash: only what was fsynced survives)."""
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
+            if not kill:
+                self.proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(10)
+            if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait(10)
             self.proc = None
+
+    def client(self) -> Any:
+        """A redis-py client of this server."""
+        import redis
+
+        return redis.Redis.from_url(self.url)
