@@ -249,8 +249,8 @@ def eviction_decision_cost(cost: CostModel, n_candidates: int) -> dict[str, floa
 def sweep_speed(requests: list[RequestLike], cost: CostModel, jobs: int) -> dict[str, Any]:
     n_tok = sum(len(r.input_tokens) for r in requests)
     out: dict[str, Any] = {}
-    for label, vllm in (("vllm+", "vllm+"), ("vllm+refill", "vllm+refill")):
-        systems = (vllm, *SWEEP_SYSTEMS[1:])
+    for label in ("vllm+", "vllm+refill"):
+        systems = (label, *SWEEP_SYSTEMS[1:])
         configs = [RunConfig(s, c) for s in systems for c in SWE.sizes]
         results, wall = run_all(requests, cost, configs, jobs, f"SWE sweep ({label})")
         out[label] = {

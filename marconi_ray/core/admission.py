@@ -7,8 +7,8 @@ A policy names checkpoint depths in two phases, so a live engine knows them in t
   (n_input, n_total]. The engine captures them while decoding.
 Each depth comes with its reason: "branch", "last_token", "block" or "speculative".
 A policy may also declare that a state it keeps makes an earlier one on the same path
-redundant (`supersedes`): the cache then drops the earlier state when it commits the new
-one (the artifact's vLLM+ refills a partial block in place).
+redundant (`superseded_by`): the cache then drops the earlier state when it commits the
+new one (the artifact's vLLM+ refills a partial block in place).
 """
 
 from __future__ import annotations
@@ -36,15 +36,13 @@ class AdmissionPolicy(ABC):
     def decode_checkpoints(self, n_input: int, n_total: int) -> list[Checkpoint]:
         """Depths in (n_input, n_total] (or n_total itself) to keep after decoding."""
 
-    def supersedes(self, new_depth: int, old_depth: int) -> bool:
-        """Does a state kept at `new_depth` replace one at `old_depth < new_depth` on the
-        same path? (Default: never; states are only removed by eviction.)"""
-        return False
-
-    def superseded_by(self, new_depths: Sequence[int]) -> tuple[int, Callable[[int], bool]]:
-        """For states newly kept at `new_depths` (sorted): a depth below which nothing
-        is replaced, and a test of older depths at or above it (`supersedes` by any)."""
-        return 0, lambda old: any(self.supersedes(d, old) for d in new_depths)
+    def superseded_by(
+        self, new_depths: Sequence[int]
+    ) -> tuple[int, Callable[[int], bool]] | None:
+        """For states newly kept at `new_depths` (sorted) on one path: None when they
+        replace nothing (the default: states leave only by eviction), else a depth below
+        which nothing is replaced and a test of the older depths at or above it."""
+        return None
 
     @property
     def tunable(self) -> bool:
@@ -63,11 +61,6 @@ class AdmissionPolicy(ABC):
 
     def set_state(self, state: dict[str, int]) -> None:  # noqa: B027 (a no-op by default)
         """Restore what `state` returned."""
-
-    @property
-    def refills(self) -> bool:
-        """True when `supersedes` can ever hold (the cache checks it only then)."""
-        return False
 
 
 class MarconiAdmission(AdmissionPolicy):
@@ -186,7 +179,7 @@ class FineGrainedRefillAdmission(FineGrainedAdmission):
 
     Every full block and the last, partial block of a sequence hold a state. A later
     state in the same block refills that partial block in place: the earlier partial
-    state is dropped (`supersedes`), so stale partial states do not pile up on inner
+    state is dropped (`superseded_by`), so stale partial states do not pile up on inner
     nodes, where LRU over leaves would rarely reach them.
     """
 
@@ -200,14 +193,10 @@ class FineGrainedRefillAdmission(FineGrainedAdmission):
             out.append((n_total, "block"))
         return out
 
-    def supersedes(self, new_depth: int, old_depth: int) -> bool:
-        return (
-            old_depth % self.block != 0
-            and old_depth < new_depth
-            and old_depth // self.block == (new_depth - 1) // self.block
-        )
-
-    def superseded_by(self, new_depths: Sequence[int]) -> tuple[int, Callable[[int], bool]]:
+    def superseded_by(
+        self, new_depths: Sequence[int]
+    ) -> tuple[int, Callable[[int], bool]] | None:
+        """A partial state (not block-aligned) is replaced by a new one later in its block."""
         block = self.block
 
         def replaced(old: int) -> bool:  # a new depth in (old, end of old's block]?
@@ -217,10 +206,6 @@ class FineGrainedRefillAdmission(FineGrainedAdmission):
             return i < len(new_depths) and new_depths[i] <= (old // block + 1) * block
 
         return ((new_depths[0] - 1) // block) * block if new_depths else 0, replaced
-
-    @property
-    def refills(self) -> bool:
-        return True
 
 
 class NoAdmission(AdmissionPolicy):

@@ -434,7 +434,7 @@ class PrefixCache:
                     freed.extend(self.tree.unlock(attach))
             hit_locked = False
             freed.extend(self.tree.unlock(hit))
-            if admitted and self.admission.refills:
+            if admitted:
                 self._drop_superseded(full, [d for d, _, _ in admitted], freed)
         except Exception as exc:
             if hit_locked:
@@ -561,11 +561,14 @@ class PrefixCache:
 
     def _drop_superseded(self, full: Tokens, depths: list[int], freed: Reclaimed) -> None:
         """Remove states on `full`'s path that a newly admitted state at one of `depths`
-        replaces (`AdmissionPolicy.supersedes`); only unlocked nodes with <= 1 child go
+        replaces (`AdmissionPolicy.superseded_by`); only unlocked nodes with <= 1 child go
         (a partial state other branches still extend, or another plan's hit, stays)."""
+        test = self.admission.superseded_by(depths)
+        if test is None:
+            return
+        lowest, replaced = test
         walk = self.tree.match(full[: depths[-1]])
         admitted = set(depths)
-        lowest, replaced = self.admission.superseded_by(depths)
         for node in reversed(walk.path):
             if node.depth < lowest:
                 break

@@ -27,7 +27,7 @@ class CacheStats:
     )
     states_dropped: int = 0
     states_superseded: int = 0
-    """States a later one replaced in place (`AdmissionPolicy.supersedes`)."""
+    """States a later one replaced in place (`AdmissionPolicy.superseded_by`)."""
     hits_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
     )

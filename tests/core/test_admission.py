@@ -120,11 +120,15 @@ def test_refill_keeps_a_partial_state_that_another_branch_still_extends() -> Non
     check_tree(c.tree)
 
 
-def test_the_refill_test_of_many_depths_agrees_with_supersedes_pair_by_pair() -> None:
+def test_the_refill_test_agrees_with_the_rule_depth_by_depth() -> None:
+    """A partial state at `old` is replaced by a new state later in its 8-token block."""
     policy = make_admission("fine_grained_refill:8")
+    assert make_admission("fine_grained:8").superseded_by([8, 16]) is None
     for new in ([8, 16, 21], [5], [13, 24, 33], [40]):
-        lowest, fast = policy.superseded_by(new)
+        test = policy.superseded_by(new)
+        assert test is not None
+        lowest, fast = test
         for old in range(1, 45):
-            want = any(policy.supersedes(d, old) for d in new)
+            want = old % 8 != 0 and any(old < d and old // 8 == (d - 1) // 8 for d in new)
             assert fast(old) == want, (new, old)
             assert old >= lowest or not want
