@@ -9,149 +9,27 @@ Request protocol (the live coordinator and the replay simulator both follow it):
 
 Capacity is a hard limit: when a request's states cannot fit after evicting every
 unlocked candidate, the deepest ones are dropped (counted in `states_dropped`).
+
+The protocol's values live in `cache_types`, the commit's checks and failure accounting
+in `commit_checks`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
 
 from marconi_ray.core.admission import AdmissionPolicy, Checkpoint, make_admission
-from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel, validate_efficiency
+from marconi_ray.core.cache_types import CacheConfig, CommitResult, Plan, as_tokens
+from marconi_ray.core.commit_checks import CommitFailed, check_kv, held, repair, validated_ids
+from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
 from marconi_ray.core.tree_types import NO_STATE, KVHandle, Match, Node, Reclaimed, Tokens
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """A cache's policies and budget.
-
-    Attributes:
-        capacity_bytes: hard limit on KV + SSM bytes held.
-        admission: `marconi`, `marconi+[:BLOCK]`, `fine_grained:BLOCK`,
-            `fine_grained_refill:BLOCK` or `none` (see `core.admission`).
-        eviction: `lru` or `flop_aware`.
-        alpha: weight of FLOP efficiency in `flop_aware` eviction.
-        recency: `timestamp` (paper) or `inverse_age` (artifact), for `flop_aware`.
-        efficiency: the FLOP-efficiency formula of `flop_aware`: `freed`, `paper`,
-            `artifact` or `uniform` (`cost_model.EFFICIENCY_FORMULAS`).
-    """
-
-    capacity_bytes: int
-    admission: str = "marconi"
-    eviction: str = "flop_aware"
-    alpha: float = 0.0
-    recency: str = "timestamp"
-    efficiency: str = DEFAULT_EFFICIENCY
-
-    def __post_init__(self) -> None:
-        if not self.capacity_bytes > 0:
-            raise ValueError(f"capacity_bytes must be > 0, got {self.capacity_bytes}")
-        validate_alpha(self.alpha)
-        validate_efficiency(self.efficiency)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What `plan` decided for one request (valid until its commit or abort).
-
-    `reserved`: bytes held back for this request's states and KV until it commits or
-    aborts. `freed`: what planning evicted to make that room (the caller frees it).
-    """
-
-    plan_id: int
-    tokens: Tokens
-    hit_len: int
-    hit_node: Node
-    checkpoints: tuple[Checkpoint, ...]
-    reserved: int = 0
-    freed: Reclaimed = field(default_factory=Reclaimed)
-    hit_reason: str = ""
-    """Why the hit's state was admitted ("" without a hit or when unknown)."""
-
-    @property
-    def hit_state(self) -> int:
-        return self.hit_node.state
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    """Outcome of a commit: admitted (depth, state id, reason), ids to free, evictions."""
-
-    admitted: tuple[tuple[int, int, str], ...]
-    rejected_states: tuple[int, ...]
-    freed: Reclaimed
-    dropped: int
-    kv_used: tuple[int, int] = (0, 0)
-    """Positions [start, end) of the committed tokens whose KV handles (from `kv`) the
-    tree now holds: new edges; the caller frees the rest of `kv`."""
-
-
-class CommitFailed(RuntimeError):
-    """A commit failed after validation (a bug or an exhausted resource, the cause is
-    chained). The plan was aborted; the tree keeps its invariants.
-
-    Attributes:
-        plan_id: the plan (closed).
-        freed: what the tree let go of (evicted states, KV, and what the abort tidied),
-            none of it the caller's own: the caller frees these, as after any commit.
-        held: the caller's state ids the tree took before the failure, and
-        held_kv: the caller's KV handles it took: the caller must not free these; it
-            frees its other ids and handles.
-    """
-
-    def __init__(self, plan_id: int, freed: Reclaimed, held: set[int], held_kv: set[int]) -> None:
-        super().__init__(f"commit of plan {plan_id} failed; the plan was aborted")
-        self.plan_id = plan_id
-        self.freed = freed
-        self.held = held
-        self.held_kv = held_kv
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.plan_id, self.freed, self.held, self.held_kv))
-
-
-def _check_kv(kv: KVHandle, kv_start: int, n_total: int, walk: Match | None, end: int) -> None:
-    """ValueError unless `kv` is a 1-D integer array of handles for positions from
-    `kv_start` on, not past the `n_total` tokens, that covers every token the commit adds:
-    `walk` is the tree's match of the tokens up to `end` (the last checkpoint); the new
-    tokens are [walk.matched_len, end)."""
-    arr = np.asarray(kv)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"kv must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
-    if not 0 <= kv_start <= n_total:
-        raise ValueError(f"kv_start must be in [0, {n_total}], got {kv_start}")
-    if len(arr) > n_total - kv_start:
-        raise ValueError(
-            f"kv covers {len(arr)} positions from {kv_start}, past the {n_total} tokens"
-        )
-    if walk is None or walk.matched_len >= end:
-        return
-    if kv_start > walk.matched_len:
-        raise ValueError(f"kv starts at {kv_start} but new tokens start at {walk.matched_len}")
-    if kv_start + len(arr) < end:
-        raise ValueError(
-            f"kv covers positions [{kv_start}, {kv_start + len(arr)}) but the new tokens "
-            f"run to {end}"
-        )
-
-
-def as_tokens(tokens: object, what: str = "tokens") -> Tokens:
-    """Validate a 1-D sequence of non-negative token ids and return it as int32."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
-    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
-        raise ValueError(f"{what} ids must be in [0, 2**31), got {arr.min()}..{arr.max()}")
-    return arr.astype(np.int32, copy=False)
 
 
 class PrefixCache:
@@ -400,11 +278,11 @@ class PrefixCache:
         if len(full) < n_input or not np.array_equal(full[:n_input], plan.tokens):
             raise ValueError("committed tokens must start with the planned input tokens")
         ckpts = self.checkpoints(plan, len(full))
-        ids = self._validated_ids(ckpts, state_ids)
+        ids = validated_ids(ckpts, state_ids, self._next_state)
         depths = [d for d, _ in ckpts]
         walk = self.tree.match(full[: depths[-1]]) if ckpts else None
         if kv is not None:
-            _check_kv(kv, kv_start, len(full), walk, depths[-1] if depths else 0)
+            check_kv(kv, kv_start, len(full), walk, depths[-1] if depths else 0)
         # ---- nothing above changed the cache; from here on it changes
         if state_ids is None:
             self._next_state += len(ckpts)
@@ -440,15 +318,17 @@ class PrefixCache:
             if hit_locked:
                 freed.extend(self.tree.unlock(hit))
             end = depths[-1] if depths else 0
-            self._repair(full[:end], ids, kv, freed)
-            held, held_kv = self._held(full[:end], ids, kv)
+            repair(self.tree, full[:end], ids, kv, freed)
+            held_ids, held_kv = held(self.tree, full[:end], ids, kv)
             self._forget(freed)
             if self.admission.only_reason is None:  # what the tree kept keeps its reason
                 reason_at = dict(ckpts)
                 self.reasons.update(
-                    (sid, reason_at[d]) for d, sid in zip(depths, ids, strict=True) if sid in held
+                    (sid, reason_at[d])
+                    for d, sid in zip(depths, ids, strict=True)
+                    if sid in held_ids
                 )
-            raise CommitFailed(plan.plan_id, freed, held, held_kv) from exc
+            raise CommitFailed(plan.plan_id, freed, held_ids, held_kv) from exc
         self._forget(freed)
         self._count_reasons(plan, admitted, hit_state)
         self.stats.states_dropped += dropped
@@ -499,65 +379,6 @@ class PrefixCache:
         stats.states_hit[reason] += 1
         if plan.hit_node.state == hit_state:  # still live (not replaced by a refill)
             self.hit_once.add(hit_state)
-
-    def _validated_ids(
-        self, ckpts: list[Checkpoint], state_ids: Mapping[int, int] | None
-    ) -> list[int]:
-        """The state id of each checkpoint, in depth order; ValueError naming what is
-        missing, unexpected, duplicated or not a valid id. Changes nothing."""
-        if state_ids is None:
-            return list(range(self._next_state, self._next_state + len(ckpts)))
-        wanted = [d for d, _ in ckpts]
-        missing = [d for d in wanted if d not in state_ids]
-        if missing:
-            raise ValueError(f"no state id given for checkpoint depths {missing}")
-        extra = sorted(set(state_ids) - set(wanted))
-        if extra:
-            raise ValueError(
-                f"state ids given for depths {extra}, which are not checkpoints {wanted}"
-            )
-        ids = [state_ids[d] for d in wanted]
-        bad = [sid for sid in ids if not isinstance(sid, (int, np.integer)) or sid < 0]
-        if bad:
-            raise ValueError(f"state ids must be integers >= 0, got {bad}")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"state ids must be distinct, got {ids}")
-        return [int(sid) for sid in ids]
-
-    def _repair(self, tokens: Tokens, ids: list[int], kv: KVHandle, freed: Reclaimed) -> None:
-        """After a failed insert: tidy state-less, unlocked nodes with < 2 children on
-        `tokens`' path (a node added before its state was set), deepest first. What they
-        held of the tree's goes to `freed`; the caller's own ids and handles do not (the
-        caller frees what `_held` says the tree does not hold)."""
-        own_ids = set(ids)
-        own_kv = set() if kv is None else {int(h) for h in np.asarray(kv)}
-        tidied = Reclaimed()
-        for node in reversed(self.tree.match(tokens).path):
-            if node.parent is not None and node.state == NO_STATE and node.lock == 0:
-                self.tree.tidy(node, tidied)
-        freed.states.extend(sid for sid in tidied.states if sid not in own_ids)
-        for handles in tidied.kv:
-            if handles is None:
-                freed.kv.append(None)
-                continue
-            arr = np.asarray(handles)
-            mine = np.isin(arr, np.fromiter(own_kv, np.int64, len(own_kv)))
-            if not mine.all():
-                freed.kv.append(arr[~mine])
-        freed.n_tokens += tidied.n_tokens
-
-    def _held(self, tokens: Tokens, ids: list[int], kv: KVHandle) -> tuple[set[int], set[int]]:
-        """Which of `ids` and of `kv`'s handles the tree holds on `tokens`' path."""
-        want_ids = set(ids)
-        want_kv = set() if kv is None else {int(h) for h in np.asarray(kv)}
-        states: set[int] = set()
-        slots: set[int] = set()
-        for node in self.tree.match(tokens).path:
-            if node.state in want_ids:
-                states.add(int(node.state))
-            if want_kv and node.kv is not None:
-                slots.update(int(h) for h in node.kv if int(h) in want_kv)
-        return states, slots
 
     def _drop_superseded(self, full: Tokens, depths: list[int], freed: Reclaimed) -> None:
         """Remove states on `full`'s path that a newly admitted state at one of `depths`
@@ -666,3 +487,13 @@ class PrefixCache:
             if exhausted:
                 room = self.capacity - self.bytes_used - self.reserved
                 return sum(1 for b in self._needed(match, depths) if b <= room), match
+
+
+__all__ = [
+    "CacheConfig",
+    "CommitFailed",
+    "CommitResult",
+    "Plan",
+    "PrefixCache",
+    "as_tokens",
+]

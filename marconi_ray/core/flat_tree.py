@@ -1,0 +1,118 @@
+"""A radix tree as columns (`FlatTree`, its snapshot form) and the checks of such
+columns against each other (`RadixTree.flatten` / `RadixTree.from_flat` use them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from marconi_ray.core.tree_types import NO_STATE, Node
+
+
+@dataclass(frozen=True)
+class FlatTree:
+    """A radix tree as columns (its snapshot form). Nodes are listed root first, in
+    pre-order with children in their insertion order, so a parent precedes its children.
+
+    Attributes:
+        parent: int64[N], each node's parent index (-1 for the root, else < its own).
+        slot: int64[N], each node's node-table slot.
+        edge_len: int64[N], tokens on each edge (0 for the root).
+        edges: int32[sum(edge_len)], the edges' tokens, concatenated in node order.
+        has_kv: bool[N], whether a node's KV handle is an array (else None).
+        kv: int64[sum(edge_len[has_kv])], those KV handles, concatenated.
+        state: int64[N], SSM state id or NO_STATE.
+        lock: int64[N], lock counts.
+        last_access: float64[N], the nodes' last access times.
+        n_slots: the node table's size.
+        free: int64[n_slots - N], its free slots, in the order they are handed out last.
+    """
+
+    parent: npt.NDArray[np.int64]
+    slot: npt.NDArray[np.int64]
+    edge_len: npt.NDArray[np.int64]
+    edges: npt.NDArray[np.int32]
+    has_kv: npt.NDArray[np.bool_]
+    kv: npt.NDArray[np.int64]
+    state: npt.NDArray[np.int64]
+    lock: npt.NDArray[np.int64]
+    last_access: npt.NDArray[np.float64]
+    n_slots: int
+    free: npt.NDArray[np.int64]
+
+
+def kv_column(node: Node) -> npt.NDArray[np.int64]:
+    arr = np.asarray(node.kv)
+    if (
+        arr.ndim != 1
+        or len(arr) != len(node.edge)
+        or arr.dtype.kind not in "iu"
+        or not np.can_cast(arr.dtype, np.int64)
+    ):
+        raise ValueError(
+            f"{node!r}: KV handle must be None or a 1-D integer array as long as the edge, "
+            f"got dtype {arr.dtype} shape {arr.shape}"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+_FLAT_DTYPES = {
+    "parent": np.int64,
+    "slot": np.int64,
+    "edge_len": np.int64,
+    "edges": np.int32,
+    "has_kv": np.bool_,
+    "kv": np.int64,
+    "state": np.int64,
+    "lock": np.int64,
+    "last_access": np.float64,
+    "free": np.int64,
+}
+_PER_NODE = ("slot", "edge_len", "has_kv", "state", "lock", "last_access")
+
+
+def check_flat(flat: FlatTree) -> int:
+    """Validate `flat`'s columns against each other; return the node count."""
+    for name, dtype in _FLAT_DTYPES.items():
+        column = getattr(flat, name)
+        if not isinstance(column, np.ndarray) or column.ndim != 1 or column.dtype != dtype:
+            raise ValueError(f"tree column {name!r} must be a 1-D {np.dtype(dtype)} array")
+    n = len(flat.parent)
+    if n == 0:
+        raise ValueError("the tree has no root")
+    for name in _PER_NODE:
+        rows = len(getattr(flat, name))
+        if rows != n:
+            raise ValueError(f"tree column {name!r} has {rows} rows, expected {n}")
+    if flat.parent[0] != -1:
+        raise ValueError(f"the root (node 0) must have parent -1, got {flat.parent[0]}")
+    bad = np.flatnonzero((flat.parent[1:] < 0) | (flat.parent[1:] >= np.arange(1, n))) + 1
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"node {i} has parent index {flat.parent[i]}, not in [0, {i})")
+    if flat.edge_len[0] != 0 or flat.has_kv[0] or flat.state[0] != NO_STATE or flat.lock[0]:
+        raise ValueError("the root must have an empty edge, no KV, no state and no lock")
+    if n > 1 and flat.edge_len[1:].min() < 1:
+        raise ValueError(f"node {int(np.argmin(flat.edge_len[1:])) + 1} has an empty edge")
+    if flat.edge_len.max() > len(flat.edges) or len(flat.edges) != int(flat.edge_len.sum()):
+        raise ValueError(f"{len(flat.edges)} edge tokens, but edge lengths sum to another count")
+    if len(flat.edges) and flat.edges.min() < 0:
+        raise ValueError("edge tokens must be >= 0")
+    if len(flat.kv) != int(flat.edge_len[flat.has_kv].sum()):
+        raise ValueError(f"{len(flat.kv)} KV entries, but KV-holding edges hold another count")
+    if flat.state.min() < NO_STATE:
+        raise ValueError(f"state ids must be >= 0 (or {NO_STATE}: none)")
+    held = flat.state[flat.state != NO_STATE]
+    if len(np.unique(held)) != len(held):
+        raise ValueError("a state id is held by two nodes")
+    if flat.lock.min() < 0:
+        raise ValueError("lock counts must be >= 0")
+    if not np.isfinite(flat.last_access).all():
+        raise ValueError("last access times must be finite")
+    if flat.n_slots != n + len(flat.free):
+        raise ValueError(f"n_slots {flat.n_slots} != {n} nodes + {len(flat.free)} free slots")
+    if not np.array_equal(np.sort(np.concatenate([flat.slot, flat.free])), np.arange(flat.n_slots)):
+        raise ValueError(f"node and free slots must be range({flat.n_slots}), each used once")
+    return n
