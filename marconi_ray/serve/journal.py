@@ -15,9 +15,10 @@ from a byte limit), refuses ext types and never unpickles; a record that fails t
 is a `JournalError` naming the offending field.
 
 Redis layout (one application = one key prefix): `<prefix>:journal` is a stream of
-records (field `r`); `<prefix>:snapshot` holds the latest snapshot. Writing a snapshot
-replaces it and deletes the stream in one MULTI transaction (the coordinator is the only
-writer and the snapshot covers every record so far).
+records (field `r`); `<prefix>:snapshot` holds the latest snapshot; `<prefix>:seq` the
+last seq written (a record's or the snapshot's). Writing a snapshot replaces it, deletes
+the stream and sets `seq` in one MULTI transaction (the coordinator is the only writer
+and the snapshot covers every record so far).
 
 Degraded mode: when Redis does not answer, records queue in memory, at most
 `max_backlog_bytes` of them (their encoded bytes), and the coordinator keeps serving; the
@@ -26,13 +27,15 @@ the bound is dropped: the journal is then *lost* and `needs_snapshot` asks the c
 for a snapshot, which supersedes the dropped records; until one is written nothing more is
 queued (only the snapshot matters), so memory stays bounded however long the outage.
 
-Continuity: when Redis answers again after an outage, the journal reads the last seq Redis
-holds (its last record, else its snapshot) before flushing. If that is below the last seq
-Redis acknowledged (Redis restarted from older data), the missing seqs are logged, the
-backlog is dropped and the journal is lost as above: records are never appended on top of
-a hole. (A restart no call saw fail, between two appends, is found at the next replay:
-`serve.recovery` names the gap.) `health()` reports `ok` / `degraded` / `lost`, the backlog
-and the snapshot's age.
+Continuity, checked on every append, not only after a failed one: records are appended
+by a server-side script (`APPEND_SCRIPT`, atomic) that first compares `<prefix>:seq` with
+the last seq Redis acknowledged to this journal. Redis restarted from older data (even
+between two appends, with redis-py reconnecting on its own so that no call fails) holds
+an older `seq`: the script appends nothing, the missing seqs are logged, the backlog is
+dropped and the journal is lost as above, so records are never appended on top of a hole.
+A newer `seq` that the backlog explains (a flush whose reply was lost) drops the records
+Redis already has and flushes the rest. `health()` reports `ok` / `degraded` / `lost`, the
+backlog and the snapshot's age.
 """
 
 from __future__ import annotations
@@ -74,6 +77,22 @@ NOT_TRUSTED: Final = "what the store holds is not trusted"
 
 PEEK_BYTES: Final = 64
 """Leading bytes of an encoded record or snapshot that hold its `v` and `seq`."""
+
+APPEND_SCRIPT: Final = """
+local held = redis.call('GET', KEYS[2])
+if ARGV[1] ~= '' and held ~= ARGV[1] then
+    return {0, held or ''}
+end
+for i = 3, #ARGV do
+    redis.call('XADD', KEYS[1], '*', 'r', ARGV[i])
+end
+redis.call('SET', KEYS[2], ARGV[2])
+return {1, ARGV[2]}
+"""
+"""Append records if Redis still holds what this journal last wrote. KEYS: the stream,
+the seq key. ARGV: the expected seq ('' when none is known yet), the seq of the last
+record, then the records. Returns {1, new seq}, or {0, the seq Redis holds ('' for
+none)} having appended nothing."""
 
 JournalState = Literal["ok", "degraded", "lost"]
 JOURNAL_STATES: Final[tuple[JournalState, ...]] = ("ok", "degraded", "lost")
@@ -324,6 +343,8 @@ class RedisJournal:
         )
         self.stream_key = f"{prefix}:journal"
         self.snapshot_key = f"{prefix}:snapshot"
+        self.seq_key = f"{prefix}:seq"
+        self._append = self._client.register_script(APPEND_SCRIPT)
         self.max_backlog_bytes = max_backlog_bytes
         self.retry_s = retry_s
         self._clock = clock
@@ -407,7 +428,8 @@ class RedisJournal:
         """The snapshot and the records, the stream read in pages of `LOAD_PAGE` with a
         longer socket timeout (a big journal on a busy Redis). Raises the Redis error
         when Redis cannot be read (the caller decides). What it read is the baseline of
-        the continuity check (its last seq, when readable)."""
+        the continuity check (its last seq, when readable; a journal written before the
+        seq key existed gets one)."""
         client = self._redis.Redis.from_url(
             self._url, socket_timeout=LOAD_TIMEOUT_S, socket_connect_timeout=self.timeout_s
         )
@@ -421,13 +443,15 @@ class RedisJournal:
                 if len(page) < LOAD_PAGE:
                     break
                 start = "(" + page[-1][0].decode()
+            tail = records[-1] if records else snapshot
+            try:
+                self._acked = None if tail is None else peek_seq(tail)
+            except JournalError:
+                self._acked = None  # recovery decodes it and says what is wrong
+            if self._acked is not None:
+                client.set(self.seq_key, self._acked, nx=True)
         finally:
             client.close()
-        tail = records[-1] if records else snapshot
-        try:
-            self._acked = None if tail is None else peek_seq(tail)
-        except JournalError:
-            self._acked = None  # recovery decodes it and says what is wrong
         return snapshot, records
 
     def append(self, record: bytes) -> None:
@@ -455,25 +479,53 @@ class RedisJournal:
         # after a loss only a snapshot may write: records on a stale stream would mix
         if not self._backlog or self._lost or not self._may_try():
             return
+        flushed = 0
         try:
-            if self._down_since is not None:
-                hole = self._hole()
+            while self._backlog:
+                expected = "" if self._acked is None else str(self._acked)
+                last = peek_seq(self._backlog[-1])
+                done, held = self._append(
+                    keys=[self.stream_key, self.seq_key], args=[expected, last, *self._backlog]
+                )
+                if done:
+                    flushed += len(self._backlog)
+                    self._acked = last
+                    self._backlog, self._backlog_bytes = [], 0
+                    break
+                hole = self._behind(_held_seq(held), last)
                 if hole is not None:
                     self._down_since = None
                     self._drop(hole)
                     return
-            pipe = self._client.pipeline(transaction=False)
-            for record in self._backlog:
-                pipe.xadd(self.stream_key, {"r": record})
-            pipe.execute()
         except self._redis.RedisError as exc:
             self._failed(exc)
             return
-        flushed = len(self._backlog)
-        self._acked = peek_seq(self._backlog[-1])
         self.appended += flushed
-        self._backlog, self._backlog_bytes = [], 0
         self._recovered(flushed)
+
+    def _behind(self, held: int | None, last: int) -> str | None:
+        """Redis holds seq `held` (None: none) where this journal expected `self._acked`
+        and wants to append up to `last`. When the backlog explains it (an earlier flush
+        landed but its reply was lost), drop what Redis has and return None (flush the
+        rest); otherwise what is missing."""
+        acked = self._acked
+        if held is not None and acked is not None and acked < held <= last:
+            keep = [r for r in self._backlog if peek_seq(r) > held]
+            self._backlog, self._backlog_bytes = keep, sum(len(r) for r in keep)
+            self._acked = held
+            return None
+        if held is None:
+            return (
+                f"Redis holds no journal though it acknowledged up to seq {acked}: seq "
+                f"{span(0, acked or 0)} missing (Redis restarted empty?)"
+            )
+        if acked is not None and held < acked:
+            return (
+                f"Redis holds the journal up to seq {held} though it acknowledged up to "
+                f"seq {acked}: records {span(held + 1, acked)} missing (Redis restarted "
+                f"from older data?)"
+            )
+        return f"Redis holds seq {held}, past this journal's {acked}: another writer?"
 
     def _hole(self) -> str | None:
         """What Redis lost of what it acknowledged (None: nothing), read before
@@ -515,6 +567,7 @@ class RedisJournal:
             pipe = self._client.pipeline(transaction=True)
             pipe.set(self.snapshot_key, data)
             pipe.delete(self.stream_key)
+            pipe.set(self.seq_key, peek_seq(data))
             pipe.execute()
         except self._redis.RedisError as exc:
             self._failed(exc)
@@ -547,8 +600,14 @@ class RedisJournal:
 
     def clear(self) -> None:
         """Delete the snapshot and the stream (a fresh deployment)."""
-        self._client.delete(self.snapshot_key, self.stream_key)
+        self._client.delete(self.snapshot_key, self.stream_key, self.seq_key)
         self._acked = None
+
+
+def _held_seq(held: Any) -> int | None:
+    """The seq `APPEND_SCRIPT` reports Redis holds (None: none)."""
+    text = held.decode() if isinstance(held, bytes) else str(held)
+    return int(text) if text else None
 
 
 def open_journal(

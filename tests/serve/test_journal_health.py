@@ -263,3 +263,44 @@ def test_backlog_bound_setting(redis_server):
     assert journal.health().to_dict()["max_backlog_bytes"] == 1_000_000
     with pytest.raises(ValueError, match="-5"):
         RedisJournal(redis_server.url, "marconi:h", max_backlog_bytes=-5)
+
+
+def test_a_restart_from_older_data_between_two_appends_is_found_at_the_next(redis_server, caplog):
+    """Redis restarts from older data between two appends, quickly enough that no call
+    fails (redis-py reconnects on its own): the next append still finds the hole (the
+    seq Redis holds is checked by every append, not only after a failed one), appends
+    nothing on top of it and asks for a snapshot; `health()` says `lost`, not `ok`."""
+    journal = RedisJournal(redis_server.url, "marconi:h", retry_s=0.0, timeout_s=TIMEOUT_S)
+    for seq in (1, 2, 3):
+        journal.append(_abort(seq))
+    old = _freeze(redis_server)
+    for seq in (4, 5, 6):
+        journal.append(_abort(seq))
+    redis_server.stop()
+    _restart_from(redis_server, old)
+    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.journal"):
+        journal.append(_abort(7))
+        journal.append(_abort(8))
+    assert journal.status()["outages"] == 0, "redis-py reconnected: no append failed"
+    client = redis_server.client()
+    assert client.xlen("marconi:h:journal") == 3, "nothing appended on top of the hole"
+    assert journal.needs_snapshot
+    assert "records 4-6 missing" in caplog.text
+    health = journal.health().to_dict()
+    assert health["state"] == "lost" and health["lost_records"] >= 2
+
+
+def test_a_flush_whose_reply_was_lost_is_not_written_twice(redis_server):
+    """A flush that reached Redis but whose reply was lost is retried: Redis holds a seq
+    the backlog explains, so what it has is dropped from the backlog and the rest is
+    appended once, in order, and the journal stays ok."""
+    journal = RedisJournal(redis_server.url, "marconi:h", retry_s=0.0, timeout_s=TIMEOUT_S)
+    journal.append(_abort(1))
+    other = RedisJournal(redis_server.url, "marconi:h", retry_s=0.0, timeout_s=TIMEOUT_S)
+    other.load()
+    other.append(_abort(2))  # as if journal's own flush of 2 had landed unanswered
+    journal._backlog = [_abort(2)]  # the backlog that unanswered flush left behind
+    journal.append(_abort(3))
+    assert journal.health().state == "ok" and not journal.needs_snapshot
+    _, records = RedisJournal(redis_server.url, "marconi:h").load()
+    assert [decode_record(r)[0] for r in records] == [1, 2, 3]
