@@ -112,6 +112,11 @@ class Planner:
         """True while `request_id` holds a plan (until its commit or abort)."""
         return request_id in self._plans
 
+    def prompt_of(self, request_id: int) -> npt.NDArray[np.int32] | None:
+        """The prompt `request_id` was planned with, None when it holds no plan."""
+        plan = self._plans.get(request_id)
+        return None if plan is None else plan.tokens
+
     # ------------------------------------------------------------------- state
     def to_record(self) -> Record:
         """The planner as a plain structure (`cache_codec` conventions; msgpack it with

@@ -28,6 +28,7 @@ from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, U
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.serve.leases import LeaseTable
+from marconi_ray.serve.route_state import RouteState
 from marconi_ray.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ class ReplicaInfo:
     """What the coordinator knows of one registered replica besides its planner.
 
     `confirmed`: its store matches its tree (a replica restored from the journal is not,
-    until it reconciles, and gets no traffic). `last_seen`: its last heartbeat.
+    until it reconciles, and gets no traffic); set it with `CacheState.set_confirmed`
+    (routing reads a copy). `last_seen`: its last heartbeat.
     """
 
     kv_bytes_per_token: int
@@ -88,6 +90,7 @@ class CacheState:
         self.planners: dict[str, Planner] = {}
         self.replicas: dict[str, ReplicaInfo] = {}
         self.leases = LeaseTable()
+        self.routing = RouteState()
         self.next_request = 0
         self.replaying = False
         self._handlers: dict[type, Callable[[Any], Any]] = {
@@ -102,8 +105,14 @@ class CacheState:
     # ------------------------------------------------------------------ apply
     def apply(self, op: Op) -> Any:
         """Apply one operation: `Plan` -> `Planned`, `Commit`/`Abort` -> `Release`,
-        `Adopt` -> whether the replica took it, others -> None."""
-        return self._handlers[type(op)](op)
+        `Adopt` -> whether the replica took it, others -> None. The routing state
+        follows every operation (`serve.route_state`)."""
+        return self.routing.follow(self, op, self._handlers[type(op)])
+
+    def set_confirmed(self, replica_id: str, confirmed: bool) -> None:
+        """Whether a registered replica gets traffic (its `ReplicaInfo.confirmed`)."""
+        self.replicas[replica_id].confirmed = confirmed
+        self.routing.set_confirmed(replica_id, confirmed)
 
     def _on_job(self, replica_id: str, job: TuneJob) -> None:
         if not self.replaying:
@@ -184,7 +193,8 @@ class CacheState:
         return self.planners[replica_id].cache.cost
 
     def check_invariants(self) -> int:
-        """Full-scan check (see the module docstring); AssertionError on a violation.
+        """Full-scan check (see the module docstring), and of the routing state against
+        the trees and replicas (`RouteState.check`); AssertionError on a violation.
         Returns the number of nodes checked."""
         assert set(self.planners) == set(self.replicas), (set(self.planners), set(self.replicas))
         assert len(self.leases) == sum(p.open_requests for p in self.planners.values())
@@ -192,6 +202,7 @@ class CacheState:
             cache = planner.cache
             check_tree(cache.tree)
             assert cache.bytes_used + cache.reserved <= cache.capacity
+        self.routing.check(self)
         return self.node_count()
 
     # ------------------------------------------------------------------ records
@@ -231,8 +242,10 @@ class CacheState:
             )
             for request, deadline in entry["leases"]:
                 self.leases.grant(int(request), rid, float(deadline))
+        self.routing.rebuild(self)
 
     def clear(self) -> None:
         """No replicas, no leases (the request counter is kept)."""
         self.planners, self.replicas = {}, {}
         self.leases.clear()
+        self.routing.clear()

@@ -28,7 +28,10 @@ A replica silent for `lease_s` is unregistered with its cache.
 
 Routing (`route`): among confirmed replicas, the deployment's strategy (`serve.routing`,
 `settings.routing`) picks one from each replica's usable hit, the FLOPs it saves and its
-queue; `cache_aware` keeps a session on the replica holding its last state.
+queue; `cache_aware` keeps a session on the replica holding its last state. Its cost
+does not grow with the replicas (`serve.replica_choice`): one walk of a routing index of
+every replica's states names those that may hold a hit, and only their trees are walked.
+Expired leases and silent replicas come off deadline heaps, not a scan of all of them.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from marconi_ray.serve.journal import Journal, encode_record, encode_snapshot, o
 from marconi_ray.serve.leases import LeaseTable
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
 from marconi_ray.serve.recovery import recover
+from marconi_ray.serve.replica_choice import choose_replica
 from marconi_ray.serve.routing import make_router
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
@@ -213,8 +217,8 @@ class CacheCoordinator:
         return True
 
     def _confirm(self, replica_id: str) -> None:
-        info = self.replica_info[replica_id]
-        info.confirmed, info.last_seen = True, self.clock()
+        self.state.set_confirmed(replica_id, True)
+        self.replica_info[replica_id].last_seen = self.clock()
 
     def _expire(self) -> None:
         """Abort plans whose lease ran out; drop replicas silent for `lease_s`."""
@@ -224,32 +228,17 @@ class CacheCoordinator:
             log.warning("lease of request %d on replica %s expired", request, rid)
             release = self.abort(rid, request, reason="lease")
             self._queued[rid] = self._queued.get(rid, Release()) + release
-        for rid, info in list(self.replica_info.items()):
-            if now - info.last_seen > self.settings.lease_s:
-                log.warning("replica %s silent for %.0f s: dropped", rid, now - info.last_seen)
-                self.unregister_replica(rid)
+        for rid in self.state.routing.silent(self.replica_info, now, self.settings.lease_s):
+            silent = now - self.replica_info[rid].last_seen
+            log.warning("replica %s silent for %.0f s: dropped", rid, silent)
+            self.unregister_replica(rid)
 
     # ------------------------------------------------------------------ requests
     def route(self, prompt: npt.NDArray[np.int32]) -> str:
         """The confirmed replica the deployment's routing strategy (`settings.routing`, see
-        `serve.routing`) picks from each one's usable hit, the FLOPs it saves, its queue."""
-        candidates = [
-            (rid, planner.cache, planner.open_requests)
-            for rid, planner in self.planners.items()
-            if self.replica_info[rid].confirmed
-        ]
-        if not candidates:
-            raise NoReplicaAvailable("no model replica is registered and alive")
-        s = self.settings
-        if s.max_queued_requests >= 0:
-            room = [c for c in candidates if c[2] < s.max_batch + s.max_queued_requests]
-            if not room:
-                raise Overloaded(
-                    f"all {len(candidates)} replicas are full ({s.max_batch} running + "
-                    f"{s.max_queued_requests} queued requests each); retry later"
-                )
-            candidates = room
-        return self._router.route(prompt, candidates)
+        `serve.routing`) picks from each one's usable hit, the FLOPs it saves, its queue
+        (`replica_choice.choose_replica`: NoReplicaAvailable, Overloaded)."""
+        return choose_replica(self.state, self._router, self.settings, prompt)
 
     def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float = 0.0

@@ -119,8 +119,9 @@ def recover(state: CacheState, journal: Journal, now: float) -> tuple[int, dict[
         return _start_empty(state, journal, start, f"corrupt: {exc}")
     finally:
         state.replaying = False
-    for info in state.replicas.values():
-        info.confirmed, info.last_seen = False, now
+    for rid, info in state.replicas.items():
+        state.set_confirmed(rid, False)
+        info.last_seen = now
     state.leases.renew_all(now + state.settings.lease_s)
     summary: dict[str, Any] = {
         "ok": gap is None,

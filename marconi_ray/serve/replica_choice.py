@@ -1,0 +1,121 @@
+"""Choosing the replica of a request: who may take it, then the router's pick.
+
+A replica may take a request when it is confirmed and, with `max_queued_requests >= 0`,
+holds fewer than `max_batch + max_queued_requests` open requests. None confirmed is
+`NoReplicaAvailable`; all confirmed but full is `Overloaded`.
+
+`choose_replica` is what the coordinator runs: the eligible replicas are a mask over the
+`ReplicaTable`'s columns, the routing index names those that may hold a usable hit, and
+the router `pick`s from the named ones and the least loaded of the others (see
+`serve.routing`); its cost grows with the replicas the prompt's path touches, not with
+all replicas. `choose_replica_reference` is the former way, kept as the reference the
+tests and `benchmarks/bench_cluster.py` compare it with: the view of every eligible
+replica (a walk of each tree) and the router's `route`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from marconi_ray.protocol.planner import Planner
+from marconi_ray.serve.messages import NoReplicaAvailable, Overloaded
+from marconi_ray.serve.replica_table import Mask, ReplicaTable
+from marconi_ray.serve.routing import Contender, Router
+from marconi_ray.serve.routing_index import RoutingIndex
+from marconi_ray.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from marconi_ray.serve.caches import CacheState
+
+
+def max_open(settings: ServeSettings) -> int | None:
+    """Open requests a replica must stay under to take one more (None: no limit)."""
+    if settings.max_queued_requests < 0:
+        return None
+    return settings.max_batch + settings.max_queued_requests
+
+
+def _overloaded(settings: ServeSettings, confirmed: int) -> Overloaded:
+    return Overloaded(
+        f"all {confirmed} replicas are full ({settings.max_batch} running + "
+        f"{settings.max_queued_requests} queued requests each); retry later"
+    )
+
+
+class IndexedEligible:
+    """`routing.Eligible` over a `ReplicaTable` mask and a `RoutingIndex` walk (the walk
+    and the shortlist are made on first use)."""
+
+    def __init__(
+        self,
+        table: ReplicaTable,
+        mask: Mask,
+        index: RoutingIndex,
+        planners: dict[str, Planner],
+        prompt: npt.NDArray[np.int32],
+    ) -> None:
+        self._table, self._mask, self._index = table, mask, index
+        self._planners, self._prompt = planners, prompt
+        self._count = int(np.count_nonzero(mask))
+
+    def __len__(self) -> int:
+        return self._count
+
+    def nth(self, k: int) -> str:
+        return self._table.id_at(int(np.flatnonzero(self._mask)[k]))
+
+    def shortlist(self) -> list[Contender]:
+        table, mask = self._table, self._mask
+        named = sorted(s for s in map(table.slot, self._index.candidates(self._prompt)) if mask[s])
+        rest = mask.copy()
+        rest[named] = False
+        cold = table.least_loaded(rest)
+        slots = named if cold is None else sorted([*named, cold])
+        out = []
+        for slot in slots:
+            rid = table.id_at(slot)
+            cache = self._planners[rid].cache
+            out.append(Contender(rid, cache, int(table.open[slot]), slot != cold))
+        return out
+
+
+def choose_replica(
+    state: CacheState, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
+) -> str:
+    """The replica `router` picks for `prompt` among those that may take it (module
+    docstring), from the routing index and table: what `choose_replica_reference`
+    returns, without a walk of every replica's tree."""
+    table = state.routing.table
+    confirmed = table.confirmed_count()
+    if not confirmed:
+        raise NoReplicaAvailable("no model replica is registered and alive")
+    limit = max_open(settings)
+    mask = table.eligible(limit)
+    if limit is not None and not mask.any():
+        raise _overloaded(settings, confirmed)
+    eligible = IndexedEligible(table, mask, state.routing.index, state.planners, prompt)
+    return router.pick(prompt, eligible)
+
+
+def choose_replica_reference(
+    state: CacheState, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
+) -> str:
+    """The reference: `router.route` over the view of every replica that may take the
+    request (one walk of each tree, a loop over every replica)."""
+    candidates = [
+        (rid, planner.cache, planner.open_requests)
+        for rid, planner in state.planners.items()
+        if state.replicas[rid].confirmed
+    ]
+    if not candidates:
+        raise NoReplicaAvailable("no model replica is registered and alive")
+    limit = max_open(settings)
+    if limit is not None:
+        room = [c for c in candidates if c[2] < limit]
+        if not room:
+            raise _overloaded(settings, len(candidates))
+        candidates = room
+    return router.route(prompt, candidates)

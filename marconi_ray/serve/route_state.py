@@ -1,0 +1,158 @@
+"""`RouteState`: what routing reads besides the trees, kept in step with `CacheState` by
+its one `apply` (so live operations and journal replay run the same code).
+
+It holds the `RoutingIndex` (every replica's states in one trie), the `ReplicaTable`
+(open requests and confirmed flags by registration slot) and the replicas' silence
+deadlines (`leases.Deadlines` over `ReplicaInfo.last_seen`).
+
+`follow(state, op, run)` applies an operation through `run` with its hook around it:
+- `Register`: a table row, no index entries, a silence entry;
+- `Unregister`: its row and index entries go;
+- `Plan`, `Abort`: the state ids the returned `Release` lists leave the index (what
+  planning evicted; what the abort freed);
+- `Commit`: the release's state ids leave the index, then every state-bearing node on
+  the committed sequence's path in the replica's tree enters it (the states the commit
+  admitted, refilled, or a failed commit kept; those already indexed are skipped);
+- every operation: the replica's open requests in the table.
+`rebuild` makes all of it again from the state (after `CacheState.restore`); `check`
+compares it with a full scan of the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from marconi_ray.core.radix_tree import RadixTree
+from marconi_ray.core.tree_types import NO_STATE
+from marconi_ray.protocol.ops import Abort, Commit, Op, Plan, Register, Unregister
+from marconi_ray.protocol.orders import Release
+from marconi_ray.serve.leases import Deadlines
+from marconi_ray.serve.replica_table import ReplicaTable
+from marconi_ray.serve.routing_index import RoutingIndex, tree_states
+
+if TYPE_CHECKING:
+    from marconi_ray.serve.caches import CacheState, ReplicaInfo
+
+Run = Callable[[Any], Any]
+Hook = Callable[["CacheState", Any, Run], Any]
+
+
+class RouteState:
+    """The index, the table and the silence deadlines (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.index = RoutingIndex()
+        self.table = ReplicaTable()
+        self._silence: Deadlines[str] = Deadlines()
+        self._hooks: dict[type, Hook] = {
+            Register: self._register,
+            Unregister: self._unregister,
+            Plan: self._plan,
+            Commit: self._commit,
+            Abort: self._abort,
+        }
+
+    # ------------------------------------------------------------------ operations
+    def follow(self, state: CacheState, op: Op, run: Run) -> Any:
+        """`run(op)` with `op`'s hook around it; returns what `run` returns."""
+        hook = self._hooks.get(type(op))
+        result = run(op) if hook is None else hook(state, op, run)
+        planner = state.planners.get(op.replica)
+        if planner is not None:
+            self.table.set_open(op.replica, planner.open_requests)
+        return result
+
+    def _register(self, state: CacheState, op: Register, run: Run) -> Any:
+        result = run(op)
+        info = state.replicas[op.replica]
+        self.index.drop_replica(op.replica)
+        self.table.add(op.replica, info.confirmed)
+        self._silence.push(op.replica, info.last_seen)
+        return result
+
+    def _unregister(self, state: CacheState, op: Unregister, run: Run) -> Any:
+        result = run(op)
+        self.table.remove(op.replica)
+        self.index.drop_replica(op.replica)
+        return result
+
+    def _plan(self, state: CacheState, op: Plan, run: Run) -> Any:
+        planned = run(op)
+        self.index.remove(op.replica, planned.release.states)
+        return planned
+
+    def _abort(self, state: CacheState, op: Abort, run: Run) -> Any:
+        release: Release = run(op)
+        self.index.remove(op.replica, release.states)
+        return release
+
+    def _commit(self, state: CacheState, op: Commit, run: Run) -> Any:
+        planner = state.planners.get(op.replica)
+        prompt = None if planner is None else planner.prompt_of(op.done.request_id)
+        release: Release = run(op)
+        self.index.remove(op.replica, release.states)
+        if prompt is not None and op.replica in state.planners:
+            tokens = np.asarray(op.done.tokens, dtype=np.int32)
+            full = np.concatenate([prompt, tokens]) if len(tokens) else prompt
+            self._index_path(op.replica, state.planners[op.replica].cache.tree, full)
+        return release
+
+    def _index_path(self, replica: str, tree: RadixTree, full: np.ndarray) -> None:
+        """Index every state on `full`'s path in `replica`'s tree."""
+        for node in tree.match(full).path:
+            if node.state != NO_STATE and (replica, node.state) not in self.index:
+                self.index.insert(replica, node.state, full[: node.depth])
+
+    # ------------------------------------------------------------------ replicas
+    def set_confirmed(self, replica_id: str, confirmed: bool) -> None:
+        self.table.set_confirmed(replica_id, confirmed)
+
+    def silent(self, replicas: Mapping[str, ReplicaInfo], now: float, lease_s: float) -> list[str]:
+        """Replicas not heard from for more than `lease_s` (`now - last_seen > lease_s`),
+        in registration order; without a scan of every replica."""
+
+        def last_seen(rid: str) -> float | None:
+            info = replicas.get(rid)
+            return None if info is None else info.last_seen
+
+        due = self._silence.due(lambda seen: now - seen > lease_s, last_seen)
+        return sorted(due, key=self.table.slot)
+
+    # ------------------------------------------------------------------ whole state
+    def rebuild(self, state: CacheState) -> None:
+        """Make the index, table and deadlines again from `state`."""
+        self.clear()
+        for rid, planner in state.planners.items():
+            info = state.replicas[rid]
+            self.table.add(rid, info.confirmed, planner.open_requests)
+            self.index.add_tree(rid, planner.cache.tree)
+            self._silence.push(rid, info.last_seen)
+
+    def clear(self) -> None:
+        self.index.clear()
+        self.table.clear()
+        self._silence.clear()
+
+    def check(self, state: CacheState) -> None:
+        """Full-scan check against `state`; AssertionError on a violation: the table's
+        rows are the replicas in registration order with their open requests and
+        confirmed flags, and the index holds exactly the (replica, state id, path) of
+        every state in the trees."""
+        rows = [
+            (rid, planner.open_requests, state.replicas[rid].confirmed)
+            for rid, planner in state.planners.items()
+        ]
+        assert list(self.table.rows()) == rows, (list(self.table.rows()), rows)
+        self.index.check()
+        want = {
+            (rid, sid, path)
+            for rid, planner in state.planners.items()
+            for sid, path in tree_states(planner.cache.tree)
+        }
+        have = set(self.index.entries())
+        assert have == want, (
+            f"routing index: {len(have - want)} stale entries, {len(want - have)} missing"
+        )
