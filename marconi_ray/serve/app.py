@@ -1,6 +1,11 @@
 """Assemble and run the service: coordinator and tuner actors, the model-replica
 deployment and the OpenAI ingress in front of it.
 
+Placement (`serve.placement`): the coordinator, the tuner actor and the ingress run on
+the control nodes (`settings.control_resource`: the head by default), the replicas on the
+model nodes (`settings.model_resource`), and `run_app` starts Serve's HTTP proxy on the
+head only; so losing a model node loses only the replicas (and their caches) it held.
+
 - `run_app(settings)`: start everything on the connected Ray instance; returns when the
   application is serving on `settings.host:settings.port`.
 - `shutdown_app(settings)`: tear it all down (Serve app, coordinator, tuner).
@@ -19,6 +24,7 @@ from ray.serve.exceptions import RayServeException
 
 from marconi_ray.serve.coordinator import CacheCoordinator
 from marconi_ray.serve.journal import clear_journal
+from marconi_ray.serve.placement import control_resources
 from marconi_ray.serve.replica import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
@@ -27,13 +33,16 @@ INGRESS_MAX_ONGOING: Final = 1024
 front of the ingress; the replicas batch and the coordinator routes what gets through)."""
 
 
-def start_coordinator(settings: ServeSettings) -> Any:
-    """The named coordinator actor (created if absent; detached so it outlives drivers).
+def start_coordinator(settings: ServeSettings, resources: dict[str, float] | None = None) -> Any:
+    """The named coordinator actor (created if absent; detached so it outlives drivers),
+    pinned by `resources` (default: `control_resources(settings.control_resource)`).
 
     Ray restarts it whenever its process dies (`max_restarts=-1`); its constructor then
     replays the journal. Calls in flight at the crash are retried on the new instance
     (`max_task_retries=-1`): `commit` is idempotent, a retried `plan` leaves an orphan
     plan that its lease expires."""
+    if resources is None:
+        resources = control_resources(settings.control_resource)
     return (
         ray.remote(CacheCoordinator)
         .options(
@@ -42,6 +51,7 @@ def start_coordinator(settings: ServeSettings) -> Any:
             lifetime="detached",
             get_if_exists=True,
             num_cpus=0,
+            resources=resources,
             max_restarts=-1,
             max_task_retries=-1,
         )
@@ -50,29 +60,42 @@ def start_coordinator(settings: ServeSettings) -> Any:
 
 
 def build_app(settings: ServeSettings) -> Any:
-    """The Serve application graph: ingress -> pinned-routed model replicas. The
-    coordinator and tuner actors must exist (see `start_actors`)."""
+    """The Serve application graph: ingress (on the control nodes) -> pinned-routed
+    model replicas. The coordinator and tuner actors must exist (see `start_actors`).
+    Needs a connected Ray (placement reads the cluster's resources)."""
     from marconi_ray.serve.ingress import OpenAIIngress
 
     replicas = replica_deployment(settings).bind(settings)
+    actor_options: dict[str, Any] = {"num_cpus": 1}
+    pinned = control_resources(settings.control_resource)
+    if pinned:
+        actor_options["resources"] = pinned
     return OpenAIIngress.options(
-        ray_actor_options={"num_cpus": 1}, max_ongoing_requests=INGRESS_MAX_ONGOING
+        ray_actor_options=actor_options, max_ongoing_requests=INGRESS_MAX_ONGOING
     ).bind(settings, replicas)
 
 
 def start_actors(settings: ServeSettings) -> None:
-    """Create the coordinator and the tuner actor and wait until the coordinator answers."""
+    """Create the coordinator and the tuner actor on the control nodes and wait until the
+    coordinator answers. ValueError when `settings.control_resource` names a resource no
+    node advertises."""
     from marconi_ray.serve.tuner_actor import start_tuner
 
-    coordinator = start_coordinator(settings)
-    start_tuner(settings.tuner, settings.coordinator_name, name=settings.tuner_name)
+    pinned = control_resources(settings.control_resource)
+    coordinator = start_coordinator(settings, pinned)
+    start_tuner(
+        settings.tuner, settings.coordinator_name, name=settings.tuner_name, resources=pinned
+    )
     ray.get(coordinator.replicas.remote())
 
 
 def run_app(settings: ServeSettings) -> None:
-    """Deploy everything and return once it serves HTTP on host:port."""
+    """Deploy everything and return once it serves HTTP on host:port (one proxy, on the
+    head node: `proxy_location` HeadOnly)."""
     start_actors(settings)
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.start(
+        proxy_location="HeadOnly", http_options={"host": settings.host, "port": settings.port}
+    )
     serve.run(build_app(settings), name=settings.app_name, route_prefix="/")
 
 

@@ -28,6 +28,7 @@ from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.model_source import default_model_name, resolve_model
+from marconi_ray.serve.placement import check_placement, check_resource_name
 from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
@@ -233,6 +234,22 @@ class ServeConfig(BaseModel):
         "cache keeps serving; a coordinator crash before then restarts from the last "
         "snapshot).",
     )
+    control_resource: str = Field(
+        default=AUTO,
+        min_length=1,
+        description="Where the cache coordinator, the tuner actor and the HTTP ingress run, "
+        "so that losing a model node never takes them along: 'auto' (the head node, through "
+        "Ray's node:__internal_head__ resource), 'none' (anywhere Ray likes), or the name of "
+        "a custom resource the control nodes advertise (ray start --resources "
+        "'{\"marconi_control\": 1}'; an error at start when no node has it).",
+    )
+    model_resource: str | None = Field(
+        default=None,
+        description="A custom resource the model nodes advertise, one unit per model replica "
+        "a node may hold (ray start --resources '{\"marconi_model\": 2}'): every replica "
+        "takes one, so replicas run only on those nodes and at most that many share one. "
+        "Null: replicas go wherever their CPUs / GPUs fit.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -318,6 +335,22 @@ class ServeConfig(BaseModel):
             )
         return self
 
+    @field_validator("control_resource")
+    @classmethod
+    def _control_resource_value(cls, value: str) -> str:
+        check_placement(value, None)
+        return value
+
+    @field_validator("model_resource")
+    @classmethod
+    def _model_resource_value(cls, value: str | None) -> str | None:
+        return None if value is None else check_resource_name(value, "model_resource")
+
+    @model_validator(mode="after")
+    def _placement(self) -> ServeConfig:
+        check_placement(self.control_resource, self.model_resource)
+        return self
+
     @field_validator("system")
     @classmethod
     def _known_system(cls, value: str) -> str:
@@ -371,6 +404,8 @@ class ServeConfig(BaseModel):
             heartbeat_s=self.heartbeat_s,
             snapshot_every=self.snapshot_every,
             journal_max_backlog_bytes=self.journal_max_backlog_bytes,
+            control_resource=self.control_resource,
+            model_resource=self.model_resource,
         )
 
 

@@ -44,6 +44,7 @@ from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.coordinator import LEASE_GRACE
 from marconi_ray.serve.detached import detached
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
+from marconi_ray.serve.placement import model_bundle_resources
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup, compiled_steps
 
@@ -52,11 +53,13 @@ log = logging.getLogger(__name__)
 
 def shard_bundles(settings: ServeSettings) -> list[dict[str, float]]:
     """Placement-group bundles of one replica: the replica itself (with the device when
-    tp is 1: it hosts the worker), then one per shard actor when tp > 1."""
+    tp is 1: it hosts the worker; and one unit of `model_resource` when set, see
+    `serve.placement`), then one per shard actor when tp > 1."""
     device = {"CPU": 1.0, "GPU": 1.0} if settings.device == "cuda" else {"CPU": 1.0}
+    model_node = model_bundle_resources(settings.model_resource)
     if settings.tp == 1:
-        return [device]
-    return [{"CPU": 1.0}] + [dict(device) for _ in range(settings.tp)]
+        return [{**device, **model_node}]
+    return [{"CPU": 1.0, **model_node}] + [dict(device) for _ in range(settings.tp)]
 
 
 def replica_resources(settings: ServeSettings) -> dict[str, float]:

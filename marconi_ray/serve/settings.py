@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from marconi_ray.core.tuner import TunerConfig
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
+from marconi_ray.serve.placement import check_placement
 
 COORDINATOR_NAME = "marconi-coordinator"
 TUNER_NAME = "marconi-tuner"
@@ -74,6 +75,13 @@ class ServeSettings:
         journal_max_backlog_bytes: encoded bytes of journal records the coordinator
             queues in memory while Redis is unreachable; past it they are dropped and a
             snapshot replaces them once Redis answers.
+        control_resource: where the coordinator, the tuner actor and the ingress run:
+            `auto` (the head node, through Ray's `node:__internal_head__` resource, when
+            the cluster has it), `none` (anywhere), or a custom resource that the control
+            nodes advertise (see `serve.placement`).
+        model_resource: a custom resource that model nodes advertise, one unit per
+            replica they may hold (every replica takes one), or None: replicas go
+            wherever their CPUs / GPUs fit.
     """
 
     model_dir: str
@@ -104,6 +112,11 @@ class ServeSettings:
     heartbeat_s: float = 1.0
     snapshot_every: int = 5_000
     journal_max_backlog_bytes: int = 64 << 20
+    control_resource: str = "auto"
+    model_resource: str | None = None
+
+    def __post_init__(self) -> None:
+        check_placement(self.control_resource, self.model_resource)
 
     @property
     def coordinator_name(self) -> str:

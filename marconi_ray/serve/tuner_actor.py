@@ -3,23 +3,26 @@
 The coordinator hands each finished tuning window (`core.tuner.TuneJob`) to
 `TunerActor.tune(replica_id, job)` without waiting. The actor splits the alpha grid into
 `settings.workers` interleaved shares (`TuneJob.tasks`), evaluates each share as a Ray
-task with one CPU (`core.tuner.evaluate_alphas`), picks the best alpha (`run_grid`: the
-same answer as a serial evaluation), records the run, and pushes the result back with
-`coordinator.adopt.remote(replica_id, result)` (fire and forget). The actor itself takes
-no CPU and is threaded (`max_concurrency`), so `history()` and `runs()` answer while a
-search is running.
+task with one CPU and no GPU, spread across the cluster's nodes
+(`placement.TUNER_TASK_OPTIONS`; each task reports the node it ran on), picks the best
+alpha (`run_grid`: the same answer as a serial evaluation), records the run, and pushes
+the result back with `coordinator.adopt.remote(replica_id, result)` (fire and forget).
+The actor itself takes no CPU and is threaded (`max_concurrency`), so `history()` and
+`runs()` answer while a search is running.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import ray
 
 from marconi_ray.core.tuner import AlphaTask, TuneJob, TuneResult, run_grid
+from marconi_ray.serve.placement import TUNER_TASK_OPTIONS
 from marconi_ray.serve.settings import COORDINATOR_NAME, NAMESPACE, TUNER_NAME, TunerSettings
 
 MAX_CONCURRENCY: Final = 4
@@ -40,6 +43,7 @@ class TuneRecord:
         workers: Ray tasks the grid was split across.
         pushed: whether the result was sent to the coordinator (False when no
             coordinator actor of that name exists).
+        nodes: the Ray node id each grid task ran on, in task order.
     """
 
     replica_id: str
@@ -50,6 +54,12 @@ class TuneRecord:
     wall_s: float
     workers: int
     pushed: bool
+    nodes: tuple[str, ...] = ()
+
+
+def _on_node(fn: Callable[[AlphaTask], list[float]], task: AlphaTask) -> tuple[list[float], str]:
+    """`fn(task)` and the id of the Ray node it ran on (the body of one grid task)."""
+    return fn(task), ray.get_runtime_context().get_node_id()
 
 
 class TunerActor:
@@ -73,20 +83,20 @@ class TunerActor:
         self.namespace = namespace
         self._records: list[TuneRecord] = []
         self._lock = threading.Lock()
-        self._remote_fns: dict[Callable[..., Any], Any] = {}
+        self._remote: Any = ray.remote(**TUNER_TASK_OPTIONS)(_on_node)
 
     def _ray_map(
-        self, fn: Callable[[AlphaTask], list[float]], tasks: Iterable[AlphaTask]
+        self,
+        fn: Callable[[AlphaTask], list[float]],
+        tasks: Iterable[AlphaTask],
+        nodes: list[str],
     ) -> list[list[float]]:
-        """`map(fn, tasks)` with each call a one-CPU Ray task, results in task order."""
-        with self._lock:
-            remote_fn = self._remote_fns.get(fn)
-            if remote_fn is None:
-                remote_fn = ray.remote(num_cpus=1)(fn)
-                self._remote_fns[fn] = remote_fn
-        refs = [remote_fn.remote(task) for task in tasks]
-        results: list[list[float]] = ray.get(refs)
-        return results
+        """`map(fn, tasks)` with each call a Ray task (`TUNER_TASK_OPTIONS`), results in
+        task order; the node id of each task is appended to `nodes`."""
+        refs = [self._remote.remote(fn, task) for task in tasks]
+        results: list[tuple[list[float], str]] = ray.get(refs)
+        nodes.extend(node for _, node in results)
+        return [scores for scores, _ in results]
 
     def tune(self, replica_id: str, job: TuneJob) -> TuneResult:
         """Evaluate `job`'s grid on `settings.workers` Ray tasks, record the run, push the
@@ -101,7 +111,9 @@ class TunerActor:
         if not isinstance(job, TuneJob):
             raise ValueError(f"job must be a TuneJob, got {type(job).__name__}")
         workers = len(job.tasks(self.settings.workers))
-        result = run_grid(job, map_fn=self._ray_map, n_tasks=self.settings.workers)
+        nodes: list[str] = []
+        map_fn = functools.partial(self._ray_map, nodes=nodes)
+        result = run_grid(job, map_fn=map_fn, n_tasks=self.settings.workers)
         pushed = self._push(replica_id, result)
         record = TuneRecord(
             replica_id=replica_id,
@@ -112,6 +124,7 @@ class TunerActor:
             wall_s=result.wall_s,
             workers=workers,
             pushed=pushed,
+            nodes=tuple(nodes),
         )
         with self._lock:
             self._records.append(record)
@@ -127,13 +140,14 @@ class TunerActor:
 
     def history(self) -> list[dict[str, Any]]:
         """Every finished search, oldest first, as plain dicts (`TuneRecord` fields;
-        `scores` as a list of [alpha, score] pairs)."""
+        `scores` as a list of [alpha, score] pairs, `nodes` as a list)."""
         with self._lock:
             records = list(self._records)
         out = []
         for record in records:
             row = asdict(record)
             row["scores"] = [list(pair) for pair in record.scores]
+            row["nodes"] = list(record.nodes)
             out.append(row)
         return out
 
@@ -150,12 +164,14 @@ def start_tuner(
     name: str = TUNER_NAME,
     namespace: str = NAMESPACE,
     detached: bool = True,
+    resources: Mapping[str, float] | None = None,
 ) -> Any:
     """The named tuner actor (created, or the existing one: `get_if_exists`).
 
     It takes no CPU itself (its Ray tasks take one each) and, like the coordinator, is
     detached by default so the Serve application outlives the driver that deployed it;
-    `stop_tuner` removes it. Requires a connected Ray.
+    `stop_tuner` removes it. `resources` pins it (see `placement.control_resources`).
+    Requires a connected Ray.
     """
     options: dict[str, Any] = {
         "name": name,
@@ -164,6 +180,8 @@ def start_tuner(
         "max_concurrency": MAX_CONCURRENCY,
         "get_if_exists": True,
     }
+    if resources:
+        options["resources"] = dict(resources)
     if detached:
         options["lifetime"] = "detached"
     return ray.remote(TunerActor).options(**options).remote(settings, coordinator_name, namespace)

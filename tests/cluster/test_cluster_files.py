@@ -5,6 +5,7 @@ rules (a password, a bind address that is not a wildcard, no public Service)."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 
 from marconi_ray.serve.config import ServeConfig
+from marconi_ray.serve.replica import shard_bundles
+from marconi_ray.serve.settings import ServeSettings
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
 LAUNCHERS = ["aws-gpu.yaml", "local.yaml"]
@@ -337,3 +340,61 @@ def _containers(node: Any) -> Iterator[dict[str, Any]]:
     elif isinstance(node, list):
         for item in node:
             yield from _containers(item)
+
+
+# --- placement: control plane on the head, replicas on model nodes ---------------------
+
+
+def _serve_args() -> dict[str, Any]:
+    (app,) = yaml.safe_load(SERVE.read_text())["applications"]
+    return dict(app["args"])
+
+
+def _start_resources(commands: list[str]) -> dict[str, float]:
+    """The JSON of `--resources=...` in `ray start` command lines ({} when absent)."""
+    found: dict[str, float] = {}
+    for command in commands:
+        for arg in shlex.split(command.replace("\n", " ")):
+            if arg.startswith("--resources="):
+                found.update(json.loads(arg.removeprefix("--resources=")))
+    return found
+
+
+def test_serve_config_pins_the_control_plane_to_the_head_and_replicas_to_model_nodes() -> None:
+    args = _serve_args()
+    config = ServeConfig(**args)
+    assert config.control_resource == "auto"  # the head: node:__internal_head__
+    assert config.model_resource == "marconi_model"
+    settings = ServeSettings(
+        model_dir="unused",
+        model_name="small",
+        tp=config.tp,
+        device=config.device,
+        model_resource=config.model_resource,
+    )
+    first, *shards = shard_bundles(settings)
+    assert first == {"CPU": 1.0, "marconi_model": 1.0}  # one unit per replica
+    assert all("marconi_model" not in b for b in shards)
+
+
+def test_launchers_advertise_the_model_resource_on_workers_only() -> None:
+    name = _serve_args()["model_resource"]
+    aws = _load("aws-gpu.yaml")
+    types = aws["available_node_types"]
+    assert types["gpu_worker"]["resources"][name] >= 1
+    assert name not in types[aws["head_node_type"]]["resources"]
+    local = _load("local.yaml")
+    assert _start_resources(local["worker_start_ray_commands"])[name] >= 1
+    assert name not in _start_resources(local["head_start_ray_commands"])
+
+
+def test_kuberay_model_nodes_hold_as_many_replicas_as_their_gpus_allow() -> None:
+    service = _one(_kuberay_docs(), "RayService")
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    name, tp = app["args"]["model_resource"], app["args"]["tp"]
+    cluster = service["spec"]["rayClusterConfig"]
+    (group,) = cluster["workerGroupSpecs"]
+    slots = json.loads(json.loads(group["rayStartParams"]["resources"]))[name]
+    (worker,) = group["template"]["spec"]["containers"]
+    assert 1 <= slots * tp <= int(worker["resources"]["limits"]["nvidia.com/gpu"])
+    assert "resources" not in cluster["headGroupSpec"]["rayStartParams"]
