@@ -267,7 +267,17 @@ class BootstrapTuner:
         self.window.append((request.input_tokens, request.output_tokens))
         if len(self.window) < self.window_target:
             return None
-        job = TuneJob(
+        self.pending = True
+        return self.pending_job(cache)
+
+    def pending_job(self, cache: PrefixCache) -> TuneJob | None:
+        """The job of the window that waits for `adopt` (None when none waits). The
+        window and its snapshot are kept until the result is adopted, so a job lost on
+        its way (the tuner actor died, a coordinator restarted) can be sent again and
+        gives the same result."""
+        if not self.pending or self.snapshot is None:
+            return None
+        return TuneJob(
             self.snapshot,
             tuple(self.window),
             self.config.grid,
@@ -275,10 +285,11 @@ class BootstrapTuner:
             self.window_start,
             (True, False) if cache.admission.tunable else (None,),
         )
-        self.snapshot = None
-        self.window = []
-        self.pending = True
-        return job
+
+    def expects(self, result: TuneResult) -> bool:
+        """Whether `result` answers the window that waits (a repeated or stale result,
+        e.g. of a job sent twice, does not)."""
+        return self.pending and result.start_request == self.window_start
 
     def adopt(self, result: TuneResult, cache: PrefixCache) -> None:
         """Apply a finished grid search to the live cache and arm the next window."""
@@ -287,6 +298,7 @@ class BootstrapTuner:
             cache.set_speculate(result.best_speculate)
         self.history.append(result)
         self.pending = False
+        self.snapshot, self.window = None, []
         if self.config.retune_every is None:
             self.done = True
         else:
@@ -329,7 +341,8 @@ class BootstrapTuner:
         """Validate a `to_record` structure and rebuild the tuner; ValueError if malformed.
 
         The snapshot bytes are checked when a job replays them (`cache_codec.restore`).
-        A tuner restored while `pending` waits for `adopt`, as the original did.
+        A tuner restored while `pending` waits for `adopt`, as the original did, and keeps
+        the window its job replays (`pending_job`).
         """
         top = check_header(state, "tuner", TUNER_KIND, _TUNER_KEYS)
         tuner = cls(_tuner_config_from(top.get("config")))
@@ -346,8 +359,10 @@ class BootstrapTuner:
         tuner.pending = top.get_bool("pending")
         if tuner.snapshot is None and tuner.window:
             raise ValueError("tuner: a window is recorded without its snapshot")
-        if tuner.pending and (tuner.done or tuner.snapshot is not None):
-            raise ValueError("tuner: pending together with done or an open window")
+        if tuner.pending and tuner.done:
+            raise ValueError("tuner: pending together with done")
+        if tuner.pending and tuner.snapshot is not None and len(tuner.window) < tuner.window_target:
+            raise ValueError("tuner: pending while its window is still being recorded")
         return tuner
 
 

@@ -66,6 +66,9 @@ class Worker:
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._finished: list[Finished] = []
+        self._taken: list[Finished] = []
+        """The last `take_finished`'s requests, until the next `advance`: a replica that
+        never got them (a peer rank failed the step) `cancel`s them, which frees them."""
         self._batch = model.new_decode_batch(max_batch)
 
     @property
@@ -165,6 +168,7 @@ class Worker:
     def advance(self, step: StepInput) -> StepOutput:
         """Apply one `StepInput` and run one step (see its docstring); the replica's one
         call per step, so a step costs one round trip to each shard."""
+        self._taken = []  # the replica got the last step's output
         self.release(step.release)
         events: list[TokenEvent] = []
         failed: list[tuple[int, str]] = []
@@ -185,13 +189,21 @@ class Worker:
     def take_finished(self) -> list[Finished]:
         """Requests finished since the last call, each with its states and KV slots."""
         out, self._finished = self._finished, []
+        self._taken = out
         return out
 
     def cancel(self, request_id: int) -> bool:
-        """Stop a running request and free everything it stored; False if not running."""
+        """Stop a running request and free everything it stored; False if not running.
+        A request the last step finished counts as running until the next `advance`
+        (its `Finished` may have been lost with a step another rank failed)."""
         for seq in (*self._running, *self._prefilling):
             if seq.request_id == request_id:
                 self._drop(seq)
+                return True
+        for done in self._taken:
+            if done.request_id == request_id:
+                self._taken.remove(done)
+                self.release(done.stored())
                 return True
         return False
 

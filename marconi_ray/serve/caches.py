@@ -2,15 +2,24 @@
 changes it, live and in replay.
 
 The state is one `Planner` (prefix cache + bootstrap tuner) per registered replica, what
-the coordinator knows of each replica (`ReplicaInfo`), the lease table, and the next
-request id. Every change goes through `apply` with a typed operation
-(`protocol.ops`); the coordinator journals the operation after applying it, and a
+the coordinator knows of each replica (`ReplicaInfo`), the lease table, the next
+request id, and what each open plan's dispatch carries to free (`carried`). Every
+change goes through `apply` with a typed operation (`protocol.ops`); the coordinator
+journals the operation after applying it, and a
 restarted coordinator applies the same operations to the last snapshot
 (`to_record`/`from_record`), so both paths run the same code.
 
+Who frees a plan's evictions (`Planned.release`, carried by its dispatch): the replica,
+when it starts the order; otherwise the coordinator, when the plan ends without a start
+(lease expiry, abandon, an abort the replica sends for a dispatch it never started).
+`carried` holds the release of every open plan whose start the coordinator has not
+heard of; `mark_started` (heartbeats, and aborts of started requests) takes it out,
+and an `Abort` of a plan still in it returns that release with the plan's own, so it is
+freed exactly once whoever closes the plan. A commit takes it out (the request ran).
+
 Invariants (checked by `check_invariants`): one lease per open plan; every replica with a
 planner has its info and vice versa; each cache's radix tree is well formed and
-`bytes_used + reserved <= capacity`.
+`bytes_used + reserved <= capacity`; `carried` names open plans only.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.tuner import TuneJob
+from marconi_ray.core.wire import decode_array, encode_array
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
@@ -91,6 +101,7 @@ class CacheState:
         self.replicas: dict[str, ReplicaInfo] = {}
         self.leases = LeaseTable()
         self.routing = RouteState()
+        self.carried: dict[int, tuple[str, Release]] = {}
         self.next_request = 0
         self.replaying = False
         self._handlers: dict[type, Callable[[Any], Any]] = {
@@ -115,8 +126,15 @@ class CacheState:
         self.routing.set_confirmed(replica_id, confirmed)
 
     def _on_job(self, replica_id: str, job: TuneJob) -> None:
-        if not self.replaying:
+        """Hand a finished window to the tuner. Never raises: the hand-off must not touch
+        the commit it follows (a job that could not be sent is sent again later, see
+        `CacheCoordinator.resend_jobs`)."""
+        if self.replaying:
+            return
+        try:
             self._send_job(replica_id, job)
+        except Exception:
+            log.exception("sending replica %s's tuning job failed: it is sent again", replica_id)
 
     def _register(self, op: Register) -> None:
         s = self.settings
@@ -139,6 +157,7 @@ class CacheState:
         self.planners.pop(op.replica, None)
         self.replicas.pop(op.replica, None)
         self.leases.drop_replica(op.replica)
+        self.carried = {r: c for r, c in self.carried.items() if c[0] != op.replica}
 
     def _plan(self, op: Plan) -> Planned:
         order, release = self.planners[op.replica].order(
@@ -146,12 +165,15 @@ class CacheState:
         )
         deadline = self.clock() + self.settings.lease_s
         self.leases.grant(op.request, op.replica, deadline)
+        if len(release.states) or len(release.slots):
+            self.carried[op.request] = (op.replica, release)
         self.next_request = max(self.next_request, op.request + 1)
         return Planned(order, release, deadline)
 
     def _commit(self, op: Commit) -> Release:
         planner = self.planners[op.replica]
         self.leases.release(op.done.request_id)
+        self.carried.pop(op.done.request_id, None)  # it ran: the replica freed it
         try:
             return planner.commit(op.done)
         except (RuntimeError, ValueError) as exc:
@@ -165,14 +187,33 @@ class CacheState:
 
     def _abort(self, op: Abort) -> Release:
         self.leases.release(op.request)
-        return self.planners[op.replica].abort(op.request, op.done)
+        release = self.planners[op.replica].abort(op.request, op.done)
+        carried = self.carried.pop(op.request, None)
+        return release if carried is None else release + carried[1]
 
     def _adopt(self, op: Adopt) -> bool:
         planner = self.planners.get(op.replica)
-        if planner is None or planner.tuner is None:
+        if planner is None or planner.tuner is None or not planner.tuner.expects(op.result):
             return False
         planner.adopt(op.result)
         return True
+
+    def mark_started(self, replica_id: str, requests: list[int]) -> None:
+        """The replica started these requests' orders (and freed what their dispatches
+        carried): nothing is left for the coordinator to free on their behalf."""
+        for request in requests:
+            carried = self.carried.get(request)
+            if carried is not None and carried[0] == replica_id:
+                del self.carried[request]
+
+    def carried_by(self, replica_id: str) -> Release:
+        """What the dispatches of a replica's open, unstarted plans carry (its store holds
+        it until the replica starts them or the coordinator frees it for them)."""
+        release = Release()
+        for rid, carried in self.carried.values():
+            if rid == replica_id:
+                release = release + carried
+        return release
 
     # ------------------------------------------------------------------ queries
     def is_planned(self, replica_id: str, request_id: int) -> bool:
@@ -198,6 +239,8 @@ class CacheState:
         Returns the number of nodes checked."""
         assert set(self.planners) == set(self.replicas), (set(self.planners), set(self.replicas))
         assert len(self.leases) == sum(p.open_requests for p in self.planners.values())
+        for request, (rid, _) in self.carried.items():
+            assert self.is_planned(rid, request), (request, rid)
         for planner in self.planners.values():
             cache = planner.cache
             check_tree(cache.tree)
@@ -218,6 +261,11 @@ class CacheState:
                     "generation": info.generation,
                     "planner": self.planners[rid].to_record(),
                     "leases": self.leases.of_replica(rid),
+                    "carried": [
+                        [request, [int(x) for x in c.states], encode_array(c.slots, "<i8")]
+                        for request, (owner, c) in self.carried.items()
+                        if owner == rid
+                    ],
                 }
                 for rid, info in self.replicas.items()
             ],
@@ -242,6 +290,9 @@ class CacheState:
             )
             for request, deadline in entry["leases"]:
                 self.leases.grant(int(request), rid, float(deadline))
+            for request, states, slots in entry.get("carried", []):  # older: no key
+                kv = decode_array(slots, "<i8", f"carried of request {request}")
+                self.carried[int(request)] = (rid, Release(tuple(int(s) for s in states), kv))
         self.routing.rebuild(self)
 
     def clear(self) -> None:
@@ -249,3 +300,4 @@ class CacheState:
         self.planners, self.replicas = {}, {}
         self.leases.clear()
         self.routing.clear()
+        self.carried = {}

@@ -70,6 +70,14 @@ class TunerOptions(BaseModel):
         ge=1,
         description="Ray tasks (one CPU each) the alpha grid is split across.",
     )
+    retry_s: float = Field(
+        default=300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds the coordinator waits for a tuning result before sending the "
+        "job again (the tuner actor died mid-search); a job that could not be sent at all "
+        "is sent again at the next heartbeat.",
+    )
 
     @field_validator("grid")
     @classmethod
@@ -86,6 +94,7 @@ class TunerOptions(BaseModel):
             grid=tuple(self.grid),
             retune_every=self.retune_every,
             workers=self.workers,
+            retry_s=self.retry_s,
         )
 
 

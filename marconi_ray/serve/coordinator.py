@@ -17,7 +17,16 @@ and every restored tree reset (`serve.recovery`), then a snapshot replaces the j
 Restored replicas are *unconfirmed* (not routed to) until their next heartbeat, which
 asks them to `reconcile`: the replica reports what its store holds; a tree that refers to
 anything the store lacks is reset (with a new generation), and anything the store holds
-that no tree refers to is freed.
+that no tree refers to is freed (less what is already due to be freed once: see
+`reconcile`).
+
+Exactly once: every state id and KV slot the cache lets go of is freed once. What a
+plan evicts travels with its dispatch and is freed by the replica when it starts the
+order, or by the coordinator when the plan ends unstarted (`serve.caches`: `carried`;
+replicas report started orders in heartbeats and aborts). The tuner hand-off never
+touches the commit it follows: a job that could not be sent, or whose result has not
+come back within `tuner.retry_s`, is sent again (`resend_jobs`), and a result is adopted
+once.
 
 Leases: a plan holds its hit until `deadline = now + lease_s`. Heartbeats renew the
 leases of the requests a replica runs; a lease past its deadline (plus a grace for clock
@@ -93,6 +102,9 @@ class CacheCoordinator:
             settings, spec.flops_coeffs(), arch.context_limit, clock, self._send_job
         )
         self._tuner: Any = None
+        self._jobs: dict[str, float] = {}
+        """Replica -> when its pending tuning job was last sent to the tuner actor (0.0:
+        not sent yet, or the send failed); see `resend_jobs`."""
         self._queued: dict[str, Release] = {}
         self._router = make_router(settings.routing, settings)
         self._since_snapshot = 0
@@ -104,6 +116,10 @@ class CacheCoordinator:
             self.snapshot()
         # request ids stay unique across restarts even if the last records were lost
         self.state.next_request = max(self.state.next_request, int(clock() * 1e6))
+        # a window restored while waiting for its result: its job died with the old actor
+        for rid, planner in self.planners.items():
+            if planner.tuner is not None and planner.tuner.pending:
+                self._jobs[rid] = 0.0
 
     # ------------------------------------------------------------------ views of the state
     @property
@@ -162,16 +178,22 @@ class CacheCoordinator:
     def replicas(self) -> list[str]:
         return list(self.planners)
 
-    def heartbeat(self, replica_id: str, live: list[int]) -> tuple[str, int]:
+    def heartbeat(
+        self, replica_id: str, live: list[int], started: list[int] | None = None
+    ) -> tuple[str, int]:
         """A replica is alive and runs (or queues) the requests `live`: renew their
-        leases. Returns (`"ok"` | `"reconcile"` | `"register"`, generation): `register`
-        when this coordinator does not know the replica, `reconcile` when it restored the
-        replica from the journal and needs its holdings (see `reconcile`)."""
+        leases. `started`: those of them whose orders it started (it freed what their
+        dispatches carried, see `serve.caches`). Returns (`"ok"` | `"reconcile"` |
+        `"register"`, generation): `register` when this coordinator does not know the
+        replica, `reconcile` when it restored the replica from the journal and needs its
+        holdings (see `reconcile`). Also sends tuning jobs that are due again."""
         info = self.replica_info.get(replica_id)
         now = self.clock()
         if info is not None:
             info.last_seen = now
+            self.state.mark_started(replica_id, list(started or ()))
         self._expire()
+        self.resend_jobs()
         if info is None:
             return "register", 0
         self.leases.renew(replica_id, live, now + self.settings.lease_s)
@@ -183,7 +205,10 @@ class CacheCoordinator:
         """Match a restored tree with what the replica's store holds (not counting what its
         running requests own). A tree that refers to a state or KV slot the store lacks is
         reset (empty cache, new generation); what the store holds that no tree node refers
-        to is returned to be freed. Returns (generation, release)."""
+        to is returned to be freed, less what is already on its way to being freed once:
+        releases queued for the replica's next drain, and what the dispatches of its
+        open, unstarted plans carry (the replica frees that when it starts them, the
+        coordinator when they end unstarted). Returns (generation, release)."""
         info = self.replica_info.get(replica_id)
         if info is None:
             raise NoReplicaAvailable(f"replica {replica_id!r} is not registered")
@@ -202,8 +227,11 @@ class CacheCoordinator:
             self.register_replica(replica_id, kvb, sb)
             tree_states, tree_slots = set(), set()
         self._confirm(replica_id)
+        pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
+        keep_states = tree_states | set(pending.states)
+        keep_slots = tree_slots | {int(s) for s in pending.slots}
         held = Release(tuple(sorted(states)), np.asarray(sorted(slots), dtype=np.int64))
-        return self.replica_info[replica_id].generation, held.without(tree_states, tree_slots)
+        return self.replica_info[replica_id].generation, held.without(keep_states, keep_slots)
 
     def report_unreachable(self, replica_id: str) -> bool:
         """Someone could not reach a replica (a dispatch for it landed elsewhere because
@@ -257,12 +285,16 @@ class CacheCoordinator:
     ) -> list[Dispatch | Exception]:
         """`plan` for requests that arrived together (one call instead of one each); a
         request that cannot be planned gets its exception in its place (ValueError,
-        NoReplicaAvailable, Overloaded) and the others are planned all the same."""
+        NoReplicaAvailable, Overloaded; any other is logged) and the others are planned
+        all the same, so no plan made in the batch is lost with a later one's error."""
         out: list[Dispatch | Exception] = []
         for prompt, params, submitted in requests:
             try:
                 out.append(self.plan(prompt, params, submitted))
             except (ValueError, NoReplicaAvailable, Overloaded) as exc:
+                out.append(exc)
+            except Exception as exc:
+                log.exception("planning one request of a batch failed")
                 out.append(exc)
         return out
 
@@ -286,12 +318,21 @@ class CacheCoordinator:
         return release
 
     def abort(
-        self, replica_id: str, request_id: int, done: Finished | None = None, reason: str = "client"
+        self,
+        replica_id: str,
+        request_id: int,
+        done: Finished | None = None,
+        reason: str = "client",
+        started: bool = False,
     ) -> Release:
-        """Release a request's plan (and what it stored, if it finished)."""
+        """Release a request's plan (and what it stored, if it finished). `started`: the
+        replica started its order (and freed what the dispatch carried); otherwise what
+        the dispatch carried is part of the release, unless the plan already ended."""
         if replica_id not in self.planners:
             self.leases.release(request_id)
             return Release() if done is None else done.stored()
+        if started:
+            self.state.mark_started(replica_id, [request_id])
         op = Abort(replica_id, request_id, reason, done)
         if self.state.is_planned(replica_id, request_id):
             release: Release = self._do(op)
@@ -300,15 +341,14 @@ class CacheCoordinator:
         return tidied
 
     def abandon(self, dispatch: Dispatch) -> None:
-        """A dispatch never reached its replica: release its plan, and queue what the
-        replica must free (what planning evicted, what the abort tidied) for its next
-        `commit` or `drain`."""
+        """A dispatch never started on its replica: release its plan, and queue what the
+        replica must free (what planning evicted, unless the replica started the order
+        after all; what the abort tidied) for its next `commit` or `drain`. A plan that
+        already ended (committed, aborted, expired) frees nothing twice."""
         rid = dispatch.replica_id
         if rid not in self.planners:
             return
         release = self.abort(rid, dispatch.order.request_id, reason="abandoned")
-        if dispatch.generation == self.replica_info[rid].generation:
-            release = release + dispatch.release
         self._queued[rid] = self._queued.get(rid, Release()) + release
 
     def drain(self, replica_id: str) -> Release:
@@ -317,15 +357,46 @@ class CacheCoordinator:
 
     # ------------------------------------------------------------------ tuning
     def _send_job(self, replica_id: str, job: TuneJob) -> None:
-        if self._tuner is None:
-            self._tuner = ray.get_actor(self.settings.tuner_name, namespace=NAMESPACE)
-        self._tuner.tune.remote(replica_id, job)
+        """A replica's window is complete: send its job now (`resend_jobs` sends it again
+        if this fails or no result comes back). Never raises."""
+        self._jobs[replica_id] = 0.0
+        self._try_send(replica_id, job)
+
+    def _try_send(self, replica_id: str, job: TuneJob) -> None:
+        try:
+            if self._tuner is None:
+                self._tuner = ray.get_actor(self.settings.tuner_name, namespace=NAMESPACE)
+            self._tuner.tune.remote(replica_id, job)
+        except Exception as exc:  # no tuner actor (yet, or any more), Ray shutting down
+            self._tuner = None
+            log.warning("tuning job of replica %s not sent (%s): sent again later", replica_id, exc)
+            return
+        self._jobs[replica_id] = self.clock()
+
+    def resend_jobs(self) -> int:
+        """Send again every pending tuning job that was never sent, or whose result has
+        not come back within `settings.tuner.retry_s` (the tuner actor died mid-search).
+        A result that arrives twice is adopted once (`BootstrapTuner.expects`). Returns
+        the number of jobs sent."""
+        now, sent = self.clock(), 0
+        for rid, at in list(self._jobs.items()):
+            planner = self.planners.get(rid)
+            tuner = None if planner is None else planner.tuner
+            job = None if planner is None or tuner is None else tuner.pending_job(planner.cache)
+            if job is None:
+                del self._jobs[rid]
+            elif at == 0.0 or now - at >= self.settings.tuner.retry_s:
+                self._try_send(rid, job)
+                sent += 1
+        return sent
 
     def adopt(self, replica_id: str, result: TuneResult) -> None:
-        """Apply the tuner actor's winning alpha to a replica's cache."""
+        """Apply the tuner actor's winning alpha to a replica's cache (once: a result
+        for a window that no longer waits is ignored)."""
         planner = self.planners.get(replica_id)
-        if planner is not None and planner.tuner is not None:
+        if planner is not None and planner.tuner is not None and planner.tuner.expects(result):
             self._do(Adopt(replica_id, result))
+            self._jobs.pop(replica_id, None)
 
     def tuner_runs(self) -> int:
         return sum(len(p.tuner.history) for p in self.planners.values() if p.tuner is not None)

@@ -277,10 +277,10 @@ class ModelReplica:
         out = await self.shards.advance(step)
         self._deliver(out.events)
         for rid, message in out.failed:
-            await self._abort(rid)
+            await self._abort(rid, started=True)
             self._fail(rid, RuntimeError(message))
         for rid in out.cancelled:
-            await self._abort(rid)
+            await self._abort(rid, started=True)
             self._fail(rid, ReplicaFailed(f"request {rid} was cancelled while prefilling"))
         if out.finished:
             await self._commit(list(out.finished))
@@ -321,8 +321,13 @@ class ModelReplica:
         return tuple(orders)
 
     # ------------------------------------------------------------------ liveness
-    def _live(self) -> list[int]:
-        return [d.order.request_id for d in self._pending] + list(self._orders)
+    def _live(self) -> tuple[list[int], list[int]]:
+        """(every request queued or running here, those whose orders started: what
+        their dispatches carried was freed here, see `serve.caches`)."""
+        queued = [d.order.request_id for d in self._pending]
+        waiting = set(queued)
+        started = [rid for rid in self._orders if rid not in waiting]
+        return queued + started, started
 
     async def _heartbeats(self) -> None:
         """Every `heartbeat_s`: renew the leases of what runs and queues here; when the
@@ -331,8 +336,10 @@ class ModelReplica:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
-                live, sent = self._live(), time.time()
-                status, _ = await self.coordinator.heartbeat.remote(self.replica_id, live)
+                (live, started), sent = self._live(), time.time()
+                status, _ = await self.coordinator.heartbeat.remote(
+                    self.replica_id, live, started
+                )
                 if status == "ok":
                     self._renew(live, sent)
                 if status == "register":
@@ -428,9 +435,13 @@ class ModelReplica:
             if queue is not None:
                 queue.put_nowait(event)
 
-    async def _abort(self, rid: int) -> None:
-        """Release a request's plan at the coordinator; free what it returns next step."""
-        release: Release = await self.coordinator.abort.remote(self.replica_id, rid)
+    async def _abort(self, rid: int, started: bool) -> None:
+        """Release a request's plan at the coordinator; free what it returns next step.
+        `started`: its order started here (what its dispatch carried is freed already);
+        otherwise the coordinator returns that too, unless the plan had already ended."""
+        release: Release = await self.coordinator.abort.remote(
+            self.replica_id, rid, started=started
+        )
         self._release = self._release + release
 
     async def _commit(self, finished: list[Finished]) -> None:
@@ -459,10 +470,17 @@ class ModelReplica:
             queue.put_nowait(exc)
 
     async def _fail_all(self, exc: BaseException) -> None:
+        """A step failed: fail every request here, running or queued. Queued dispatches
+        leave the queue (they must not start after their plans were aborted); what they
+        carried comes back from the coordinator's abort and is freed."""
+        queued = {d.order.request_id for d in self._pending}
+        self._pending = []
         for rid in list(self._orders):
+            started = rid not in queued
             try:
-                await self.shards.call("cancel", rid)
-                await self._abort(rid)
+                if started:
+                    await self.shards.call("cancel", rid)
+                await self._abort(rid, started=started)
             except Exception:
                 log.exception("replica %s: cleanup of request %s failed", self.replica_id, rid)
             self._fail(rid, exc)

@@ -20,14 +20,19 @@ class TunerSettings(TunerConfig):
 
     Attributes:
         workers: Ray tasks (one CPU each) the alpha grid is split across.
+        retry_s: seconds the coordinator waits for a job's result before sending the job
+            again (a job it could not send at all goes again at the next heartbeat).
     """
 
     workers: int = 2
+    retry_s: float = 300.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not self.retry_s > 0 or self.retry_s == float("inf"):
+            raise ValueError(f"tuner retry_s must be a positive number, got {self.retry_s}")
 
 
 @dataclass(frozen=True)

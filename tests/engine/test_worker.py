@@ -70,3 +70,24 @@ def test_cancel_frees_the_request(model_dirs):
     worker.release(engine.planner.abort(0))
     assert worker.num_running == 0 and worker.store.bytes_used == before
     assert engine.cache.open_plans == 0 and engine.cache.reserved == 0
+
+
+def test_cancel_frees_a_request_whose_finished_output_was_lost(model_dirs):
+    """tp > 1: rank 0 finished a request in a step another rank failed, so the replica
+    never got its `Finished` (states and KV it stored). The replica cancels it: that frees
+    them (until the next `advance`, after which the replica has the step's output)."""
+    from marconi_ray.protocol.orders import StepInput
+
+    engine = _engine(model_dirs)
+    worker = engine.worker
+    (p,) = prompts(34, 1, 20, engine.config.vocab_size)
+    before = worker.store.bytes_used
+    worker.advance(StepInput(start=(_order(engine, 0, p),)))
+    finished: list = []
+    while not finished:
+        finished = list(worker.advance(StepInput()).finished)
+    assert finished[0].state_ids and worker.store.bytes_used > before
+    # the output is lost with the failed step: the replica aborts and cancels the request
+    assert worker.cancel(0) and not worker.cancel(0)
+    worker.release(engine.planner.abort(0))
+    assert worker.store.bytes_used == before and worker.store.live_states == 0

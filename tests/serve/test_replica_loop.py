@@ -89,7 +89,9 @@ class GatedCoordinator:
         self.commit_contexts.append(REQUEST.get())
         return Release()
 
-    async def _heartbeat(self, replica_id: str, live: list[int]) -> tuple[str, int]:
+    async def _heartbeat(
+        self, replica_id: str, live: list[int], started: list[int] | None = None
+    ) -> tuple[str, int]:
         return "ok", 0
 
 
