@@ -9,7 +9,10 @@ validated first (`prepare`: JSON, types, model name, prompt tokens, context limi
 before the backend sees it; every error is OpenAI's error JSON (`protocol.ErrorResponse`):
 400 bad input, 401 missing or wrong API key (`invalid_api_key`, when a key is set; see
 `security`), 404 unknown model (`model_not_found`) or route, 413 body over the limit
-(`request_too_large`), 500 internal failure, 503 coordinator unreachable.
+(`request_too_large`), 500 internal failure, 503 (with `Retry-After`) when the coordinator
+cannot plan or no replica can run the request (e.g. its node was lost and every re-plan
+failed). A streamed response starts only once its first piece of output is there, so
+those failures get their status too; after that, an error is an `error` event.
 """
 
 from __future__ import annotations
@@ -23,12 +26,10 @@ from typing import Any
 
 import ray
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from starlette.exceptions import HTTPException
 
 from marconi_ray.serve.detached import detached
 from marconi_ray.serve.generation import (
@@ -41,11 +42,19 @@ from marconi_ray.serve.generation import (
     Piece,
     run_request,
 )
+from marconi_ray.serve.http_errors import (
+    SHED_RETRY_AFTER_S,
+    UNAVAILABLE_RETRY_AFTER_S,
+    cause_text,
+    error_response,
+    generation_error,
+    install_error_handlers,
+)
 from marconi_ray.serve.messages import Dispatch, Overloaded, ReplicaStats
 from marconi_ray.serve.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
 from marconi_ray.serve.prepare import Prepared, ServedModel, prepare_chat, prepare_completion
 from marconi_ray.serve.protocol import APIError
-from marconi_ray.serve.ray_backend import RayBackend, ReplicaUnavailable
+from marconi_ray.serve.ray_backend import RayBackend
 from marconi_ray.serve.responses import ModelCard, ModelList
 from marconi_ray.serve.security import (
     DEFAULT_MAX_BODY_BYTES,
@@ -62,19 +71,13 @@ OFFLOAD_BYTES = 16_384
 tokenizer releases the GIL), so the event loop keeps answering `/health` and streaming;
 smaller ones are prepared inline (a thread hop would cost more than the work)."""
 HEALTH_TIMEOUT_S = 5.0
-SHED_RETRY_AFTER_S = 1
-"""`Retry-After` of a request shed because every replica's queue is full (429)."""
 COORDINATOR_WAIT_S = 30.0
 
 
-def _cause(exc: BaseException) -> str:
-    cause = getattr(exc, "cause", None)  # a RayTaskError wraps the actor's exception
-    return str(cause if isinstance(cause, BaseException) else exc)
-
-
-def error_response(exc: APIError) -> JSONResponse:
-    headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+async def _chain(first: Piece, rest: AsyncIterator[Piece]) -> AsyncGenerator[Piece, None]:
+    yield first
+    async for piece in rest:
+        yield piece
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -114,13 +117,17 @@ class _Server:
             task.add_done_callback(self._release_orphan)
             raise
         except ValueError as exc:
-            raise APIError(400, _cause(exc)) from None
+            raise APIError(400, cause_text(exc)) from None
         except Overloaded as exc:
             raise APIError(429, str(exc), None, "overloaded", SHED_RETRY_AFTER_S) from None
         except Exception as exc:
             logger.exception("planning failed")
             raise APIError(
-                503, f"the coordinator could not plan the request: {_cause(exc)}"
+                503,
+                f"the coordinator could not plan the request: {cause_text(exc)}",
+                None,
+                None,
+                UNAVAILABLE_RETRY_AFTER_S,
             ) from None
 
     def _release_orphan(self, task: asyncio.Future[Dispatch]) -> None:
@@ -172,7 +179,17 @@ class _Server:
         events = self.backend.generate(dispatch, req.stream)
         pieces = run_request(events, dispatch, detok, arrival, self.metrics)
         if req.stream:
-            chunks = fmt.chunks(self.model.name, created, pieces, req.include_usage)
+            # the response starts with the first piece: a request that no replica can
+            # take gets its status (503) instead of a 200 with an error event
+            try:
+                first = await pieces.__anext__()
+            except Exception as exc:
+                await pieces.aclose()
+                error = generation_error(exc)
+                self.metrics.count(error.status)
+                return error_response(error)
+            body = _chain(first, pieces)
+            chunks = fmt.chunks(self.model.name, created, body, req.include_usage)
             sse = self._sse(chunks, pieces)
             return ClosingStreamingResponse(sse, events.cancel, "text/event-stream")
         text: list[str] = []
@@ -182,13 +199,10 @@ class _Server:
             async for last in pieces:
                 text.append(last.text)
                 ids.extend(last.token_ids)
-        except ReplicaUnavailable as exc:
-            self.metrics.count(503)
-            return error_response(APIError(503, f"no replica could take the request: {exc}"))
         except Exception as exc:
-            logger.exception("generation failed")
-            self.metrics.count(500)
-            return error_response(APIError(500, f"generation failed: {_cause(exc)}"))
+            error = generation_error(exc)
+            self.metrics.count(error.status)
+            return error_response(error)
         finally:
             await pieces.aclose()
         self.metrics.count(200)
@@ -205,46 +219,14 @@ class _Server:
                     yield f"data: {chunk.model_dump_json()}\n\n"
                 status = 200
             except Exception as exc:
-                logger.exception("generation failed mid-stream")
-                status = 500
-                body = APIError(500, f"generation failed: {_cause(exc)}").body()
-                yield f"data: {json.dumps(body)}\n\n"
+                error = generation_error(exc)
+                status = error.status
+                yield f"data: {json.dumps(error.body())}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             await chunks.aclose()
             await pieces.aclose()
             self.metrics.count(status)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        return error_response(exc)
-
-    async def invalid(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        return error_response(APIError(400, f"invalid value for {param}: {err['msg']}", param))
-
-    async def bad_json(_: Request, exc: Exception) -> Response:
-        return error_response(APIError(400, f"request body is not valid JSON: {exc}"))
-
-    async def http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = "not_found" if exc.status_code == 404 else None
-        return error_response(APIError(exc.status_code, str(exc.detail), None, code))
-
-    async def internal(_: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error", exc_info=exc)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
-
-    app.add_exception_handler(APIError, api_error)
-    app.add_exception_handler(RequestValidationError, invalid)
-    app.add_exception_handler(json.JSONDecodeError, bad_json)
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(Exception, internal)
 
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -267,7 +249,7 @@ def build_app(
     check_options(api_key, max_body_bytes)  # fail here, not at the first request
     server = _Server(backend, model, metrics or IngressMetrics())
     app = FastAPI(title="marconi-ray", docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
 
     def rejected(path: str, status: int) -> None:
         if path in GENERATION_PATHS:
@@ -297,8 +279,8 @@ def build_app(
         try:
             report = await asyncio.wait_for(backend.health(), HEALTH_TIMEOUT_S)
         except Exception as exc:
-            logger.warning("health check: coordinator unavailable (%s)", _cause(exc))
-            return error_response(APIError(503, f"coordinator unavailable: {_cause(exc)}"))
+            logger.warning("health check: coordinator unavailable (%s)", cause_text(exc))
+            return error_response(APIError(503, f"coordinator unavailable: {cause_text(exc)}"))
         if not report["replicas"]:
             registered = report["registered"]
             message = f"no model replica can serve ({registered} registered, none live)"

@@ -10,7 +10,8 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import NodeDiedError, RayActorError, RayTaskError, WorkerCrashedError
+from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from marconi_ray.protocol.orders import TokenEvent
@@ -36,6 +37,13 @@ class ReplicaUnavailable(RuntimeError):
     """No replica could run the request, even after re-planning it (HTTP 503)."""
 
 
+LOST_REPLICA: Final = (RayActorError, NodeDiedError, WorkerCrashedError, ReplicaUnavailableError)
+"""How a replica that died (its process, its node) shows to a caller: `RayActorError`
+covers `ActorDiedError` and `ActorUnavailableError`."""
+
+REPLANNABLE: Final = (MisroutedDispatch, ReplicaFailed, *LOST_REPLICA)
+"""Causes of a failed dispatch that the request survives by being planned again."""
+
 MAX_ATTEMPTS: Final = 4
 """Dispatches one request may go through (the first plus re-plans after faults)."""
 
@@ -53,8 +61,10 @@ class GuardedStream:
     """A request's event stream that survives replica faults.
 
     When the replica refuses the dispatch (`MisroutedDispatch`: another replica's, a
-    reset generation, a lapsed lease), loses a shard (`ReplicaFailed`) or dies itself
-    (`RayActorError`), the plan is abandoned at the coordinator (no lock, reservation or
+    reset generation, a lapsed lease), loses a shard (`ReplicaFailed`) or dies itself,
+    alone or with its node (`LOST_REPLICA`: the coordinator is then told, so it drops the
+    replica as soon as its heartbeats have stopped instead of routing to it until its
+    lease runs out), the plan is abandoned at the coordinator (no lock, reservation or
     state is left behind) and the request is planned again: from scratch when no token
     was streamed, otherwise as a continuation whose prompt is the original prompt plus
     the tokens already streamed (greedy outputs are unchanged by the resume; sampled ones
@@ -98,11 +108,11 @@ class GuardedStream:
                 item: list[TokenEvent] | Completed = await self._stream.__anext__()
             except RayTaskError as exc:
                 self._heard = True
-                if not isinstance(exc.cause, MisroutedDispatch | ReplicaFailed):
+                if not isinstance(exc.cause, REPLANNABLE):
                     raise
                 await self._resume(exc.cause)
                 continue
-            except RayActorError as exc:
+            except LOST_REPLICA as exc:
                 self._heard = True
                 await self._resume(exc)
                 continue
@@ -137,6 +147,8 @@ class GuardedStream:
             self._pending = self._completed(reason, Timings(0.0, 0.0, 0.0, 0.0))
             return
         await asyncio.sleep(RETRY_BACKOFF_S * self.attempts)
+        if isinstance(cause, LOST_REPLICA):  # silent by now: dropped, not routed to again
+            await self._backend.coordinator.report_unreachable.remote(self._dispatch.replica_id)
         self.attempts += 1
         prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
         params = dataclasses.replace(order.params, max_tokens=order.max_new - k)

@@ -1,0 +1,132 @@
+"""`GuardedStream` (no Ray cluster): a replica lost with its node (an actor error, Serve's
+replica-unavailable error, a dead node) mid-stream makes the request continue on another
+dispatch with the tokens streamed so far, and the coordinator is told so it drops the
+silent replica; after `MAX_ATTEMPTS` dispatches the request fails with
+`ReplicaUnavailable`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayTaskError
+from ray.serve.exceptions import ReplicaUnavailableError
+
+from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
+from marconi_ray.protocol.results import Timings, Usage
+from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.serve import ray_backend
+from marconi_ray.serve.messages import Completed, Dispatch
+from marconi_ray.serve.ray_backend import GuardedStream, ReplicaUnavailable
+
+PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+LOST = [
+    ActorUnavailableError("connection refused", b"\x00" * 16),
+    ActorDiedError(),
+    NodeDiedError("node gone"),
+    ReplicaUnavailableError("replica gone"),
+]
+
+
+class Method:
+    def __init__(self, calls: list[tuple[str, Any]], name: str, result: Any = None) -> None:
+        self.calls, self.name, self.result = calls, name, result
+
+    async def remote(self, arg: Any) -> Any:
+        self.calls.append((self.name, arg))
+        return self.result
+
+
+class Coordinator:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.abandon = Method(self.calls, "abandon")
+        self.report_unreachable = Method(self.calls, "report_unreachable", True)
+
+
+class Stream:
+    """Yields `tokens` (one list per step) then raises `error` or completes."""
+
+    def __init__(self, rid: int, tokens: list[int], error: BaseException | None) -> None:
+        self.rid, self.tokens, self.error = rid, list(tokens), error
+
+    async def __anext__(self) -> list[TokenEvent] | Completed:
+        if self.tokens:
+            return [TokenEvent(self.rid, self.tokens.pop(0), False)]
+        if self.error is not None:
+            raise self.error
+        return Completed(self.rid, "length", Usage(0, 0, 0), Timings(0.0, 0.0, 0.0, 0.0))
+
+    def cancel(self) -> None:
+        pass
+
+
+def _dispatch(replica: str, prompt: np.ndarray, max_new: int) -> Dispatch:
+    order = PrefillOrder(7, np.asarray(prompt, np.int32), PARAMS, max_new)
+    return Dispatch(replica, order)
+
+
+class Backend:
+    """Replica `a` fails with `error` after two tokens; re-plans go to `b` (or fail
+    again with `error` when `b_fails`)."""
+
+    def __init__(self, error: BaseException, b_fails: bool = False) -> None:
+        self.coordinator = Coordinator()
+        self.error, self.b_fails = error, b_fails
+        self.plans: list[tuple[np.ndarray, int]] = []
+
+    async def plan(self, prompt: np.ndarray, params: SamplingParams, _: float) -> Dispatch:
+        self.plans.append((prompt, params.max_tokens))
+        return _dispatch("b", prompt, params.max_tokens)
+
+    def stream(self, dispatch: Dispatch, _: bool = True) -> Stream:
+        if self.b_fails:
+            return Stream(7, [], self.error)
+        return Stream(7, [30, 40][: dispatch.order.max_new], None)
+
+
+async def _collect(stream: GuardedStream) -> tuple[list[int], Completed]:
+    tokens: list[int] = []
+    async for item in stream:
+        if isinstance(item, Completed):
+            return tokens, item
+        tokens.append(item.token)
+    raise AssertionError("no Completed")
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_backend, "RETRY_BACKOFF_S", 0.0)
+
+
+@pytest.mark.parametrize("error", LOST, ids=lambda e: type(e).__name__)
+def test_a_lost_replica_mid_stream_continues_elsewhere(error: BaseException) -> None:
+    backend = Backend(error)
+    first = _dispatch("a", np.arange(5), 4)
+    guarded = GuardedStream(Stream(7, [10, 20], error), backend, first)  # type: ignore[arg-type]
+    tokens, done = asyncio.run(_collect(guarded))
+    assert tokens == [10, 20, 30, 40] and guarded.attempts == 2
+    ((prompt, max_new),) = backend.plans
+    assert prompt.tolist() == [0, 1, 2, 3, 4, 10, 20] and max_new == 2  # the continuation
+    assert done.usage.prompt_tokens == 5 and done.usage.completion_tokens == 4
+    assert ("abandon", first) in backend.coordinator.calls
+    assert ("report_unreachable", "a") in backend.coordinator.calls
+
+
+def test_a_lost_replica_inside_a_task_error_is_replanned_too() -> None:
+    error = RayTaskError("generate", "traceback", ActorDiedError())
+    backend = Backend(error)
+    guarded = GuardedStream(Stream(7, [10], error), backend, _dispatch("a", np.arange(3), 3))  # type: ignore[arg-type]
+    tokens, _ = asyncio.run(_collect(guarded))
+    assert tokens == [10, 30, 40]
+
+
+def test_every_dispatch_lost_ends_in_replica_unavailable() -> None:
+    error = ActorUnavailableError("connection refused", b"\x00" * 16)
+    backend = Backend(error, b_fails=True)
+    guarded = GuardedStream(Stream(7, [], error), backend, _dispatch("a", np.arange(3), 3))  # type: ignore[arg-type]
+    with pytest.raises(ReplicaUnavailable, match="connection refused"):
+        asyncio.run(_collect(guarded))
+    assert guarded.attempts == ray_backend.MAX_ATTEMPTS
