@@ -171,7 +171,9 @@ def start_tuner(
     It takes no CPU itself (its Ray tasks take one each) and, like the coordinator, is
     detached by default so the Serve application outlives the driver that deployed it;
     `stop_tuner` removes it. `resources` pins it (see `placement.control_resources`).
-    Requires a connected Ray.
+    Ray restarts it when its process or node dies (`max_restarts=-1`) and retries the
+    searches in flight then (`max_task_retries=-1`); a job lost anyway is sent again by
+    the coordinator (`CacheCoordinator.resend_jobs`). Requires a connected Ray.
     """
     options: dict[str, Any] = {
         "name": name,
@@ -179,6 +181,8 @@ def start_tuner(
         "num_cpus": 0,
         "max_concurrency": MAX_CONCURRENCY,
         "get_if_exists": True,
+        "max_restarts": -1,
+        "max_task_retries": -1,
     }
     if resources:
         options["resources"] = dict(resources)
