@@ -87,7 +87,7 @@ class Plan:
     submitted: float
 
     def to_record(self) -> Record:
-        params = dataclasses.asdict(self.params)
+        params = {key: getattr(self.params, key) for key in _PARAM_KEYS}  # asdict deep-copies
         params["stop_token_ids"] = list(self.params.stop_token_ids)
         return {
             "replica": self.replica,

@@ -53,13 +53,13 @@ class IndexedEligible:
         self,
         table: ReplicaTable,
         mask: Mask,
+        count: int,
         index: RoutingIndex,
         planners: dict[str, Planner],
         prompt: npt.NDArray[np.int32],
     ) -> None:
-        self._table, self._mask, self._index = table, mask, index
+        self._table, self._mask, self._count, self._index = table, mask, count, index
         self._planners, self._prompt = planners, prompt
-        self._count = int(np.count_nonzero(mask))
 
     def __len__(self) -> int:
         return self._count
@@ -69,10 +69,12 @@ class IndexedEligible:
 
     def shortlist(self) -> list[Contender]:
         table, mask = self._table, self._mask
+        if self._count == 1:  # the only one: its exact view, no walk of the index
+            slot = int(mask.argmax())
+            rid = table.id_at(slot)
+            return [Contender(rid, self._planners[rid].cache, int(table.open[slot]), True)]
         named = sorted(s for s in map(table.slot, self._index.candidates(self._prompt)) if mask[s])
-        rest = mask.copy()
-        rest[named] = False
-        cold = table.least_loaded(rest)
+        cold = table.least_loaded(mask, named)
         slots = named if cold is None else sorted([*named, cold])
         out = []
         for slot in slots:
@@ -92,11 +94,12 @@ def choose_replica(
     confirmed = table.confirmed_count()
     if not confirmed:
         raise NoReplicaAvailable("no model replica is registered and alive")
-    limit = max_open(settings)
-    mask = table.eligible(limit)
-    if limit is not None and not mask.any():
+    mask = table.eligible(max_open(settings))
+    count = int(np.count_nonzero(mask))
+    if not count:
         raise _overloaded(settings, confirmed)
-    eligible = IndexedEligible(table, mask, state.routing.index, state.planners, prompt)
+    routing = state.routing
+    eligible = IndexedEligible(table, mask, count, routing.index, state.planners, prompt)
     return router.pick(prompt, eligible)
 
 

@@ -13,7 +13,7 @@ operation, the confirmed flag where it changes (`CacheState.set_confirmed`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -104,17 +104,18 @@ class ReplicaTable:
         """Slots of the confirmed replicas with fewer than `max_open` open requests (None:
         no limit)."""
         n = len(self._ids)
-        mask = self.confirmed[:n].copy()
-        if max_open is not None:
-            mask &= self.open[:n] < max_open
-        return mask
+        if max_open is None:
+            return self.confirmed[:n].copy()
+        return self.confirmed[:n] & (self.open[:n] < max_open)
 
-    def least_loaded(self, mask: Mask) -> int | None:
-        """The slot in `mask` with the fewest open requests, the earliest among equals;
-        None when `mask` is empty."""
-        if not mask.any():
-            return None
-        return int(np.where(mask, self.open[: len(mask)], _NO_SLOT).argmin())
+    def least_loaded(self, mask: Mask, exclude: Sequence[int] = ()) -> int | None:
+        """The slot in `mask` but not in `exclude` with the fewest open requests, the
+        earliest among equals; None when there is none."""
+        keys = np.where(mask, self.open[: len(mask)], _NO_SLOT)
+        if len(exclude):
+            keys[list(exclude)] = _NO_SLOT
+        slot = int(keys.argmin())
+        return None if keys[slot] == _NO_SLOT else slot
 
     def rows(self) -> Iterable[tuple[str, int, bool]]:
         """(replica id, open requests, confirmed) in slot order (for checks)."""

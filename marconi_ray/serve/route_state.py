@@ -102,9 +102,14 @@ class RouteState:
 
     def _index_path(self, replica: str, tree: RadixTree, full: np.ndarray) -> None:
         """Index every state on `full`'s path in `replica`'s tree."""
-        for node in tree.match(full).path:
-            if node.state != NO_STATE and (replica, node.state) not in self.index:
-                self.index.insert(replica, node.state, full[: node.depth])
+        index = self.index
+        new = [
+            (node.depth, node.state)
+            for node in tree.match(full).path
+            if node.state != NO_STATE and (replica, node.state) not in index
+        ]
+        if new:
+            index.insert_path(replica, full, new)
 
     # ------------------------------------------------------------------ replicas
     def set_confirmed(self, replica_id: str, confirmed: bool) -> None:

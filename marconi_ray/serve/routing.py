@@ -122,8 +122,9 @@ def queue_flops(cost: CostModel, load_tokens: float) -> float:
 
 
 class Contender(NamedTuple):
-    """A replica an `Eligible` presents: `named` when the routing index names it (it may
-    hold a usable hit: its view needs a walk), else it holds none."""
+    """A replica an `Eligible` presents: `named` when it may hold a usable hit (the
+    routing index names it, or it is the only eligible replica): its view needs a walk;
+    else it holds none."""
 
     replica_id: str
     cache: PrefixCache
@@ -143,7 +144,8 @@ class Eligible(Protocol):
 
     def shortlist(self) -> list[Contender]:
         """In registration order: every eligible replica the index names, and the least
-        loaded eligible replica it does not name (earliest among equals), if any."""
+        loaded eligible replica it does not name (earliest among equals), if any. (A
+        lone eligible replica is named without a walk of the index.)"""
 
 
 class Router(ABC):

@@ -23,7 +23,8 @@ has fewer nodes than twice the states it indexes. Insert and removal cost O(dept
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -112,15 +113,27 @@ class RoutingIndex:
     def insert(self, replica: str, state: int, path: Tokens) -> None:
         """Index `replica`'s state `state` at the end of `path` (its tokens from the
         root; non-empty); nothing when the pair is already indexed."""
-        entry = (replica, int(state))
-        if entry in self._where:
-            return
-        if len(path) == 0:
-            raise ValueError("a state's path must not be empty")
-        node = self._descend(tokens_bytes(path))
-        node.held.setdefault(replica, set()).add(entry[1])
-        self._where[entry] = node
-        self._of.setdefault(replica, set()).add(entry[1])
+        self.insert_path(replica, path, [(len(path), state)])
+
+    def insert_path(self, replica: str, tokens: Tokens, states: Sequence[tuple[int, int]]) -> None:
+        """Index `replica`'s (depth, state id) pairs on `tokens`' path (depths ascending,
+        in 1..len(tokens), else ValueError and nothing changes) in one descent; pairs
+        already indexed are skipped."""
+        depths = [0, *(d for d, _ in states), len(tokens)]
+        if any(a >= b for a, b in pairwise(depths[:-1])) or depths[-2] > depths[-1]:
+            raise ValueError(
+                f"state depths {depths[1:-1]} must ascend from 1 to at most {len(tokens)}"
+            )
+        buf = tokens_bytes(tokens)
+        node, pos = self._root, 0
+        for depth, state in states:
+            entry = (replica, int(state))
+            if entry in self._where:
+                continue
+            node, pos = self._descend(buf, 4 * depth, node, pos), 4 * depth
+            node.held.setdefault(replica, set()).add(entry[1])
+            self._where[entry] = node
+            self._of.setdefault(replica, set()).add(entry[1])
 
     def remove(self, replica: str, states: tuple[int, ...] | list[int]) -> None:
         """Forget `replica`'s states `states` (ids not indexed are ignored)."""
@@ -154,27 +167,30 @@ class RoutingIndex:
         self._of = {}
 
     # ------------------------------------------------------------------ internals
-    def _descend(self, buf: bytes) -> _Node:
-        """The node at the end of `buf` (int32 bytes), created (splitting an edge if the
-        path ends or branches inside it) when absent."""
+    def _descend(self, buf: bytes, end: int, node: _Node, pos: int) -> _Node:
+        """The node at the end of `buf[:end]` (int32 bytes), walking down from `node`
+        (at byte `pos` of `buf`) and creating it (splitting an edge if the path ends or
+        branches inside it) when absent."""
         ids = memoryview(buf).cast("i")
-        end, pos, node = len(buf), 0, self._root
         while pos < end:
             child = node.children.get(ids[pos >> 2])
             if child is None:
-                leaf = _Node(node, buf[pos:], (end >> 2))
+                leaf = _Node(node, buf[pos:end], end >> 2)
                 node.children[ids[pos >> 2]] = leaf
                 return leaf
-            if buf.startswith(child.key, pos):
-                pos += len(child.key)
+            n = len(child.key)
+            if n <= end - pos and buf.startswith(child.key, pos):
+                pos += n
                 node = child
                 continue
-            rest = np.frombuffer(buf, dtype=np.int32, offset=pos)
+            if n > end - pos and child.key.startswith(buf[pos:end]):
+                return self._split(child, end - pos)  # the path ends inside the edge
+            rest = np.frombuffer(buf, dtype=np.int32, count=(end - pos) >> 2, offset=pos)
             common = 4 * common_prefix_len(np.frombuffer(child.key, dtype=np.int32), rest)
             mid = self._split(child, common)
             if pos + common == end:
                 return mid
-            leaf = _Node(mid, buf[pos + common :], end >> 2)
+            leaf = _Node(mid, buf[pos + common : end], end >> 2)
             mid.children[ids[(pos + common) >> 2]] = leaf
             return leaf
         return node

@@ -78,8 +78,11 @@ def test_index_splits_merges_and_depths() -> None:
     index.remove("c", [3])
     assert index.check() == 2  # merged back into one edge
     assert index.candidates(np.arange(10, dtype=np.int32)) == {"a"}
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match=r"depths \[0\] must ascend"):
         index.insert("a", 7, np.zeros(0, np.int32))
+    with pytest.raises(ValueError, match="must ascend"):
+        index.insert_path("a", np.arange(9, dtype=np.int32), [(5, 8), (3, 9)])
+    assert ("a", 8) not in index  # nothing changed
 
 
 @pytest.mark.parametrize("seed", range(3))
