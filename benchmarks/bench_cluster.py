@@ -1,0 +1,368 @@
+"""Routing at cluster scale (issue 20, items 2 and 5): the coordinator's cost per request
+as the replicas grow, the indexed coordinator next to the reference, in one run.
+
+Variants (both are the real `CacheCoordinator`, the same state code, the same journal):
+- `indexed`: as built: `route` walks the routing index once and the trees of the
+  replicas it names only; expired leases and silent replicas come off deadline heaps.
+- `reference` (`--reference-routing`, on by default; `cluster_load.ReferenceCoordinator`):
+  `route` is the former `choose_replica_reference` (a view of every replica: one tree
+  walk each) and every plan and heartbeat also scans every lease and every replica as
+  `_expire` used to. It keeps the routing index up to date like `indexed` does (one
+  state class), so its figures are the former cost plus that upkeep.
+
+Sections (`--sections`, default both; `node_loss` is `benchmarks/node_loss.py`):
+- `scaling`: a coordinator in process (no Ray, the in-memory journal) with R in
+  `--replicas` registered replicas served by one fake worker (`bench_serve.FakeWorker`:
+  state ids and KV slots as a worker reports them, no model). Warm-up
+  (`cluster_load.Sessions`): `--sessions` x max(`--replicas`) sessions of `--turns`
+  turns at every R (12 per replica at 128, more per replica below: the state, and the
+  timed cuts each session chain takes, are then alike at every R and only the replica
+  count varies; with 12 sessions in all, one replica's chains would each be cut ~250
+  times by the timed prompts and its walks would grow for that reason alone), each turn
+  of R sessions planned together before they commit (so first turns spread one per
+  replica and later turns stay with the replica holding their state). Timed: `--pairs`
+  plan + commit pairs, one at a time, each prompt a random session's history cut at a
+  uniform random depth plus `--fresh-tokens` new tokens; the fake worker's time is not
+  counted. The variants run the same prompts in alternating rounds. Reports pairs/s,
+  p50/p99 per pair, the mean hit and the cost at R over the cost at 1 replica.
+- `ray`: the same through a coordinator Ray actor (`ray.init(num_cpus=4)`, local) with
+  `--ray-replicas` replicas: `--callers` concurrent callers, plans through the ingress's
+  `PlanBatcher` (`plan_many` batches), commits coalesced per replica into `commit_many`
+  as a replica's step sends them.
+
+Targets: p50 per pair at 128 replicas <= 1.5x the p50 at 1 (indexed; the median, as the
+2-core machine's load from other work inflates the mean and p99 unevenly), >= 3,000
+pairs/s in process at 128, >= 1,000 pairs/s through Ray. Writes OUT/bench_cluster.json and
+OUT/cluster.png; prints the figures side by side with the ratios and verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import run_info
+from bench_serve import FakeWorker
+from cluster_load import KV_BYTES, STATE_BYTES, VARIANTS, Sessions, dist, replica_ids, settings_for
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from marconi_ray.serve.messages import Dispatch
+
+HERE = Path(__file__).resolve().parent
+SECTIONS = ("scaling", "ray")
+
+
+# ---------------------------------------------------------------------- sections
+class Run:
+    """One (replica count, variant): its warmed coordinator, sessions, worker, timings."""
+
+    def __init__(self, args: argparse.Namespace, model_dir: Path, r: int, name: str) -> None:
+        self.coord = VARIANTS[name](settings_for(model_dir))
+        self.work = Sessions(args, r, args.sessions * max(args.replicas))
+        self.worker, self.times, self.hits = FakeWorker(), list[float](), list[int]()
+        for rid in replica_ids(r):
+            self.coord.register_replica(rid, KV_BYTES, STATE_BYTES)
+        c, w = self.coord, self.work
+        plans = lambda ps: [c.plan(p, w.params) for p in ps]  # noqa: E731
+        w.warm(plans, lambda d, done: c.commit(d.replica_id, done), self.worker, f"warm {r} {name}")
+        c.snapshot()  # every run's timed pairs meet the journal's snapshots at the same seqs
+
+    def pairs(self, prompts: list[np.ndarray]) -> None:
+        """Plan and commit each prompt; the worker's part is not timed."""
+        coord, work, worker = self.coord, self.work, self.worker
+        for p in prompts:
+            t0 = time.perf_counter()
+            d = coord.plan(p, work.params)
+            t1 = time.perf_counter()
+            done = worker.finish(d.order, work.output(p))
+            t2 = time.perf_counter()
+            coord.commit(d.replica_id, done)
+            self.times.append(t1 - t0 + time.perf_counter() - t2)
+            self.hits.append(d.order.hit_len)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "pairs_s": len(self.times) / sum(self.times),
+            "pair": dist(self.times),
+            "mean_hit_tokens": float(np.mean(self.hits)),
+            "nodes": self.coord.state.node_count(),
+        }
+
+
+def scaling(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict[str, Any]:
+    """The `scaling` section (module docstring): {R: {variant: figures}}. Every (R,
+    variant) is warmed first; then the timed pairs run in `--rounds` rounds, each round
+    a chunk of every run in turn (orders alternating), so that a change of the machine's
+    load during the run falls on all of them alike."""
+    runs = {(r, n): Run(args, model_dir, r, n) for r in args.replicas for n in names}
+    prompts = {r: runs[r, names[0]].work.timed(args.pairs) for r in args.replicas}
+    keys = list(runs)
+    bar = tqdm(total=args.pairs * len(keys), desc="plan+commit pairs", disable=None)
+    for k, chunk in enumerate(np.array_split(np.arange(args.pairs), args.rounds)):
+        for r, name in keys if k % 2 == 0 else keys[::-1]:
+            runs[r, name].pairs([prompts[r][j] for j in chunk])
+            bar.update(len(chunk))
+    bar.close()
+    return {str(r): {n: runs[r, n].figures() for n in names} for r in args.replicas}
+
+
+def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[str, Any]:
+    """One variant of the `ray` section: a coordinator actor, warm-up, timed callers."""
+    import ray
+
+    from marconi_ray.serve.coalescer import Coalescer
+    from marconi_ray.serve.plan_batcher import PlanBatcher
+
+    r = args.ray_replicas
+    worker, work = FakeWorker(), Sessions(args, r, args.sessions * r)
+    coord = ray.remote(VARIANTS[name]).options(num_cpus=0).remote(settings_for(model_dir))
+    ray.get(
+        [
+            coord.register_replica.remote(rid, KV_BYTES, STATE_BYTES)
+            for rid in replica_ids(work.replicas)
+        ]
+    )
+
+    def plans(ps: list[np.ndarray]) -> list[Dispatch]:
+        got = ray.get(coord.plan_many.remote([(p, work.params, 0.0) for p in ps]))
+        assert all(isinstance(d, Dispatch) for d in got), got
+        return list(got)
+
+    commit = lambda d, done: ray.get(coord.commit.remote(d.replica_id, done))  # noqa: E731
+    work.warm(plans, commit, worker, f"warm ray {name}")
+    prompts, pairs, batcher = work.timed(args.ray_pairs), [], PlanBatcher(coord)
+    commits: dict[str, Coalescer[Any, None]] = {}
+
+    async def commit_many(rid: str, done: list[Any]) -> list[None]:
+        await coord.commit_many.remote(rid, done)
+        return [None] * len(done)
+
+    async def caller(todo: Any) -> None:
+        for p in todo:
+            t0 = time.perf_counter()
+            d = await batcher.plan(p, work.params, time.time())
+            t1 = time.perf_counter()
+            done = worker.finish(d.order, work.output(p))
+            t2 = time.perf_counter()
+            if d.replica_id not in commits:  # one per replica, as each one's step loop
+                commits[d.replica_id] = Coalescer(functools.partial(commit_many, d.replica_id))
+            await commits[d.replica_id].submit(done)
+            pairs.append(t1 - t0 + time.perf_counter() - t2)
+
+    async def run() -> float:
+        todo, t0 = iter(prompts), time.perf_counter()
+        await asyncio.gather(*(caller(todo) for _ in range(args.callers)))
+        return time.perf_counter() - t0
+
+    wall = asyncio.run(run())
+    ray.kill(coord)
+    out = {"pairs_s": len(pairs) / wall, "wall_s": wall, "pair": dist(pairs)}
+    return out | {"plans_per_call": batcher.planned / batcher.calls}
+
+
+def ray_section(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict[str, Any]:
+    """The `ray` section (module docstring): {variant: figures}, on a local Ray."""
+    import ray
+
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = {"env_vars": {"PYTHONPATH": path}}  # the actor imports cluster_load
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env=env
+    )
+    try:
+        out = {name: ray_variant(args, model_dir, name) for name in names}
+    finally:
+        ray.shutdown()
+    return out | {"replicas": args.ray_replicas, "callers": args.callers}
+
+
+# ---------------------------------------------------------------------- report
+def verdicts(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target: the figure, the target and whether it is met."""
+    rows = []
+    if sc := report.get("scaling"):
+        rs = sorted(sc, key=int)
+        lo, hi = sc[rs[0]]["indexed"], sc[rs[-1]]["indexed"]
+        ratio = hi["pair"]["p50_ms"] / lo["pair"]["p50_ms"]  # the median: robust to load
+        what = f"p50 per pair at {rs[-1]} / at {rs[0]} replicas (indexed)"
+        rows.append({"figure": what, "value": ratio, "target": "<= 1.5", "met": ratio <= 1.5})
+        n = hi["pairs_s"]
+        what = f"pairs/s in process at {rs[-1]} replicas"
+        rows.append({"figure": what, "value": n, "target": ">= 3,000", "met": n >= 3000})
+    if (ry := report.get("ray")) and "indexed" in ry:
+        n = ry["indexed"]["pairs_s"]
+        what = f"pairs/s through Ray, {ry['replicas']} replicas, {ry['callers']} callers"
+        rows.append({"figure": what, "value": n, "target": ">= 1,000", "met": n >= 1000})
+    return rows
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = []
+    if sc := report.get("scaling"):
+        one = sc[min(sc, key=int)]
+        head = f"{'R':>5} {'variant':>10} {'pairs/s':>9} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8}"
+        lines += ["in process (plan + commit, one at a time):"]
+        lines += [head + "  p50 vs R=1  reference/indexed (p50)"]
+        for r in sorted(sc, key=int):
+            for name, f in sc[r].items():
+                p = f["pair"]
+                rel = p["p50_ms"] / one[name]["pair"]["p50_ms"]
+                cells = f"{f['pairs_s']:>9,.0f} {p['mean_ms']:>8.3f} {p['p50_ms']:>8.3f}"
+                extra = ""
+                if name == "reference" and "indexed" in sc[r]:
+                    extra = f"{p['p50_ms'] / sc[r]['indexed']['pair']['p50_ms']:>18.2f}x"
+                row = f"{r:>5} {name:>10} {cells} {p['p99_ms']:>8.3f} {rel:>10.2f}x{extra}"
+                lines.append(row)
+    if ry := report.get("ray"):
+        lines += [
+            "",
+            f"through Ray ({ry['replicas']} replicas, {ry['callers']} callers, plan_many):",
+        ]
+        for name in VARIANTS:
+            if f := ry.get(name):
+                p = f["pair"]
+                lines.append(
+                    f"{name:>10} {f['pairs_s']:>9,.0f} pairs/s  p50 {p['p50_ms']:.2f} ms  "
+                    f"p99 {p['p99_ms']:.2f} ms  {f['plans_per_call']:.1f} plans/call"
+                )
+    lines.append("")
+    for v in report["targets"]:
+        verdict = "met" if v["met"] else "MISSED"
+        lines.append(f"{v['figure']:52} {v['value']:>9,.2f}  {v['target']:>8}  {verdict}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """pairs/s and p99 per pair against the replica count (in process), and the Ray
+    figures, each variant its own series."""
+    fig = Figure(figsize=(13, 3.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    if sc := report.get("scaling"):
+        rs = sorted(sc, key=int)
+        for name in VARIANTS:
+            if name in sc[rs[0]]:
+                xs = [int(r) for r in rs]
+                axes[0].plot(xs, [sc[r][name]["pairs_s"] for r in rs], "o-", label=name)
+                axes[1].plot(xs, [sc[r][name]["pair"]["p99_ms"] for r in rs], "o-", label=name)
+        axes[0].axhline(3000, ls="--", c="gray", lw=1, label="target 3,000/s")
+        for ax, what in zip(axes[:2], ("pairs/s in process", "p99 ms per pair"), strict=True):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("registered replicas")
+            ax.set_title(what)
+            ax.legend()
+    if ry := report.get("ray"):
+        names = [n for n in VARIANTS if n in ry]
+        axes[2].bar(names, [ry[n]["pairs_s"] for n in names], color=["C0", "C1"][: len(names)])
+        axes[2].axhline(1000, ls="--", c="gray", lw=1)
+        axes[2].set_title(f"pairs/s through Ray, {ry['replicas']} replicas")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------- driver
+OPTIONS = (  # name, type, default, help
+    ("sessions", int, 12, "warm-up sessions per replica at the largest replica count"),
+    ("turns", int, 4, "turns per warm-up session"),
+    ("first_tokens", int, 200, "tokens of a session's first prompt"),
+    ("turn_tokens", int, 100, "new user tokens of each later turn"),
+    ("out_tokens", int, 16, "tokens each request generates (fake)"),
+    ("fresh_tokens", int, 16, "new tokens after a timed prompt's cut"),
+    ("pairs", int, 3000, "scaling: timed plan+commit pairs per replica count and variant"),
+    ("rounds", int, 4, "scaling: alternating rounds the pairs are split over"),
+    ("ray_replicas", int, 128, "ray: registered replicas"),
+    ("ray_pairs", int, 4000, "ray: timed pairs per variant"),
+    ("callers", int, 8, "ray: concurrent callers"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
+    p.add_argument(
+        "--out", default=str(HERE / "results" / "cluster"), help="output folder [%(default)s]"
+    )
+    sections = ", ".join(SECTIONS)
+    p.add_argument(
+        "--sections",
+        default="scaling,ray",
+        help=f"comma-separated sections to run: {sections} [%(default)s]",
+    )
+    p.add_argument(
+        "--replicas",
+        default="1,8,32,128",
+        help="scaling: comma-separated replica counts [%(default)s]",
+    )
+    p.add_argument(
+        "--reference-routing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the reference coordinator (former O(replicas) routing and expiry "
+        "scans) side by side with the indexed one (--no-reference-routing: indexed only)",
+    )
+    for name, typ, default, text in OPTIONS:
+        p.add_argument(
+            f"--{name.replace('_', '-')}", type=typ, default=default, help=f"{text} [%(default)s]"
+        )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 4 sessions per replica, 400 pairs in 2 rounds, 1,000 Ray pairs",
+    )
+    args = p.parse_args(argv)
+    args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    if bad := set(args.sections) - set(SECTIONS):
+        p.error(f"unknown section(s) {sorted(bad)}; choose from {list(SECTIONS)}")
+    try:
+        args.replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--replicas: comma-separated integers, got {args.replicas!r}")
+    if not args.replicas or min(args.replicas) < 1:
+        p.error(f"--replicas: counts >= 1, got {args.replicas}")
+    if args.quick:
+        vars(args).update(pairs=400, rounds=2, sessions=4, ray_pairs=1000)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from marconi_ray.engine.factory import make_model
+
+    names = ["indexed", "reference"] if args.reference_routing else ["indexed"]
+    config = {k: v for k, v in vars(args).items()}
+    report: dict[str, Any] = {
+        "config": config,
+        "machine": run_info.machine(("ray", "numpy", "marconi-ray")),
+    }
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_model("tiny", "nemotron_h", Path(tmp) / "tiny")  # its config only
+        if "scaling" in args.sections:
+            report["scaling"] = scaling(args, model_dir, names)
+        if "ray" in args.sections:
+            report["ray"] = ray_section(args, model_dir, names)
+    report["wall_s"] = time.perf_counter() - start
+    report["targets"] = verdicts(report)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_cluster.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out / "cluster.png")
+    print(f"\n{table(report)}\nwall time {report['wall_s']:.0f} s")
+    print(f"wrote {out / 'bench_cluster.json'}, {out / 'cluster.png'}")
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
