@@ -28,7 +28,8 @@ Sections (`--sections`, default both; `node_loss` is `benchmarks/node_loss.py`):
 - `ray`: the same through a coordinator Ray actor (`ray.init(num_cpus=4)`, local) with
   `--ray-replicas` replicas: `--callers` concurrent callers, plans through the ingress's
   `PlanBatcher` (`plan_many` batches), commits coalesced per replica into `commit_many`
-  as a replica's step sends them.
+  as a replica's step sends them. Reports pairs/s, p50/p99 per pair and the CPU ms per
+  pair of the coordinator actor's process and of the driver (the callers).
 
 Targets: p50 per pair at 128 replicas <= 1.5x the p50 at 1 (indexed; the median, as the
 2-core machine's load from other work inflates the mean and p99 unevenly), >= 3,000
@@ -53,8 +54,7 @@ import numpy as np
 import run_info
 from bench_serve import FakeWorker
 from cluster_load import KV_BYTES, STATE_BYTES, VARIANTS, Sessions, dist, replica_ids, settings_for
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from cluster_report import plot, table, verdicts
 from tqdm import tqdm
 
 from marconi_ray.serve.messages import Dispatch
@@ -142,6 +142,7 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
     commit = lambda d, done: ray.get(coord.commit.remote(d.replica_id, done))  # noqa: E731
     work.warm(plans, commit, worker, f"warm ray {name}")
     prompts, pairs, batcher = work.timed(args.ray_pairs), [], PlanBatcher(coord)
+    outputs = {id(p): work.output(p) for p in prompts}  # made now: the driver has less to do
     commits: dict[str, Coalescer[Any, None]] = {}
 
     async def commit_many(rid: str, done: list[Any]) -> list[None]:
@@ -153,7 +154,7 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
             t0 = time.perf_counter()
             d = await batcher.plan(p, work.params, time.time())
             t1 = time.perf_counter()
-            done = worker.finish(d.order, work.output(p))
+            done = worker.finish(d.order, outputs[id(p)])
             t2 = time.perf_counter()
             if d.replica_id not in commits:  # one per replica, as each one's step loop
                 commits[d.replica_id] = Coalescer(functools.partial(commit_many, d.replica_id))
@@ -165,10 +166,26 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
         await asyncio.gather(*(caller(todo) for _ in range(args.callers)))
         return time.perf_counter() - t0
 
+    pid = ray.get(coord.__ray_call__.remote(lambda _: os.getpid()))
+    before = (process_cpu(pid), time.process_time())
     wall = asyncio.run(run())
+    used = (process_cpu(pid) - before[0], time.process_time() - before[1])
     ray.kill(coord)
     out = {"pairs_s": len(pairs) / wall, "wall_s": wall, "pair": dist(pairs)}
+    out["cpu_ms_per_pair"] = {k: 1e3 * v / len(pairs) for k, v in zip(CPU, used, strict=True)}
     return out | {"plans_per_call": batcher.planned / batcher.calls}
+
+
+CPU = ("coordinator", "driver")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used, from /proc (0.0 without it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ray_section(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict[str, Any]:
@@ -185,90 +202,6 @@ def ray_section(args: argparse.Namespace, model_dir: Path, names: list[str]) -> 
     finally:
         ray.shutdown()
     return out | {"replicas": args.ray_replicas, "callers": args.callers}
-
-
-# ---------------------------------------------------------------------- report
-def verdicts(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per target: the figure, the target and whether it is met."""
-    rows = []
-    if sc := report.get("scaling"):
-        rs = sorted(sc, key=int)
-        lo, hi = sc[rs[0]]["indexed"], sc[rs[-1]]["indexed"]
-        ratio = hi["pair"]["p50_ms"] / lo["pair"]["p50_ms"]  # the median: robust to load
-        what = f"p50 per pair at {rs[-1]} / at {rs[0]} replicas (indexed)"
-        rows.append({"figure": what, "value": ratio, "target": "<= 1.5", "met": ratio <= 1.5})
-        n = hi["pairs_s"]
-        what = f"pairs/s in process at {rs[-1]} replicas"
-        rows.append({"figure": what, "value": n, "target": ">= 3,000", "met": n >= 3000})
-    if (ry := report.get("ray")) and "indexed" in ry:
-        n = ry["indexed"]["pairs_s"]
-        what = f"pairs/s through Ray, {ry['replicas']} replicas, {ry['callers']} callers"
-        rows.append({"figure": what, "value": n, "target": ">= 1,000", "met": n >= 1000})
-    return rows
-
-
-def table(report: dict[str, Any]) -> str:
-    lines = []
-    if sc := report.get("scaling"):
-        one = sc[min(sc, key=int)]
-        head = f"{'R':>5} {'variant':>10} {'pairs/s':>9} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8}"
-        lines += ["in process (plan + commit, one at a time):"]
-        lines += [head + "  p50 vs R=1  reference/indexed (p50)"]
-        for r in sorted(sc, key=int):
-            for name, f in sc[r].items():
-                p = f["pair"]
-                rel = p["p50_ms"] / one[name]["pair"]["p50_ms"]
-                cells = f"{f['pairs_s']:>9,.0f} {p['mean_ms']:>8.3f} {p['p50_ms']:>8.3f}"
-                extra = ""
-                if name == "reference" and "indexed" in sc[r]:
-                    extra = f"{p['p50_ms'] / sc[r]['indexed']['pair']['p50_ms']:>18.2f}x"
-                row = f"{r:>5} {name:>10} {cells} {p['p99_ms']:>8.3f} {rel:>10.2f}x{extra}"
-                lines.append(row)
-    if ry := report.get("ray"):
-        lines += [
-            "",
-            f"through Ray ({ry['replicas']} replicas, {ry['callers']} callers, plan_many):",
-        ]
-        for name in VARIANTS:
-            if f := ry.get(name):
-                p = f["pair"]
-                lines.append(
-                    f"{name:>10} {f['pairs_s']:>9,.0f} pairs/s  p50 {p['p50_ms']:.2f} ms  "
-                    f"p99 {p['p99_ms']:.2f} ms  {f['plans_per_call']:.1f} plans/call"
-                )
-    lines.append("")
-    for v in report["targets"]:
-        verdict = "met" if v["met"] else "MISSED"
-        lines.append(f"{v['figure']:52} {v['value']:>9,.2f}  {v['target']:>8}  {verdict}")
-    return "\n".join(lines)
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    """pairs/s and p99 per pair against the replica count (in process), and the Ray
-    figures, each variant its own series."""
-    fig = Figure(figsize=(13, 3.8))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3)
-    if sc := report.get("scaling"):
-        rs = sorted(sc, key=int)
-        for name in VARIANTS:
-            if name in sc[rs[0]]:
-                xs = [int(r) for r in rs]
-                axes[0].plot(xs, [sc[r][name]["pairs_s"] for r in rs], "o-", label=name)
-                axes[1].plot(xs, [sc[r][name]["pair"]["p99_ms"] for r in rs], "o-", label=name)
-        axes[0].axhline(3000, ls="--", c="gray", lw=1, label="target 3,000/s")
-        for ax, what in zip(axes[:2], ("pairs/s in process", "p99 ms per pair"), strict=True):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("registered replicas")
-            ax.set_title(what)
-            ax.legend()
-    if ry := report.get("ray"):
-        names = [n for n in VARIANTS if n in ry]
-        axes[2].bar(names, [ry[n]["pairs_s"] for n in names], color=["C0", "C1"][: len(names)])
-        axes[2].axhline(1000, ls="--", c="gray", lw=1)
-        axes[2].set_title(f"pairs/s through Ray, {ry['replicas']} replicas")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 # ---------------------------------------------------------------------- driver
