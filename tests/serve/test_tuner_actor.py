@@ -133,6 +133,8 @@ def test_tune_matches_in_process_grid_and_pushes(
                 len(job.window),
             )
             assert h["workers"] == workers and h["pushed"] is True and h["wall_s"] > 0
+            # each grid task reports its node: here, the one node of the local Ray
+            assert h["nodes"] == [ray.get_runtime_context().get_node_id()] * workers
 
         deadline = time.monotonic() + 30
         while len(ray.get(recorder.adopted.remote())) < 2:
