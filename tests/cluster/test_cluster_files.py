@@ -200,7 +200,7 @@ def _check_serve_config(data: dict[str, Any]) -> dict[str, Any]:
 def test_serve_config_is_valid_and_local_only() -> None:
     data = yaml.safe_load(SERVE.read_text())
     app = _check_serve_config(data)
-    assert app["route_prefix"] == "/"
+    assert app["route_prefix"] == "/" and data["proxy_location"] == "HeadOnly"
     assert data["http_options"]["host"] == "127.0.0.1"
 
 
@@ -390,7 +390,9 @@ def test_launchers_advertise_the_model_resource_on_workers_only() -> None:
 
 def test_kuberay_model_nodes_hold_as_many_replicas_as_their_gpus_allow() -> None:
     service = _one(_kuberay_docs(), "RayService")
-    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    assert serve_config["proxy_location"] == "HeadOnly"  # no proxy on a model node
+    (app,) = serve_config["applications"]
     name, tp = app["args"]["model_resource"], app["args"]["tp"]
     cluster = service["spec"]["rayClusterConfig"]
     (group,) = cluster["workerGroupSpecs"]
