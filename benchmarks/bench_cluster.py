@@ -213,7 +213,7 @@ OPTIONS = (  # name, type, default, help
     ("out_tokens", int, 16, "tokens each request generates (fake)"),
     ("fresh_tokens", int, 16, "new tokens after a timed prompt's cut"),
     ("pairs", int, 3000, "scaling: timed plan+commit pairs per replica count and variant"),
-    ("rounds", int, 4, "scaling: alternating rounds the pairs are split over"),
+    ("rounds", int, 12, "scaling: alternating rounds the pairs are split over"),
     ("ray_replicas", int, 128, "ray: registered replicas"),
     ("ray_pairs", int, 4000, "ray: timed pairs per variant"),
     ("callers", int, 8, "ray: concurrent callers"),
@@ -251,7 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 4 sessions per replica, 400 pairs in 2 rounds, 1,000 Ray pairs",
+        help="smoke run: 4 sessions per replica, 400 pairs in 4 rounds, 1,000 Ray pairs",
     )
     args = p.parse_args(argv)
     args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
@@ -264,7 +264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.replicas or min(args.replicas) < 1:
         p.error(f"--replicas: counts >= 1, got {args.replicas}")
     if args.quick:
-        vars(args).update(pairs=400, rounds=2, sessions=4, ray_pairs=1000)
+        vars(args).update(pairs=400, rounds=4, sessions=4, ray_pairs=1000)
     return args
 
 
