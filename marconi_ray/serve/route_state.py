@@ -117,7 +117,8 @@ class RouteState:
 
     def silent(self, replicas: Mapping[str, ReplicaInfo], now: float, lease_s: float) -> list[str]:
         """Replicas not heard from for more than `lease_s` (`now - last_seen > lease_s`),
-        in registration order; without a scan of every replica."""
+        in registration order; without a scan of every replica. (`last_seen` only moves
+        forward but at a restore; a wall clock stepping back delays a drop by the step.)"""
 
         def last_seen(rid: str) -> float | None:
             info = replicas.get(rid)
