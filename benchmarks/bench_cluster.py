@@ -121,8 +121,8 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
     """One variant of the `ray` section: a coordinator actor, warm-up, timed callers."""
     import ray
 
-    from marconi_ray.serve.coalescer import Coalescer
-    from marconi_ray.serve.plan_batcher import PlanBatcher
+    from marconi_ray.serve.ingress.coalescer import Coalescer
+    from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
 
     r = args.ray_replicas
     worker, work = FakeWorker(), Sessions(args, r, args.sessions * r)

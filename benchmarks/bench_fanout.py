@@ -135,8 +135,8 @@ async def idle_cpu(actors: list[Any], seconds: float) -> dict[str, Any]:
 async def measure(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from marconi_ray.protocol.orders import PrefillOrder, StepInput
     from marconi_ray.protocol.sampling import SamplingParams
+    from marconi_ray.serve.replica.shard_group import ActorShards
     from marconi_ray.serve.settings import ServeSettings
-    from marconi_ray.serve.shard_group import ActorShards
 
     settings = ServeSettings(str(model_dir), "bench", tp=args.tp, max_batch=args.batch)
     group = ActorShards(settings, [f"fanout-shard{r}" for r in range(args.tp)])

@@ -336,8 +336,8 @@ def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, An
     from marconi_ray.engine.loader import load_model
     from marconi_ray.engine.worker import Worker
     from marconi_ray.serve.app import start_coordinator
-    from marconi_ray.serve.coalescer import Coalescer
-    from marconi_ray.serve.plan_batcher import PlanBatcher
+    from marconi_ray.serve.ingress.coalescer import Coalescer
+    from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
     from marconi_ray.serve.settings import ServeSettings
 
     store = Worker(load_model(model_dir), 1).store

@@ -454,8 +454,8 @@ def tuner_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     import ray
 
+    from marconi_ray.serve.coordinator.tuner_actor import start_tuner
     from marconi_ray.serve.settings import TunerSettings
-    from marconi_ray.serve.tuner_actor import start_tuner
 
     requests, source = sharegpt_requests(args)
     cost = CostModel.from_spec(get_preset("paper-7b"))
@@ -524,7 +524,7 @@ def throughput_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, Any
 
     from marconi_ray.serve.app import shutdown_app, start_actors
     from marconi_ray.serve.messages import Completed
-    from marconi_ray.serve.replica import replica_deployment
+    from marconi_ray.serve.replica.deployment import replica_deployment
     from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
     levels = [int(x) for x in args.levels.split(",")]

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 TORCH_FREE = (
-    "marconi_ray.serve.coordinator",
-    "marconi_ray.serve.ingress",
-    "marconi_ray.serve.pinned_router",
-    "marconi_ray.serve.routing",
-    "marconi_ray.serve.journal",
+    "marconi_ray.serve.coordinator.actor",
+    "marconi_ray.serve.ingress.api",
+    "marconi_ray.serve.ingress.pinned_router",
+    "marconi_ray.serve.coordinator.routing",
+    "marconi_ray.serve.coordinator.journal",
     "marconi_ray.serve.config",
     "marconi_ray.protocol.planner",
     "marconi_ray.protocol.ops",

@@ -35,6 +35,7 @@ from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tuner import BootstrapTuner, TunerConfig
 from marconi_ray.engine.loader import load_model, read_config
+from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished
@@ -51,6 +52,22 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+def load_served_model(
+    model_dir: str | Path,
+    tp: TPGroup | None,
+    dtype: str,
+    device: torch.device | str,
+    kernels: str = "auto",
+    weights: Mapping[str, torch.Tensor] | None = None,
+) -> HybridModel:
+    """This rank's model in dtype `dtype` on `device`, with the kernel set `kernels` asks
+    for there (`auto`, `ref` or `triton`; `marconi_kernels.get_kernels`): how the engine
+    and the serve layer's shards load a model (the serve layer never picks kernels
+    itself). ValueError naming an unknown dtype or kernel set."""
+    kernel_set = get_kernels(device, prefer=kernels)
+    return load_model(model_dir, tp, torch_dtype(dtype), device, kernel_set, weights)
 
 
 def build_planner(
@@ -124,9 +141,7 @@ class Engine:
         cfg, raw = read_config(model_dir)
         self.config = cfg
         self.system = system
-        model = load_model(
-            model_dir, tp, torch_dtype(dtype), device, get_kernels(device, prefer=kernels), weights
-        )
+        model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
         self.worker = Worker(model, max_batch, max_batch_tokens)
         self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner)
         self._prompts: dict[int, int] = {}

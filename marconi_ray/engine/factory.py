@@ -95,7 +95,7 @@ LIFT_CHANNEL: Final = 0
 """The residual-stream channel that carries the lift."""
 MIN_LOGIT_STD: Final = 1.0
 MAX_TEMPERATURE: Final = 2.0
-"""The highest temperature the OpenAI API accepts (`serve.protocol`)."""
+"""The highest temperature the OpenAI API accepts (`serve.ingress.openai_protocol`)."""
 MAX_STRAY_PROB: Final = 1e-6
 """Most probability per token that any non-printable id may get at `MAX_TEMPERATURE`."""
 CHECK_PROMPT_LEN: Final = 8

@@ -4,8 +4,8 @@ Each operation is a frozen dataclass with a `NAME`, `to_record()` (a plain struc
 `core.wire` conventions: arrays as `encode_array`, no pickle) and `from_record(fields)`.
 `encode_op`/`decode_op` add and check the `op` name; every malformed field raises
 ValueError naming it. The coordinator applies an operation the same way live and when it
-replays its journal (`serve.caches.CacheState.apply`), so this module is the only place
-an operation's layout is written.
+replays its journal (`serve.coordinator.cache_state.CacheState.apply`), so this module is
+the only place an operation's layout is written.
 
 Operations: `Register` / `Unregister` a replica's cache, `Plan` (a lease grant: route
 decision, prompt, sampling parameters), `Commit` (what a finished request stored),

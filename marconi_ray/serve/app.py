@@ -22,10 +22,10 @@ import ray
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.journal import clear_journal
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import clear_journal
 from marconi_ray.serve.placement import control_resources
-from marconi_ray.serve.replica import replica_deployment
+from marconi_ray.serve.replica.deployment import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 INGRESS_MAX_ONGOING: Final = 1024
@@ -63,7 +63,7 @@ def build_app(settings: ServeSettings) -> Any:
     """The Serve application graph: ingress (on the control nodes) -> pinned-routed
     model replicas. The coordinator and tuner actors must exist (see `start_actors`).
     Needs a connected Ray (placement reads the cluster's resources)."""
-    from marconi_ray.serve.ingress import OpenAIIngress
+    from marconi_ray.serve.ingress.api import OpenAIIngress
 
     replicas = replica_deployment(settings).bind(settings)
     actor_options: dict[str, Any] = {"num_cpus": 1}
@@ -79,7 +79,7 @@ def start_actors(settings: ServeSettings) -> None:
     """Create the coordinator and the tuner actor on the control nodes and wait until the
     coordinator answers. ValueError when `settings.control_resource` names a resource no
     node advertises."""
-    from marconi_ray.serve.tuner_actor import start_tuner
+    from marconi_ray.serve.coordinator.tuner_actor import start_tuner
 
     pinned = control_resources(settings.control_resource)
     coordinator = start_coordinator(settings, pinned)

@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
+from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.model_source import default_model_name, resolve_model
 from marconi_ray.serve.placement import check_placement, check_resource_name
-from marconi_ray.serve.routing import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
 AUTO: Final = "auto"

@@ -19,7 +19,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 
 from marconi_ray.serve.config import ServeConfig
-from marconi_ray.serve.replica import shard_bundles
+from marconi_ray.serve.replica.deployment import shard_bundles
 from marconi_ray.serve.settings import ServeSettings
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"

@@ -22,8 +22,8 @@ import pytest
 from cache_samples import served_cache
 from prometheus_client.parser import text_string_to_metric_families
 
+from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 from marconi_ray.serve.messages import ReplicaStats
-from marconi_ray.serve.metrics import IngressMetrics, render_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "cluster" / "grafana-dashboard.json"
 DS_INPUT = "DS_PROMETHEUS"

@@ -32,7 +32,7 @@ from marconi_ray.engine.model_presets import BUILD_VERSION
 from marconi_ray.engine.sampling import SamplingParams
 from marconi_ray.engine.tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
 from marconi_ray.protocol.model_files import load_tokenizer
-from marconi_ray.serve.generation import REPLACEMENT, Detokenizer
+from marconi_ray.serve.ingress.generation import REPLACEMENT, Detokenizer
 
 SEEDS = 64
 MAX_TOKENS = 64

@@ -13,8 +13,8 @@ from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.journal import RedisJournal
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import RedisJournal
 from marconi_ray.serve.messages import Dispatch
 from marconi_ray.serve.settings import ServeSettings
 

@@ -18,7 +18,7 @@ from ray import serve
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.app import shutdown_app, start_actors
 from marconi_ray.serve.messages import Completed
-from marconi_ray.serve.replica import replica_deployment
+from marconi_ray.serve.replica.deployment import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

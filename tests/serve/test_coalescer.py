@@ -8,7 +8,7 @@ import contextvars
 
 import pytest
 
-from marconi_ray.serve.coalescer import Coalescer
+from marconi_ray.serve.ingress.coalescer import Coalescer
 
 
 class _Sender:

@@ -29,10 +29,10 @@ from marconi_ray.engine.factory import make_model
 from marconi_ray.protocol.orders import Finished, PrefillOrder, StepInput, StepOutput
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.serve.replica.shard import ShardActor
+from marconi_ray.serve.replica.shard_group import ActorShards
+from marconi_ray.serve.replica.step_graph import TEARDOWN_S, ShardLost, StepGraph
 from marconi_ray.serve.settings import ServeSettings
-from marconi_ray.serve.shard import ShardActor
-from marconi_ray.serve.shard_group import ActorShards
-from marconi_ray.serve.step_graph import TEARDOWN_S, ShardLost, StepGraph
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -326,7 +326,7 @@ def test_shard_methods_wait_for_the_shard_lock(method: str, args: tuple[Any, ...
 
 
 def test_step_graph_setting_picks_the_fanout() -> None:
-    from marconi_ray.serve.shard_group import compiled_steps
+    from marconi_ray.serve.replica.shard_group import compiled_steps
 
     def pick(step_graph: str, device: str) -> bool:
         s = ServeSettings(model_dir="u", model_name="t", device=device, step_graph=step_graph)

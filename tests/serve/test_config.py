@@ -263,7 +263,7 @@ def test_preset_from_an_older_build_is_rebuilt(tmp_path: Path, models_root: Path
 def test_replica_resources_follow_the_worker() -> None:
     """With tp 1 the worker runs in the replica actor: on CUDA that actor holds the GPU
     (else Ray hides every device from it); with tp > 1 the shard actors hold them."""
-    from marconi_ray.serve.replica import replica_resources, shard_bundles
+    from marconi_ray.serve.replica.deployment import replica_resources, shard_bundles
 
     base = ServeSettings(model_dir="m", model_name="m")
     gpu1 = ServeSettings(model_dir="m", model_name="m", device="cuda")

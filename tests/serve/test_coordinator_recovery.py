@@ -23,8 +23,8 @@ from coordinator_helpers import (
 )
 
 from marconi_ray.engine.factory import make_model
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.journal import MemoryJournal, RedisJournal
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal, RedisJournal
 
 
 @pytest.fixture(scope="module")

@@ -31,10 +31,10 @@ from coordinator_helpers import (
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Release, StepInput, StepOutput
-from marconi_ray.serve.coordinator import LEASE_GRACE, CacheCoordinator
-from marconi_ray.serve.journal import MemoryJournal
+from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.messages import Dispatch
-from marconi_ray.serve.replica import ModelReplica
+from marconi_ray.serve.replica.deployment import ModelReplica
 
 
 @pytest.fixture(scope="module")

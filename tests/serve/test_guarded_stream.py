@@ -17,9 +17,9 @@ from ray.serve.exceptions import ReplicaUnavailableError
 from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve import ray_backend
+from marconi_ray.serve.ingress import ray_backend
+from marconi_ray.serve.ingress.ray_backend import GuardedStream, ReplicaUnavailable
 from marconi_ray.serve.messages import Completed, Dispatch
-from marconi_ray.serve.ray_backend import GuardedStream, ReplicaUnavailable
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 LOST = [

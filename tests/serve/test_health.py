@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.ingress import build_app
-from marconi_ray.serve.journal import MemoryJournal
-from marconi_ray.serve.local_backend import LocalBackend
-from marconi_ray.serve.prepare import ServedModel
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.ingress.api import build_app
+from marconi_ray.serve.ingress.local_backend import LocalBackend
+from marconi_ray.serve.ingress.prepare import ServedModel
 
 torch.set_num_threads(1)
 

@@ -22,10 +22,10 @@ from marconi_ray.core import cache_codec
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.tokenizer import BYTE_OFFSET
-from marconi_ray.serve.ingress import build_app
-from marconi_ray.serve.local_backend import LocalBackend
+from marconi_ray.serve.ingress.api import build_app
+from marconi_ray.serve.ingress.local_backend import LocalBackend
+from marconi_ray.serve.ingress.prepare import ServedModel
 from marconi_ray.serve.messages import Dispatch, ReplicaStats
-from marconi_ray.serve.prepare import ServedModel
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,7 @@ import pytest
 
 from marconi_ray.protocol.ops import Abort, Plan
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.journal import (
+from marconi_ray.serve.coordinator.journal import (
     MAX_RECORD_BYTES,
     SCHEMA_VERSION,
     JournalError,

@@ -16,7 +16,7 @@ from redis_server import RedisServer
 from marconi_ray.protocol.ops import Abort, Plan
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.config import config_from_mapping
-from marconi_ray.serve.journal import (
+from marconi_ray.serve.coordinator.journal import (
     NOT_TRUSTED,
     MemoryJournal,
     RedisJournal,
@@ -26,7 +26,7 @@ from marconi_ray.serve.journal import (
     encode_snapshot,
     open_journal,
 )
-from marconi_ray.serve.metrics import IngressMetrics, render_metrics
+from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 
 PROMPT_TOKENS = 3000
 BOUND = 1 << 20
@@ -165,7 +165,7 @@ def test_catch_up_names_the_records_redis_lost_and_asks_for_a_snapshot(redis_ser
     journal.append(_abort(7))
     assert not journal.healthy
     _restart_from(redis_server, old)
-    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.journal"):
+    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.coordinator.journal"):
         journal.append(_abort(8))
     client = redis_server.client()
     assert client.xlen("marconi:h:journal") == 3, "nothing appended on top of the hole"
@@ -191,7 +191,7 @@ def test_catch_up_after_a_snapshot_checks_the_snapshot_seq(redis_server, caplog)
     redis_server.stop()
     journal.append(_abort(13))
     _restart_from(redis_server, old)
-    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.journal"):
+    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.coordinator.journal"):
         journal.append(_abort(14))
     assert "up to seq 10" in caplog.text and "records 11-12 missing" in caplog.text
     assert journal.needs_snapshot
@@ -278,7 +278,7 @@ def test_a_restart_from_older_data_between_two_appends_is_found_at_the_next(redi
         journal.append(_abort(seq))
     redis_server.stop()
     _restart_from(redis_server, old)
-    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.journal"):
+    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.coordinator.journal"):
         journal.append(_abort(7))
         journal.append(_abort(8))
     assert journal.status()["outages"] == 0, "redis-py reconnected: no append failed"

@@ -7,8 +7,8 @@ from cache_samples import COST, served_cache
 from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 from marconi_ray.serve.messages import ReplicaStats
-from marconi_ray.serve.metrics import IngressMetrics, render_metrics
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

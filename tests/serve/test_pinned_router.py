@@ -16,8 +16,8 @@ from ray.serve._private.request_router.common import PendingRequest
 
 from marconi_ray.protocol.orders import PrefillOrder
 from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.serve.ingress.pinned_router import PinnedReplicaRouter, target_replica
 from marconi_ray.serve.messages import Dispatch
-from marconi_ray.serve.pinned_router import PinnedReplicaRouter, target_replica
 
 
 def _replica(unique_id: str) -> Any:

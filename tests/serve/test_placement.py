@@ -14,7 +14,7 @@ from marconi_ray.serve.placement import (
     control_resources,
     model_bundle_resources,
 )
-from marconi_ray.serve.replica import replica_resources, shard_bundles
+from marconi_ray.serve.replica.deployment import replica_resources, shard_bundles
 from marconi_ray.serve.settings import ServeSettings
 
 CLUSTER = {"CPU": 8.0, HEAD_RESOURCE: 1.0, "node:10.0.0.1": 1.0, "marconi_control": 1.0}

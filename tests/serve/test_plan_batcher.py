@@ -14,10 +14,10 @@ import pytest
 
 from marconi_ray.engine.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.journal import MemoryJournal
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable
-from marconi_ray.serve.plan_batcher import PlanBatcher
 from marconi_ray.serve.settings import ServeSettings
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
-from marconi_ray.serve.ingress import build_app
-from marconi_ray.serve.local_backend import LocalBackend
-from marconi_ray.serve.prepare import ServedModel, prepare_chat, prepare_completion
-from marconi_ray.serve.protocol import APIError
+from marconi_ray.serve.ingress.api import build_app
+from marconi_ray.serve.ingress.local_backend import LocalBackend
+from marconi_ray.serve.ingress.openai_protocol import APIError
+from marconi_ray.serve.ingress.prepare import ServedModel, prepare_chat, prepare_completion
 
 torch.set_num_threads(1)
 NAME = "tiny"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.protocol import (
+from marconi_ray.serve.ingress.openai_protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -15,7 +15,7 @@ from marconi_ray.serve.protocol import (
     resolve_max_tokens,
     to_sampling_params,
 )
-from marconi_ray.serve.responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta
+from marconi_ray.serve.ingress.responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 
 BASE = {"model": "m", "prompt": "hi"}
 

@@ -25,8 +25,8 @@ from coordinator_helpers import (
 from redis_server import RedisServer
 
 from marconi_ray.engine.factory import make_model
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.journal import decode_record, decode_snapshot
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import decode_record, decode_snapshot
 
 STREAM, SNAPSHOT = f"{PREFIX}:journal", f"{PREFIX}:snapshot"
 
@@ -67,7 +67,7 @@ def test_replay_gap_is_named_trees_are_reset_and_a_snapshot_follows(
         turn(a, worker, h)  # records snap+1 .. snap+4
     _delete_records(redis_server, {snap + 1, snap + 2})
 
-    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.recovery"):
+    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.coordinator.recovery"):
         b = CacheCoordinator(make_settings(model_dir), journal=redis_journal(redis_server))
     named = f"missing records {snap + 1}-{snap + 2} after snapshot {snap}"
     assert not b.recovery["ok"] and named in b.recovery["error"]
@@ -150,7 +150,7 @@ def test_catch_up_hole_is_replaced_by_a_snapshot_at_once(model_dir, redis_server
     shutil.rmtree(redis_server.workdir / "appendonlydir")
     shutil.copytree(older, redis_server.workdir / "appendonlydir")
     redis_server.start()
-    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.journal"):
+    with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.coordinator.journal"):
         turn(a, worker, histories[1] + [9, 9])
     client = redis_server.client()
     assert client.xlen(STREAM) <= 1, "a snapshot replaced the stream (then the commit)"

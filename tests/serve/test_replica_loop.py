@@ -26,7 +26,7 @@ from marconi_ray.protocol.orders import (
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch
-from marconi_ray.serve.replica import ModelReplica
+from marconi_ray.serve.replica.deployment import ModelReplica
 from marconi_ray.serve.settings import ServeSettings
 
 

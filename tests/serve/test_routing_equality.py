@@ -20,11 +20,11 @@ from marconi_ray.engine.factory import make_model
 from marconi_ray.protocol.orders import Finished, PrefillOrder
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.coordinator import LEASE_GRACE, CacheCoordinator
-from marconi_ray.serve.journal import MemoryJournal
+from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.coordinator.replica_choice import choose_replica, choose_replica_reference
+from marconi_ray.serve.coordinator.routing import ROUTERS, make_router
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded
-from marconi_ray.serve.replica_choice import choose_replica, choose_replica_reference
-from marconi_ray.serve.routing import ROUTERS, make_router
 from marconi_ray.serve.settings import ServeSettings
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marconi_ray.serve.leases import LeaseTable
-from marconi_ray.serve.replica_table import ReplicaTable
-from marconi_ray.serve.routing_index import RoutingIndex
+from marconi_ray.serve.coordinator.leases import LeaseTable
+from marconi_ray.serve.coordinator.replica_table import ReplicaTable
+from marconi_ray.serve.coordinator.routing_index import RoutingIndex
 
 
 def brute_candidates(held: dict[tuple[str, int], bytes], prompt: np.ndarray) -> set[str]:

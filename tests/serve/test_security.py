@@ -1,4 +1,4 @@
-"""API key and body-size limit of the OpenAI app (`serve.security`), over a real tiny model
+"""API key and body-size limit of the OpenAI app (`serve.ingress.security`), over a real tiny model
 (`LocalBackend`, no Ray): 401 for a missing or wrong key on /v1/* and /metrics, /health
 open, 413 for oversized bodies (declared or chunked) with nothing planned, the route set
 is closed, and the key never shows in a repr or an error message.
@@ -23,11 +23,11 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.config import API_KEY_ENV, config_from_mapping
-from marconi_ray.serve.ingress import ROUTES, build_app
-from marconi_ray.serve.local_backend import LocalBackend
+from marconi_ray.serve.ingress.api import ROUTES, build_app
+from marconi_ray.serve.ingress.local_backend import LocalBackend
+from marconi_ray.serve.ingress.prepare import ServedModel
+from marconi_ray.serve.ingress.security import MIN_BODY_BYTES, check_bearer, route_path
 from marconi_ray.serve.messages import Dispatch
-from marconi_ray.serve.prepare import ServedModel
-from marconi_ray.serve.security import MIN_BODY_BYTES, check_bearer, route_path
 from marconi_ray.serve.settings import ServeSettings
 
 torch.set_num_threads(1)

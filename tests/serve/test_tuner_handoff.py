@@ -16,10 +16,10 @@ from serve_helpers import local_ray
 
 from marconi_ray.core.tuner import run_grid
 from marconi_ray.engine.factory import make_model
-from marconi_ray.serve.coordinator import CacheCoordinator
-from marconi_ray.serve.journal import MemoryJournal
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.coordinator.tuner_actor import start_tuner
 from marconi_ray.serve.settings import NAMESPACE, TunerSettings
-from marconi_ray.serve.tuner_actor import start_tuner
 
 pytestmark = [pytest.mark.ray]
 

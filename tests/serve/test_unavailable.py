@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.protocol.orders import TokenEvent
-from marconi_ray.serve.ingress import build_app
-from marconi_ray.serve.local_backend import LocalBackend
+from marconi_ray.serve.ingress.api import build_app
+from marconi_ray.serve.ingress.local_backend import LocalBackend
+from marconi_ray.serve.ingress.prepare import ServedModel
+from marconi_ray.serve.ingress.ray_backend import ReplicaUnavailable
 from marconi_ray.serve.messages import Completed, Dispatch
-from marconi_ray.serve.prepare import ServedModel
-from marconi_ray.serve.ray_backend import ReplicaUnavailable
 
 torch.set_num_threads(1)
 NAME = "tiny"

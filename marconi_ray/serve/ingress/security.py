@@ -24,7 +24,7 @@ from collections.abc import Callable
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marconi_ray.serve.protocol import APIError
+from marconi_ray.serve.ingress.openai_protocol import APIError
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

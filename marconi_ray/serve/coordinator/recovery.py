@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from marconi_ray.protocol.ops import Register, Unregister
-from marconi_ray.serve.caches import CacheState
-from marconi_ray.serve.journal import (
+from marconi_ray.serve.coordinator.cache_state import CacheState
+from marconi_ray.serve.coordinator.journal import (
     Journal,
     JournalError,
     decode_record,

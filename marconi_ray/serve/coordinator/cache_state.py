@@ -37,8 +37,8 @@ from marconi_ray.core.wire import decode_array, encode_array
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
-from marconi_ray.serve.leases import LeaseTable
-from marconi_ray.serve.route_state import RouteState
+from marconi_ray.serve.coordinator.leases import LeaseTable
+from marconi_ray.serve.coordinator.route_state import RouteState
 from marconi_ray.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class CacheState:
     def apply(self, op: Op) -> Any:
         """Apply one operation: `Plan` -> `Planned`, `Commit`/`Abort` -> `Release`,
         `Adopt` -> whether the replica took it, others -> None. The routing state
-        follows every operation (`serve.route_state`)."""
+        follows every operation (`serve.coordinator.route_state`)."""
         return self.routing.follow(self, op, self._handlers[type(op)])
 
     def set_confirmed(self, replica_id: str, confirmed: bool) -> None:

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from marconi_ray.serve.journal import JOURNAL_STATES
+from marconi_ray.serve.coordinator.journal import JOURNAL_STATES
 from marconi_ray.serve.messages import ReplicaStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

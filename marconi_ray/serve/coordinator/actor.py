@@ -5,14 +5,14 @@ synchronous actor), so concurrent requests for the same prefix are serialised: t
 can never both admit the same node or corrupt one. Tensors never come here: replicas
 report what they stored (state ids, KV slot ids) and receive what to free.
 
-Durability (`serve.journal`): every operation that changes a planner (a typed
+Durability (`serve.coordinator.journal`): every operation that changes a planner (a typed
 `protocol.ops` record: register, plan, commit, abort, adopt, unregister) is applied to the
-`CacheState` (`serve.caches`), then appended to the journal; every
+`CacheState` (`serve.coordinator.cache_state`), then appended to the journal; every
 `settings.snapshot_every` records a compact snapshot replaces them. The actor is created
 with `max_restarts`, and its constructor replays snapshot + records through the same
-`CacheState.apply` (`serve.recovery`), so a restarted coordinator has the same trees,
+`CacheState.apply` (`serve.coordinator.recovery`), so a restarted coordinator has the same trees,
 locks, open plans and alphas as before the crash; a hole in the journal's seqs is named
-and every restored tree reset (`serve.recovery`), then a snapshot replaces the journal.
+and every restored tree reset (`serve.coordinator.recovery`), then a snapshot replaces the journal.
 `journal_health()` reports the journal's state, backlog and snapshot age.
 Restored replicas are *unconfirmed* (not routed to) until their next heartbeat, which
 asks them to `reconcile`: the replica reports what its store holds; a tree that refers to
@@ -22,8 +22,9 @@ that no tree refers to is freed (less what is already due to be freed once: see
 
 Exactly once: every state id and KV slot the cache lets go of is freed once. What a
 plan evicts travels with its dispatch and is freed by the replica when it starts the
-order, or by the coordinator when the plan ends unstarted (`serve.caches`: `carried`;
-replicas report started orders in heartbeats and aborts). The tuner hand-off never
+order, or by the coordinator when the plan ends unstarted (`carried` in
+`serve.coordinator.cache_state`; replicas report started orders in heartbeats and
+aborts). The tuner hand-off never
 touches the commit it follows: a job that could not be sent, or whose result has not
 come back within `tuner.retry_s`, is sent again (`resend_jobs`), and a result is adopted
 once.
@@ -35,10 +36,10 @@ Replicas refuse dispatches past their deadline or of an old generation
 (`MisroutedDispatch`), so a request is never started on a hit that was released.
 A replica silent for `lease_s` is unregistered with its cache.
 
-Routing (`route`): among confirmed replicas, the deployment's strategy (`serve.routing`,
+Routing (`route`): among confirmed replicas, the deployment's strategy (`serve.coordinator.routing`,
 `settings.routing`) picks one from each replica's usable hit, the FLOPs it saves and its
 queue; `cache_aware` keeps a session on the replica holding its last state. Its cost
-does not grow with the replicas (`serve.replica_choice`): one walk of a routing index of
+does not grow with the replicas (`serve.coordinator.replica_choice`): one walk of a routing index of
 every replica's states names those that may hold a hit, and only their trees are walked.
 Expired leases and silent replicas come off deadline heaps, not a scan of all of them.
 """
@@ -62,13 +63,18 @@ from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, U
 from marconi_ray.protocol.orders import Finished, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.caches import CacheState, Planned, ReplicaInfo
-from marconi_ray.serve.journal import Journal, encode_record, encode_snapshot, open_journal
-from marconi_ray.serve.leases import LeaseTable
+from marconi_ray.serve.coordinator.cache_state import CacheState, Planned, ReplicaInfo
+from marconi_ray.serve.coordinator.journal import (
+    Journal,
+    encode_record,
+    encode_snapshot,
+    open_journal,
+)
+from marconi_ray.serve.coordinator.leases import LeaseTable
+from marconi_ray.serve.coordinator.recovery import recover
+from marconi_ray.serve.coordinator.replica_choice import choose_replica
+from marconi_ray.serve.coordinator.routing import make_router
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
-from marconi_ray.serve.recovery import recover
-from marconi_ray.serve.replica_choice import choose_replica
-from marconi_ray.serve.routing import make_router
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -183,7 +189,7 @@ class CacheCoordinator:
     ) -> tuple[str, int]:
         """A replica is alive and runs (or queues) the requests `live`: renew their
         leases. `started`: those of them whose orders it started (it freed what their
-        dispatches carried, see `serve.caches`). Returns (`"ok"` | `"reconcile"` |
+        dispatches carried, see `serve.coordinator.cache_state`). Returns (`"ok"` | `"reconcile"` |
         `"register"`, generation): `register` when this coordinator does not know the
         replica, `reconcile` when it restored the replica from the journal and needs its
         holdings (see `reconcile`). Also sends tuning jobs that are due again."""
@@ -264,7 +270,7 @@ class CacheCoordinator:
     # ------------------------------------------------------------------ requests
     def route(self, prompt: npt.NDArray[np.int32]) -> str:
         """The confirmed replica the deployment's routing strategy (`settings.routing`, see
-        `serve.routing`) picks from each one's usable hit, the FLOPs it saves, its queue
+        `serve.coordinator.routing`) picks from each one's usable hit, the FLOPs it saves, its queue
         (`replica_choice.choose_replica`: NoReplicaAvailable, Overloaded)."""
         return choose_replica(self.state, self._router, self.settings, prompt)
 
@@ -430,7 +436,7 @@ class CacheCoordinator:
         """The journal's health as a plain dict (for `/health` and `/metrics`): `state`
         (`ok` / `degraded` / `lost`), `persistent`, `backlog_records`, `backlog_bytes`,
         `max_backlog_bytes`, `lost_records`, `last_snapshot_age_s` (None before the
-        first snapshot), `last_error` (see `serve.journal.JournalHealth`)."""
+        first snapshot), `last_error` (see `serve.coordinator.journal.JournalHealth`)."""
         return self.journal.health().to_dict()
 
     def cost(self, replica_id: str) -> CostModel:

@@ -18,7 +18,8 @@ from marconi_ray.protocol.orders import TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.detached import detached
-from marconi_ray.serve.generation import EventStream
+from marconi_ray.serve.ingress.generation import EventStream
+from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
 from marconi_ray.serve.messages import (
     Completed,
     Dispatch,
@@ -28,7 +29,6 @@ from marconi_ray.serve.messages import (
     ReplicaFailed,
     ReplicaStats,
 )
-from marconi_ray.serve.plan_batcher import PlanBatcher
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from marconi_kernels import get_kernels
-from marconi_ray.engine.engine import torch_dtype
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.engine import load_served_model
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import (
@@ -103,7 +101,7 @@ class ShardActor:
                 device_id=dev if dev.type == "cuda" else None,
             )
         tp = TPGroup(self.rank, self.world)
-        model = load_model(model_dir, tp, torch_dtype(dtype), dev, get_kernels(dev, kernels))
+        model = load_served_model(model_dir, tp, dtype, dev, kernels)
         warm_s = model.warm_up()
         self.worker = Worker(model, max_batch, max_batch_tokens)
         return {

@@ -11,10 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from marconi_ray.serve.protocol import APIError
-from marconi_ray.serve.ray_backend import ReplicaUnavailable
+from marconi_ray.serve.ingress.openai_protocol import APIError
+from marconi_ray.serve.ingress.ray_backend import ReplicaUnavailable
 
-logger = logging.getLogger("marconi_ray.serve.ingress")
+logger = logging.getLogger("marconi_ray.serve.ingress.api")
 
 SHED_RETRY_AFTER_S = 1
 """`Retry-After` of a request shed because every replica's queue is full (429)."""

@@ -29,12 +29,12 @@ from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.tree_types import NO_STATE
 from marconi_ray.protocol.ops import Abort, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Release
-from marconi_ray.serve.leases import Deadlines
-from marconi_ray.serve.replica_table import ReplicaTable
-from marconi_ray.serve.routing_index import RoutingIndex, tree_states
+from marconi_ray.serve.coordinator.leases import Deadlines
+from marconi_ray.serve.coordinator.replica_table import ReplicaTable
+from marconi_ray.serve.coordinator.routing_index import RoutingIndex, tree_states
 
 if TYPE_CHECKING:
-    from marconi_ray.serve.caches import CacheState, ReplicaInfo
+    from marconi_ray.serve.coordinator.cache_state import CacheState, ReplicaInfo
 
 Run = Callable[[Any], Any]
 Hook = Callable[["CacheState", Any, Run], Any]

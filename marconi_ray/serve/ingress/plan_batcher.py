@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.coalescer import Coalescer
+from marconi_ray.serve.ingress.coalescer import Coalescer
 from marconi_ray.serve.messages import Dispatch
 
 PlanArgs = tuple[npt.NDArray[np.int32], SamplingParams, float]

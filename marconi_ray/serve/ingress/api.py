@@ -6,7 +6,7 @@ Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both stream as S
 `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`; nothing else (no docs,
 no OpenAPI schema, no endpoint that changes the cache or alpha). Every request is fully
 validated first (`prepare`: JSON, types, model name, prompt tokens, context limit, sampling)
-before the backend sees it; every error is OpenAI's error JSON (`protocol.ErrorResponse`):
+before the backend sees it; every error is OpenAI's error JSON (`openai_protocol.ErrorResponse`):
 400 bad input, 401 missing or wrong API key (`invalid_api_key`, when a key is set; see
 `security`), 404 unknown model (`model_not_found`) or route, 413 body over the limit
 (`request_too_large`), 500 internal failure, 503 (with `Retry-After`) when the coordinator
@@ -32,7 +32,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from marconi_ray.serve.detached import detached
-from marconi_ray.serve.generation import (
+from marconi_ray.serve.ingress.generation import (
     Backend,
     ChatFormat,
     CompletionFormat,
@@ -42,7 +42,7 @@ from marconi_ray.serve.generation import (
     Piece,
     run_request,
 )
-from marconi_ray.serve.http_errors import (
+from marconi_ray.serve.ingress.http_errors import (
     SHED_RETRY_AFTER_S,
     UNAVAILABLE_RETRY_AFTER_S,
     cause_text,
@@ -50,17 +50,22 @@ from marconi_ray.serve.http_errors import (
     generation_error,
     install_error_handlers,
 )
-from marconi_ray.serve.messages import Dispatch, Overloaded, ReplicaStats
-from marconi_ray.serve.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
-from marconi_ray.serve.prepare import Prepared, ServedModel, prepare_chat, prepare_completion
-from marconi_ray.serve.protocol import APIError
-from marconi_ray.serve.ray_backend import RayBackend
-from marconi_ray.serve.responses import ModelCard, ModelList
-from marconi_ray.serve.security import (
+from marconi_ray.serve.ingress.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
+from marconi_ray.serve.ingress.openai_protocol import APIError
+from marconi_ray.serve.ingress.prepare import (
+    Prepared,
+    ServedModel,
+    prepare_chat,
+    prepare_completion,
+)
+from marconi_ray.serve.ingress.ray_backend import RayBackend
+from marconi_ray.serve.ingress.responses import ModelCard, ModelList
+from marconi_ray.serve.ingress.security import (
     DEFAULT_MAX_BODY_BYTES,
     SecurityMiddleware,
     check_options,
 )
+from marconi_ray.serve.messages import Dispatch, Overloaded, ReplicaStats
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 __all__ = ["Backend", "EventStream", "IngressServer", "OpenAIIngress", "RayBackend", "build_app"]

@@ -7,7 +7,7 @@ holds fewer than `max_batch + max_queued_requests` open requests. None confirmed
 `choose_replica` is what the coordinator runs: the eligible replicas are a mask over the
 `ReplicaTable`'s columns, the routing index names those that may hold a usable hit, and
 the router `pick`s from the named ones and the least loaded of the others (see
-`serve.routing`); its cost grows with the replicas the prompt's path touches, not with
+`serve.coordinator.routing`); its cost grows with the replicas the prompt's path touches, not with
 all replicas. `choose_replica_reference` is the former way, kept as the reference the
 tests and `benchmarks/bench_cluster.py` compare it with: the view of every eligible
 replica (a walk of each tree) and the router's `route`.
@@ -21,14 +21,14 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.protocol.planner import Planner
+from marconi_ray.serve.coordinator.replica_table import Mask, ReplicaTable
+from marconi_ray.serve.coordinator.routing import Contender, Router
+from marconi_ray.serve.coordinator.routing_index import RoutingIndex
 from marconi_ray.serve.messages import NoReplicaAvailable, Overloaded
-from marconi_ray.serve.replica_table import Mask, ReplicaTable
-from marconi_ray.serve.routing import Contender, Router
-from marconi_ray.serve.routing_index import RoutingIndex
 from marconi_ray.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
-    from marconi_ray.serve.caches import CacheState
+    from marconi_ray.serve.coordinator.cache_state import CacheState
 
 
 def max_open(settings: ServeSettings) -> int | None:

@@ -18,7 +18,7 @@ from marconi_ray.core.hf_config import parse_hf_config
 from marconi_ray.protocol.model_files import load_tokenizer, read_config_json
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.validation import validate_prompt
-from marconi_ray.serve.protocol import (
+from marconi_ray.serve.ingress.openai_protocol import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     APIError,
     ChatCompletionRequest,

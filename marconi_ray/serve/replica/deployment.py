@@ -41,12 +41,17 @@ from ray.exceptions import RayActorError
 
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInput, TokenEvent
 from marconi_ray.protocol.results import Usage
-from marconi_ray.serve.coordinator import LEASE_GRACE
+from marconi_ray.serve.coordinator.actor import LEASE_GRACE
 from marconi_ray.serve.detached import detached
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
 from marconi_ray.serve.placement import model_bundle_resources
+from marconi_ray.serve.replica.shard_group import (
+    ActorShards,
+    LocalShard,
+    ShardGroup,
+    compiled_steps,
+)
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
-from marconi_ray.serve.shard_group import ActorShards, LocalShard, ShardGroup, compiled_steps
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +328,7 @@ class ModelReplica:
     # ------------------------------------------------------------------ liveness
     def _live(self) -> tuple[list[int], list[int]]:
         """(every request queued or running here, those whose orders started: what
-        their dispatches carried was freed here, see `serve.caches`)."""
+        their dispatches carried was freed here, see `serve.coordinator.cache_state`)."""
         queued = [d.order.request_id for d in self._pending]
         waiting = set(queued)
         started = [rid for rid in self._orders if rid not in waiting]
@@ -512,6 +517,6 @@ def replica_deployment(settings: ServeSettings) -> Any:
         # the first health check starts the heartbeats: well within a lease
         health_check_period_s=min(10.0, settings.lease_s / 3),
         request_router_config=router(
-            request_router_class="marconi_ray.serve.pinned_router.PinnedReplicaRouter"
+            request_router_class="marconi_ray.serve.ingress.pinned_router.PinnedReplicaRouter"
         ),
     )

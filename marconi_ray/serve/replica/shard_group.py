@@ -18,9 +18,9 @@ import ray
 from ray.exceptions import RayActorError
 
 from marconi_ray.protocol.orders import StepInput, StepOutput
+from marconi_ray.serve.replica.shard import ShardActor
+from marconi_ray.serve.replica.step_graph import ShardLost, StepGraph
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
-from marconi_ray.serve.shard import ShardActor
-from marconi_ray.serve.step_graph import ShardLost, StepGraph
 
 
 def compiled_steps(settings: ServeSettings) -> bool:

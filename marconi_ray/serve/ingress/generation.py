@@ -20,9 +20,8 @@ from pydantic import BaseModel
 from marconi_ray.protocol.orders import TokenEvent
 from marconi_ray.protocol.results import Usage
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
-from marconi_ray.serve.metrics import IngressMetrics
-from marconi_ray.serve.responses import (
+from marconi_ray.serve.ingress.metrics import IngressMetrics
+from marconi_ray.serve.ingress.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -33,6 +32,7 @@ from marconi_ray.serve.responses import (
     CompletionChoice,
     UsageInfo,
 )
+from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
 
 REPLACEMENT = "\ufffd"
 
