@@ -10,7 +10,7 @@ Variants (both are the real `CacheCoordinator`, the same state code, the same jo
   `_expire` used to. It keeps the routing index up to date like `indexed` does (one
   state class), so its figures are the former cost plus that upkeep.
 
-Sections (`--sections`, default both; `node_loss` is `benchmarks/node_loss.py`):
+Sections (`--sections`, default all three):
 - `scaling`: a coordinator in process (no Ray, the in-memory journal) with R in
   `--replicas` registered replicas served by one fake worker (`bench_serve.FakeWorker`:
   state ids and KV slots as a worker reports them, no model). Warm-up
@@ -30,6 +30,12 @@ Sections (`--sections`, default both; `node_loss` is `benchmarks/node_loss.py`):
   `PlanBatcher` (`plan_many` batches), commits coalesced per replica into `commit_many`
   as a replica's step sends them. Reports pairs/s, p50/p99 per pair and the CPU ms per
   pair of the coordinator actor's process and of the driver (the callers).
+- `node_loss`: `node_loss.run_node_loss` with its defaults (about 80 s; a head and two
+  worker raylets on this machine, the full HTTP service on a Redis journal, closed-loop
+  clients, one worker's raylet killed): requests ok / clean errors / broken during the
+  loss, seconds until a lost session is served again and until /health shows the
+  survivor, the survivor's sessions' hit rate before and after. Runs after `ray` has
+  shut its local Ray down (it starts its own cluster). Also in OUT/node_loss.json.
 
 Targets: p50 per pair at 128 replicas <= 1.5x the p50 at 1 (indexed; the median, as the
 2-core machine's load from other work inflates the mean and p99 unevenly), >= 3,000
@@ -60,7 +66,7 @@ from tqdm import tqdm
 from marconi_ray.serve.messages import Dispatch
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("scaling", "ray")
+SECTIONS = ("scaling", "ray", "node_loss")
 
 
 # ---------------------------------------------------------------------- sections
@@ -220,6 +226,28 @@ OPTIONS = (  # name, type, default, help
 )
 
 
+def node_loss_section(workdir: Path, out: Path) -> dict[str, Any]:
+    """One `run_node_loss` with its defaults: its report (also OUT/node_loss.json) and
+    the expectations it failed (none when the run met every one)."""
+    from node_loss import run_node_loss
+
+    report = run_node_loss(workdir, out=out / "node_loss.json")
+    summary = {k: v for k, v in report.to_dict().items() if k not in ("config", "machine")}
+    summary["failures"] = report.failures()
+    for name in ("total", "during_loss"):
+        window = summary[name]
+        print(
+            f"node loss, {name}: {window['requests']} requests, {window['ok']} ok, "
+            f"errors {window['errors']}, {window['broken']} broken"
+        )
+    print(
+        f"node loss: lost sessions served again {summary['recover_s']:.2f} s after the "
+        f"kill; survivor's hit rate {summary['survivor_hit_before']} -> "
+        f"{summary['survivor_hit_after']}; failed expectations: {summary['failures']}"
+    )
+    return summary
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
@@ -229,7 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sections = ", ".join(SECTIONS)
     p.add_argument(
         "--sections",
-        default="scaling,ray",
+        default="scaling,ray,node_loss",
         help=f"comma-separated sections to run: {sections} [%(default)s]",
     )
     p.add_argument(
@@ -280,16 +308,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": run_info.machine(("ray", "numpy", "marconi-ray")),
     }
     start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model("tiny", "nemotron_h", Path(tmp) / "tiny")  # its config only
         if "scaling" in args.sections:
             report["scaling"] = scaling(args, model_dir, names)
         if "ray" in args.sections:
             report["ray"] = ray_section(args, model_dir, names)
+        if "node_loss" in args.sections:
+            report["node_loss"] = node_loss_section(Path(tmp) / "node_loss", out)
     report["wall_s"] = time.perf_counter() - start
     report["targets"] = verdicts(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "bench_cluster.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out / "cluster.png")
     print(f"\n{table(report)}\nwall time {report['wall_s']:.0f} s")

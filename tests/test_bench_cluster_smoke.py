@@ -16,12 +16,12 @@ import bench_cluster as bc  # noqa: E402
 
 def test_options() -> None:
     args = bc.parse_args([])
-    assert args.sections == ["scaling", "ray"] and args.replicas == [1, 8, 32, 128]
+    assert args.sections == ["scaling", "ray", "node_loss"] and args.replicas == [1, 8, 32, 128]
     assert args.reference_routing and (args.sessions, args.turns) == (12, 4)
     quick = bc.parse_args(["--quick", "--sections", "scaling", "--no-reference-routing"])
     assert quick.sections == ["scaling"] and not quick.reference_routing
     assert (quick.pairs, quick.sessions, quick.ray_pairs) == (400, 4, 1000)
-    for bad in (["--sections", "node_loss"], ["--replicas", "1,x"], ["--replicas", "0"]):
+    for bad in (["--sections", "node-loss"], ["--replicas", "1,x"], ["--replicas", "0"]):
         with pytest.raises(SystemExit):
             bc.parse_args(bad)
 
