@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 import run_info
-from bench_serve import FakeWorker
-from cluster_load import KV_BYTES, STATE_BYTES, VARIANTS, Sessions, dist, replica_ids, settings_for
+from bench_serve import FakeWorker, pct
+from cluster_load import KV_BYTES, STATE_BYTES, VARIANTS, Sessions, replica_ids, settings_for
 from cluster_report import plot, table, verdicts
 from tqdm import tqdm
 
@@ -100,7 +100,7 @@ class Run:
     def figures(self) -> dict[str, Any]:
         return {
             "pairs_s": len(self.times) / sum(self.times),
-            "pair": dist(self.times),
+            "pair": pct(self.times),
             "mean_hit_tokens": float(np.mean(self.hits)),
             "nodes": self.coord.state.node_count(),
         }
@@ -177,7 +177,7 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
     wall = asyncio.run(run())
     used = (process_cpu(pid) - before[0], time.process_time() - before[1])
     ray.kill(coord)
-    out = {"pairs_s": len(pairs) / wall, "wall_s": wall, "pair": dist(pairs)}
+    out = {"pairs_s": len(pairs) / wall, "wall_s": wall, "pair": pct(pairs)}
     out["cpu_ms_per_pair"] = {k: 1e3 * v / len(pairs) for k, v in zip(CPU, used, strict=True)}
     return out | {"plans_per_call": batcher.planned / batcher.calls}
 

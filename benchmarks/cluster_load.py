@@ -111,14 +111,3 @@ class Sessions:
             cut = int(self.rng.integers(1, len(h) + 1))
             out.append(np.concatenate([h[:cut], self.ids(self.args.fresh_tokens)]))
         return out
-
-
-def dist(seconds: list[float]) -> dict[str, float]:
-    """n, mean, p50 and p99 of durations in seconds, in ms."""
-    a = 1e3 * np.asarray(seconds)
-    return {
-        "n": len(a),
-        "mean_ms": float(a.mean()),
-        "p50_ms": float(np.percentile(a, 50)),
-        "p99_ms": float(np.percentile(a, 99)),
-    }

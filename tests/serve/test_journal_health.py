@@ -76,6 +76,19 @@ def _restart_from(server: RedisServer, old: Path) -> None:
     server.start()
 
 
+def _six_acknowledged_then_stopped(server: RedisServer) -> tuple[RedisJournal, Path]:
+    """A journal that appended records 1-6, the server's persistence as it was after 3,
+    and the server stopped."""
+    journal = RedisJournal(server.url, "marconi:h", retry_s=0.0, timeout_s=TIMEOUT_S)
+    for seq in (1, 2, 3):
+        journal.append(_abort(seq))
+    old = _freeze(server)
+    for seq in (4, 5, 6):
+        journal.append(_abort(seq))
+    server.stop()
+    return journal, old
+
+
 def test_byte_bound_holds_through_an_outage_and_nothing_is_queued_once_lost(redis_server):
     """Redis down while 3k-token records arrive: the backlog stays within its bytes
     (degraded), the record that would pass the bound drops it (lost), and nothing is
@@ -155,13 +168,7 @@ def test_catch_up_names_the_records_redis_lost_and_asks_for_a_snapshot(redis_ser
     """Redis restarted from older persistence during an outage: it lost records 4-6 it
     had acknowledged. The catch-up reads Redis's last seq, names the missing records and
     asks for a snapshot instead of appending 7 and 8 on top of the hole."""
-    journal = RedisJournal(redis_server.url, "marconi:h", retry_s=0.0, timeout_s=TIMEOUT_S)
-    for seq in (1, 2, 3):
-        journal.append(_abort(seq))
-    old = _freeze(redis_server)
-    for seq in (4, 5, 6):
-        journal.append(_abort(seq))
-    redis_server.stop()
+    journal, old = _six_acknowledged_then_stopped(redis_server)
     journal.append(_abort(7))
     assert not journal.healthy
     _restart_from(redis_server, old)
@@ -270,13 +277,7 @@ def test_a_restart_from_older_data_between_two_appends_is_found_at_the_next(redi
     fails (redis-py reconnects on its own): the next append still finds the hole (the
     seq Redis holds is checked by every append, not only after a failed one), appends
     nothing on top of it and asks for a snapshot; `health()` says `lost`, not `ok`."""
-    journal = RedisJournal(redis_server.url, "marconi:h", retry_s=0.0, timeout_s=TIMEOUT_S)
-    for seq in (1, 2, 3):
-        journal.append(_abort(seq))
-    old = _freeze(redis_server)
-    for seq in (4, 5, 6):
-        journal.append(_abort(seq))
-    redis_server.stop()
+    journal, old = _six_acknowledged_then_stopped(redis_server)
     _restart_from(redis_server, old)
     with caplog.at_level(logging.ERROR, logger="marconi_ray.serve.coordinator.journal"):
         journal.append(_abort(7))
