@@ -78,13 +78,29 @@ class CommitResult:
     tree now holds: new edges; the caller frees the rest of `kv`."""
 
 
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
 def as_tokens(tokens: object, what: str = "tokens") -> Tokens:
-    """Validate a 1-D sequence of non-negative token ids and return it as int32."""
+    """Validate a 1-D sequence of non-negative token ids and return it as int32 (the
+    array itself when it already is one). ValueError names what is wrong.
+
+    Every request walks through here several times, so the common dtypes take a short
+    path: an int32 array needs one reduction (its minimum), as no int32 exceeds the
+    limit; an unsigned one needs only its maximum."""
     arr = np.asarray(tokens)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{what} must be a non-empty 1-D sequence, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
+    dtype = arr.dtype
+    kind = dtype.kind
+    if kind == "i" and dtype.itemsize <= 4:
+        bad = arr.min() < 0
+    elif kind == "u":
+        bad = dtype.itemsize >= 4 and arr.max() > _INT32_MAX
+    elif np.issubdtype(dtype, np.integer):
+        bad = arr.min() < 0 or arr.max() > _INT32_MAX
+    else:
         raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
-    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+    if bad:
         raise ValueError(f"{what} ids must be in [0, 2**31), got {arr.min()}..{arr.max()}")
     return arr.astype(np.int32, copy=False)

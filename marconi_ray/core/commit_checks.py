@@ -74,16 +74,18 @@ def validated_ids(
     missing = [d for d in wanted if d not in state_ids]
     if missing:
         raise ValueError(f"no state id given for checkpoint depths {missing}")
-    extra = sorted(set(state_ids) - set(wanted))
-    if extra:
+    if len(state_ids) != len(wanted):  # the depths are distinct: equal sizes, no extra
+        extra = sorted(set(state_ids) - set(wanted))
         raise ValueError(f"state ids given for depths {extra}, which are not checkpoints {wanted}")
     ids = [state_ids[d] for d in wanted]
-    bad = [sid for sid in ids if not isinstance(sid, (int, np.integer)) or sid < 0]
-    if bad:
-        raise ValueError(f"state ids must be integers >= 0, got {bad}")
+    plain = all(type(sid) is int and sid >= 0 for sid in ids)  # the usual case, checked
+    if not plain:
+        bad = [sid for sid in ids if not isinstance(sid, (int, np.integer)) or sid < 0]
+        if bad:
+            raise ValueError(f"state ids must be integers >= 0, got {bad}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"state ids must be distinct, got {ids}")
-    return [int(sid) for sid in ids]
+    return ids if plain else [int(sid) for sid in ids]
 
 
 def repair(tree: RadixTree, tokens: Tokens, ids: list[int], kv: KVHandle, freed: Reclaimed) -> None:

@@ -16,7 +16,7 @@ in `commit_checks`; both are re-exported here.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping
 from itertools import repeat
 
@@ -29,7 +29,15 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
-from marconi_ray.core.tree_types import NO_STATE, KVHandle, Match, Node, Reclaimed, Tokens
+from marconi_ray.core.tree_types import (
+    NO_STATE,
+    KVHandle,
+    Match,
+    Node,
+    Reclaimed,
+    Tokens,
+    tokens_bytes,
+)
 
 
 class PrefixCache:
@@ -275,7 +283,7 @@ class PrefixCache:
         self._require_open(plan)
         full = as_tokens(tokens, "tokens")
         n_input = len(plan.tokens)
-        if len(full) < n_input or not np.array_equal(full[:n_input], plan.tokens):
+        if len(full) < n_input or tokens_bytes(full[:n_input]) != tokens_bytes(plan.tokens):
             raise ValueError("committed tokens must start with the planned input tokens")
         ckpts = self.checkpoints(plan, len(full))
         ids = validated_ids(ckpts, state_ids, self._next_state)
@@ -365,10 +373,10 @@ class PrefixCache:
         if only is not None:
             stats.states_admitted[only] += len(admitted)
         elif admitted:
-            _, ids, reasons = zip(*admitted, strict=True)
-            self.reasons.update(zip(ids, reasons, strict=True))
-            for name, n in Counter(reasons).items():
-                stats.states_admitted[name] += n
+            by_reason = stats.states_admitted
+            for _, sid, name in admitted:
+                self.reasons[sid] = name
+                by_reason[name] += 1
         reason = plan.hit_reason
         if not reason:
             return

@@ -107,8 +107,11 @@ class Reclaimed:
 def common_prefix_len(a: Tokens, b: Tokens) -> int:
     """Length of the longest common prefix of two 1-D token arrays."""
     n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
+    if n == 0:
+        return 0
+    differ = a[:n] != b[:n]
+    first = int(differ.argmax())  # the first True, or 0 when none is
+    return first if differ[first] else n
 
 
 def tokens_bytes(tokens: Tokens) -> bytes:
