@@ -65,6 +65,9 @@ class PrefixCache:
         self._probed: tuple[object, RadixTree, int, Match] | None = None
         """(tokens, tree, tree version, match) of the last `peek`: `plan` of the same
         array object on the unchanged tree reuses the walk (route, then plan)."""
+        self._planned: tuple[int, RadixTree, int, Match] | None = None
+        """(plan id, tree, tree version, match) of the last `plan`: its `commit` on the
+        unchanged tree reuses the walk when it can (`_commit_walk`)."""
 
     # ------------------------------------------------------------------ state
     @property
@@ -202,6 +205,7 @@ class PrefixCache:
         arr = as_tokens(tokens, "input tokens")
         now = self._tick()
         match = self._match(tokens, arr)
+        planned = (self._next_plan, self.tree, self.tree.version, match)
         self.eviction.on_hit(self.tree, match, now)
         self.tree.lock(match.hit_node)
         ckpts = tuple(self.admission.prefill_checkpoints(match, len(arr)))
@@ -221,6 +225,7 @@ class PrefixCache:
         )
         self._next_plan += 1
         self._open[plan.plan_id] = plan
+        self._planned = planned
         return plan
 
     def _upper_bound(
@@ -288,7 +293,7 @@ class PrefixCache:
         ckpts = self.checkpoints(plan, len(full))
         ids = validated_ids(ckpts, state_ids, self._next_state)
         depths = [d for d, _ in ckpts]
-        walk = self.tree.match(full[: depths[-1]]) if ckpts else None
+        walk = self._commit_walk(plan, full, depths[-1]) if ckpts else None
         if kv is not None:
             check_kv(kv, kv_start, len(full), walk, depths[-1] if depths else 0)
         # ---- nothing above changed the cache; from here on it changes
@@ -312,7 +317,14 @@ class PrefixCache:
                     dropped = self._count_new(walk, depths[keep:])
                     if keep:
                         pairs = list(zip(depths[:keep], ids, strict=False))
-                        done = self.tree.insert(full[: depths[keep - 1]], pairs, now, kv, kv_start)
+                        done = self.tree.insert(
+                            full[: depths[keep - 1]],
+                            pairs,
+                            now,
+                            kv,
+                            kv_start,
+                            walk.node_above(depths[0]),
+                        )
                         kv_used = (done.new_from, depths[keep - 1])
                         reason = dict(ckpts)
                         admitted = [(d, sid, reason[d]) for d, sid in done.admitted]
@@ -350,6 +362,23 @@ class PrefixCache:
         kept = {sid for _, sid, _ in admitted}
         rejected = tuple(sid for sid in ids if sid not in kept)
         return CommitResult(tuple(admitted), rejected, freed, dropped, kv_used)
+
+    def _commit_walk(self, plan: Plan, full: Tokens, end: int) -> Match:
+        """The tree's match of `full[:end]` (`full` starts with the plan's input). The
+        plan's own walk is that match while the tree is unchanged, if it stopped at a
+        token of the input that the tree lacks (not at the input's end) and `end` reaches
+        past the input: a longer sequence walks alike up to that token and stops there."""
+        planned, self._planned = self._planned, None
+        if planned is not None:
+            plan_id, tree, version, match = planned
+            if (
+                plan_id == plan.plan_id
+                and tree is self.tree
+                and version == tree.version
+                and match.matched_len < len(plan.tokens) <= end
+            ):
+                return match
+        return self.tree.match(full[:end])
 
     def _forget(self, freed: Reclaimed) -> None:
         """Drop the per-state records of states that left the tree (C-level loops: a

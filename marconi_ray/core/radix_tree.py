@@ -199,6 +199,7 @@ class RadixTree:
         now: float,
         kv: KVHandle = None,
         kv_start: int = 0,
+        start: Node | None = None,
     ) -> Inserted:
         """Insert `tokens` with SSM checkpoints; return what was admitted (`Inserted`).
 
@@ -209,6 +210,9 @@ class RadixTree:
             now: access time stamped on new nodes and nodes that gain a state.
             kv: per-token KV handle for positions [kv_start, len(tokens)); the tree
                 slices it for new edges. Positions below the matched length are not read.
+            start: where the walk down `tokens` begins (default: the root): a node of
+                the tree's current walk of `tokens` (`Match.path`) shallower than the
+                first checkpoint, so the caller's walk is not repeated.
         Returns:
             admitted (depth, state id) pairs, ids whose depth already held a state (the
             caller frees those), and where the new tokens begin: positions
@@ -217,11 +221,13 @@ class RadixTree:
         end = len(tokens)
         if not checkpoints or checkpoints[-1][0] != end:
             raise ValueError(f"the last checkpoint must be at len(tokens)={end}: {checkpoints}")
+        node = self.root if start is None else start
+        if start is not None and start.depth >= checkpoints[0][0]:
+            raise ValueError(f"start depth {node.depth} is not above the first checkpoint")
         admitted: list[tuple[int, int]] = []
         duplicates: list[int] = []
         self.version += 1
-        node = self.root
-        pos = 0
+        pos = node.depth
         ci = 0
         tokens = np.asarray(tokens, dtype=np.int32)
         buf = tokens_bytes(tokens)

@@ -87,6 +87,14 @@ class Match:
             return self.partial
         return self.path[-1] if self.path else self.hit_node
 
+    def node_above(self, depth: int) -> Node | None:
+        """The deepest node of `path` shallower than `depth` (None when none is: the
+        root), e.g. where an insert of the walked tokens can start (`RadixTree.insert`)."""
+        for node in reversed(self.path):
+            if node.depth < depth:
+                return node
+        return None
+
 
 @dataclass
 class Reclaimed:
