@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.tree_types import NO_STATE, Node
+from marconi_ray.core.tree_types import NO_STATE, KVHandle, Node, Tokens
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,15 @@ class FlatTree:
     free: npt.NDArray[np.int64]
 
 
-def kv_column(node: Node) -> npt.NDArray[np.int64]:
-    arr = np.asarray(node.kv)
+def kv_column(kv: KVHandle, edge: Tokens, node: Node) -> npt.NDArray[np.int64]:
+    """`node`'s KV handle `kv` as an int64 column; ValueError unless it is a 1-D integer
+    array (castable to int64) as long as the node's `edge`."""
+    if type(kv) is np.ndarray and kv.dtype == np.int64 and kv.ndim == 1 and len(kv) == len(edge):
+        return kv  # the usual handle, as a worker reports it: nothing to check or cast
+    arr = np.asarray(kv)
     if (
         arr.ndim != 1
-        or len(arr) != len(node.edge)
+        or len(arr) != len(edge)
         or arr.dtype.kind not in "iu"
         or not np.can_cast(arr.dtype, np.int64)
     ):

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.flat_tree import FlatTree, check_flat, kv_column
@@ -592,21 +591,24 @@ class RadixTree:
             index = len(order)
             order.append(node)
             parents.append(parent_i)
-            stack.extend((child, index) for child in reversed(node.children.values()))
-        kvs: list[npt.NDArray[np.int64]] = []
-        for node in order:
-            if node.kv is not None:
-                kvs.append(kv_column(node))
+            children = node.children
+            if len(children) == 1:
+                stack.append((next(iter(children.values())), index))
+            elif children:
+                stack.extend([(child, index) for child in reversed(children.values())])
+        edges = [n.edge for n in order]
+        kvs = [kv_column(n.kv, e, n) for n, e in zip(order, edges, strict=True) if n.kv is not None]
+        slots = [n.slot for n in order]
         return FlatTree(
             parent=np.asarray(parents, dtype=np.int64),
-            slot=np.fromiter((n.slot for n in order), np.int64, len(order)),
-            edge_len=np.fromiter((len(n.edge) for n in order), np.int64, len(order)),
-            edges=np.concatenate([n.edge for n in order]).astype(np.int32, copy=False),
-            has_kv=np.fromiter((n.kv is not None for n in order), np.bool_, len(order)),
+            slot=np.asarray(slots, dtype=np.int64),
+            edge_len=np.asarray([len(e) for e in edges], dtype=np.int64),
+            edges=np.concatenate(edges).astype(np.int32, copy=False),
+            has_kv=np.asarray([n.kv is not None for n in order], dtype=np.bool_),
             kv=np.concatenate(kvs) if kvs else np.zeros(0, dtype=np.int64),
-            state=np.fromiter((n.state for n in order), np.int64, len(order)),
-            lock=np.fromiter((n.lock for n in order), np.int64, len(order)),
-            last_access=self.table.last_access[[n.slot for n in order]].astype(np.float64),
+            state=np.asarray([n.state for n in order], dtype=np.int64),
+            lock=np.asarray([n.lock for n in order], dtype=np.int64),
+            last_access=self.table.last_access[slots].astype(np.float64),
             n_slots=self.table.n_slots,
             free=np.asarray(self.table._free, dtype=np.int64),
         )
