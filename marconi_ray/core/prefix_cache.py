@@ -62,9 +62,10 @@ class PrefixCache:
         policy keeps every state for one reason (`AdmissionPolicy.only_reason`)."""
         self.hit_once: set[int] = set()
         """Live state ids that served at least one hit."""
-        self._probed: tuple[object, RadixTree, int, Match] | None = None
-        """(tokens, tree, tree version, match) of the last `peek`: `plan` of the same
-        array object on the unchanged tree reuses the walk (route, then plan)."""
+        self._probed: tuple[object, Tokens, RadixTree, int, Match] | None = None
+        """(tokens, them validated, tree, tree version, match) of the last `peek`: `plan`
+        of the same array object on the unchanged tree reuses the check and the walk
+        (route, then plan)."""
         self._planned: tuple[int, RadixTree, int, Match] | None = None
         """(plan id, tree, tree version, match) of the last `plan`: its `commit` on the
         unchanged tree reuses the walk when it can (`_commit_walk`)."""
@@ -159,18 +160,21 @@ class PrefixCache:
         state there, as it does after a conversation's last turn), without side effects
         on the tree. The walk is remembered: a `plan` of the same token array while the
         tree is unchanged does not walk again (the array must not be modified between)."""
-        match = self.tree.match(as_tokens(tokens))
-        self._probed = (tokens, self.tree, self.tree.version, match)
+        arr = as_tokens(tokens)
+        match = self.tree.match(arr)
+        self._probed = (tokens, arr, self.tree, self.tree.version, match)
         return match.hit_len, match.hit_len > 0 and not match.hit_node.children
 
-    def _match(self, tokens: object, arr: Tokens) -> Match:
-        """The tree's match of `arr` (= `as_tokens(tokens)`), reusing `peek`'s walk."""
+    def _match(self, tokens: object) -> tuple[Tokens, Match]:
+        """(`as_tokens(tokens)`, the tree's match of it), reusing `peek`'s check and
+        walk of the same object while the tree is unchanged."""
         probed, self._probed = self._probed, None
         if probed is not None:
-            was, tree, version, match = probed
+            was, arr, tree, version, match = probed
             if was is tokens and tree is self.tree and version == self.tree.version:
-                return match
-        return self.tree.match(arr)
+                return arr, match
+        arr = as_tokens(tokens, "input tokens")
+        return arr, self.tree.match(arr)
 
     # ------------------------------------------------------------------ views
     def node_count(self) -> int:
@@ -202,9 +206,8 @@ class PrefixCache:
         capacity` always. When even evicting everything unlocked leaves too little room,
         the reservation is what fits (the commit then drops states as usual).
         """
-        arr = as_tokens(tokens, "input tokens")
+        arr, match = self._match(tokens)
         now = self._tick()
-        match = self._match(tokens, arr)
         planned = (self._next_plan, self.tree, self.tree.version, match)
         self.eviction.on_hit(self.tree, match, now)
         self.tree.lock(match.hit_node)
@@ -314,7 +317,7 @@ class PrefixCache:
                 self.tree.lock(attach)
                 try:
                     keep, walk = self._make_room(full[: depths[-1]], depths, freed, now, walk)
-                    dropped = self._count_new(walk, depths[keep:])
+                    dropped = self._count_new(walk, depths[keep:]) if keep < len(depths) else 0
                     if keep:
                         pairs = list(zip(depths[:keep], ids, strict=False))
                         done = self.tree.insert(
@@ -495,8 +498,18 @@ class PrefixCache:
 
     def _count_new(self, match: Match, depths: list[int]) -> int:
         """States of `depths` not already on the path of `match` (a walk at least as
-        deep as the last of them). `depths` are distinct."""
-        return len(depths) - len(self._have(match).intersection(depths))
+        deep as the last of them). `depths` are distinct. The path is walked up from
+        its end only as far as the shallowest of them."""
+        if not depths:
+            return 0
+        wanted = set(depths)
+        lowest = min(depths)
+        have = 0
+        for node in reversed(match.path):
+            if node.depth < lowest:
+                break
+            have += node.depth in wanted and node.state != NO_STATE
+        return len(depths) - have
 
     def _make_room(
         self, tokens: Tokens, depths: list[int], freed: Reclaimed, now: float, match: Match

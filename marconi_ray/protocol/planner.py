@@ -35,8 +35,9 @@ _PLANNER_KEYS = ("kind", "version", "max_position", "cache", "requests", "tuner"
 
 
 def _slots(handles: Iterable[KVHandle]) -> Slots:
-    arrays = [np.asarray(h, dtype=np.int64) for h in handles if h is not None]
-    return np.concatenate(arrays) if arrays else no_slots()
+    """The KV slot ids of `handles` (None entries skipped), concatenated as int64."""
+    arrays = [h for h in handles if h is not None]
+    return np.concatenate(arrays, dtype=np.int64, casting="unsafe") if arrays else no_slots()
 
 
 def release_of(freed: Reclaimed) -> Release:
@@ -45,11 +46,16 @@ def release_of(freed: Reclaimed) -> Release:
 
 
 class _Served:
-    """A finished request as the tuner's `RequestLike`."""
+    """A finished request as the tuner's `RequestLike` (the output becomes an array
+    only if the tuner reads it: most requests fall outside its window)."""
 
     def __init__(self, prompt: npt.NDArray[np.int32], output: tuple[int, ...]) -> None:
         self.input_tokens = prompt
-        self.output_tokens = np.asarray(output, dtype=np.int32)
+        self._output = output
+
+    @property
+    def output_tokens(self) -> npt.NDArray[np.int32]:
+        return np.asarray(self._output, dtype=np.int32)
 
 
 class Planner:
@@ -214,11 +220,14 @@ class Planner:
             self._plans[done.request_id] = plan  # refused, still open: abort can follow
             raise
         # the tree took the slots of positions [start, end) (new edges): free the others
-        start, end = (p - plan.hit_len for p in result.kv_used)
-        taken = np.zeros(len(done.kv_slots), dtype=bool)
-        taken[max(start, 0) : max(end, 0)] = True
-        unused = done.kv_slots[~taken]
-        release = release_of(result.freed) + Release(tuple(result.rejected_states) + extra, unused)
+        start, end = (max(p - plan.hit_len, 0) for p in result.kv_used)
+        kv = done.kv_slots
+        unused = kv[:start], kv[max(start, end) :]
+        freed = result.freed
+        release = Release(
+            (*freed.states, *result.rejected_states, *extra),
+            np.concatenate([_slots(freed.kv), *unused]),
+        )
         self._after_request(prompt, done.tokens)
         return release
 
