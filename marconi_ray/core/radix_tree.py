@@ -111,9 +111,8 @@ class RadixTree:
             child = node.children.get(ids[pos])
             if child is None:
                 break
-            n = len(child.key) >> 2
-            if n <= end - pos and buf[4 * pos : 4 * (pos + n)] == child.key:
-                pos += n
+            if buf.startswith(child.key, 4 * pos):  # the whole edge matches (no slice)
+                pos = child.depth
                 node = child
                 path.append(child)
                 if child.state != NO_STATE:
@@ -251,7 +250,7 @@ class RadixTree:
                     pos = cp
                 return Inserted(admitted, duplicates, new_from)
             n = len(child.key) >> 2
-            same = buf[4 * pos : 4 * (pos + n)] == child.key
+            same = buf.startswith(child.key, 4 * pos)
             k = n if same else common_prefix_len(child.edge, tokens[pos : pos + n])
             if cp < pos + n and cp <= pos + k:
                 node = self._split(child, cp - pos)
