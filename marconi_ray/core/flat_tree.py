@@ -43,10 +43,15 @@ class FlatTree:
     free: npt.NDArray[np.int64]
 
 
+_INT64 = np.dtype(np.int64)
+"""The native int64 dtype (an identity test is the cheap one; other int64 dtypes, e.g.
+byte-swapped, take the checked path)."""
+
+
 def kv_column(kv: KVHandle, edge: Tokens, node: Node) -> npt.NDArray[np.int64]:
     """`node`'s KV handle `kv` as an int64 column; ValueError unless it is a 1-D integer
     array (castable to int64) as long as the node's `edge`."""
-    if type(kv) is np.ndarray and kv.dtype == np.int64 and kv.ndim == 1 and len(kv) == len(edge):
+    if type(kv) is np.ndarray and kv.dtype is _INT64 and kv.ndim == 1 and len(kv) == len(edge):
         return kv  # the usual handle, as a worker reports it: nothing to check or cast
     arr = np.asarray(kv)
     if (
