@@ -77,7 +77,9 @@ class NodeTable:
             self._grow()
         slot = self._free.pop()
         self.last_access[slot] = 0.0
-        self.geometry[slot] = 0
+        self.depth[slot] = 0  # three scalar stores cost less than one row store
+        self.anchor[slot] = 0
+        self.edge_len[slot] = 0
         self.evictable[slot] = False
         self.leaf[slot] = False
         return slot

@@ -332,9 +332,9 @@ class PrefixCache:
                         reason = dict(ckpts)
                         admitted = [(d, sid, reason[d]) for d, sid in done.admitted]
                 finally:
-                    freed.extend(self.tree.unlock(attach))
+                    self.tree.unlock_into(attach, freed)
             hit_locked = False
-            freed.extend(self.tree.unlock(hit))
+            self.tree.unlock_into(hit, freed)
             if admitted:
                 self._drop_superseded(full, [d for d, _, _ in admitted], freed)
         except Exception as exc:

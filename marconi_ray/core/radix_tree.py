@@ -181,14 +181,18 @@ class RadixTree:
     def unlock(self, node: Node) -> Reclaimed:
         """Release one lock; a state-less node left with < 2 children is tidied away."""
         freed = Reclaimed()
+        self.unlock_into(node, freed)
+        return freed
+
+    def unlock_into(self, node: Node, freed: Reclaimed) -> None:
+        """`unlock`, adding what it reclaims to `freed`."""
         if node is self.root:
-            return freed
+            return
         if node.lock <= 0:
             raise RuntimeError(f"unlock of an unlocked node {node!r}")
         node.lock -= 1
         self.version += 1
         self._tidy(node, freed)
-        return freed
 
     def insert(
         self,
