@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import os
 import sys
@@ -113,6 +114,11 @@ def scaling(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict
     load during the run falls on all of them alike."""
     runs = {(r, n): Run(args, model_dir, r, n) for r in args.replicas for n in names}
     prompts = {r: runs[r, names[0]].work.timed(args.pairs) for r in args.replicas}
+    # what exists now (torch and transformers, imported to build the model; the warmed
+    # trees) is never collected: full collections would walk it every ~0.5 s, 200-250 ms
+    # each, and land on whichever run is timing then (a coordinator process has no torch)
+    gc.collect()
+    gc.freeze()
     keys = list(runs)
     bar = tqdm(total=args.pairs * len(keys), desc="plan+commit pairs", disable=None)
     for k, chunk in enumerate(np.array_split(np.arange(args.pairs), args.rounds)):

@@ -29,6 +29,7 @@ from marconi_ray.serve.settings import ServeSettings
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 LEASE_S = 40.0
+SYSTEMS = ("marconi", "marconi+:8", "vllm+", "vllm+refill", "sglang+")
 ALPHABET = (7, 12)  # few token ids: prompts share prefixes by chance, the trie splits
 
 
@@ -68,6 +69,9 @@ class World:
             model_name="tiny",
             cache_bytes=25_000,  # ~400 tokens of KV at 64 bytes: evictions
             alpha=1.0,
+            # admission kinds that keep states differently: branch points and last
+            # tokens, speculative ones, every block, blocks refilled in place
+            system=SYSTEMS[seed % len(SYSTEMS)],
             lease_s=LEASE_S,
             max_batch=2,
             max_queued_requests=int(self.rng.choice([-1, 1, 3])),

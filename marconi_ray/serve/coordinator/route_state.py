@@ -10,9 +10,9 @@ deadlines (`leases.Deadlines` over `ReplicaInfo.last_seen`).
 - `Unregister`: its row and index entries go;
 - `Plan`, `Abort`: the state ids the returned `Release` lists leave the index (what
   planning evicted; what the abort freed);
-- `Commit`: the release's state ids leave the index, then every state-bearing node on
-  the committed sequence's path in the replica's tree enters it (the states the commit
-  admitted, refilled, or a failed commit kept; those already indexed are skipped);
+- `Commit`: the release's state ids leave the index, then every state the request stored
+  that the release does not free enters it at the depth it was taken (the states the
+  commit admitted or refilled, or a failed commit kept; no tree walk);
 - every operation: the replica's open requests in the table.
 `rebuild` makes all of it again from the state (after `CacheState.restore`); `check`
 compares it with a full scan of the state.
@@ -25,10 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from marconi_ray.core.radix_tree import RadixTree
-from marconi_ray.core.tree_types import NO_STATE
 from marconi_ray.protocol.ops import Abort, Commit, Op, Plan, Register, Unregister
-from marconi_ray.protocol.orders import Release
+from marconi_ray.protocol.orders import Finished, Release
 from marconi_ray.serve.coordinator.leases import Deadlines
 from marconi_ray.serve.coordinator.replica_table import ReplicaTable
 from marconi_ray.serve.coordinator.routing_index import RoutingIndex, tree_states
@@ -95,20 +93,24 @@ class RouteState:
         release: Release = run(op)
         self.index.remove(op.replica, release.states)
         if prompt is not None and op.replica in state.planners:
-            tokens = np.asarray(op.done.tokens, dtype=np.int32)
-            full = np.concatenate([prompt, tokens]) if len(tokens) else prompt
-            self._index_path(op.replica, state.planners[op.replica].cache.tree, full)
+            self._index_kept(op.replica, prompt, op.done, release)
         return release
 
-    def _index_path(self, replica: str, tree: RadixTree, full: np.ndarray) -> None:
-        """Index every state on `full`'s path in `replica`'s tree."""
-        index = self.index
+    def _index_kept(
+        self, replica: str, prompt: np.ndarray, done: Finished, release: Release
+    ) -> None:
+        """Index the states of `done` the tree kept: every one it stored but those the
+        commit's release frees (rejected, superseded, unused; on a failed commit, all
+        but those the tree took). No tree walk: a state's depth is where it was taken."""
+        index, freed = self.index, set(release.states)
         new = [
-            (node.depth, node.state)
-            for node in tree.match(full).path
-            if node.state != NO_STATE and (replica, node.state) not in index
+            (depth, sid)
+            for depth, sid in sorted(done.state_ids.items())
+            if sid not in freed and (replica, sid) not in index
         ]
         if new:
+            tokens = np.asarray(done.tokens, dtype=np.int32)
+            full = np.concatenate([prompt, tokens]) if len(tokens) else prompt
             index.insert_path(replica, full, new)
 
     # ------------------------------------------------------------------ replicas
