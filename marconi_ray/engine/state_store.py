@@ -26,7 +26,12 @@ Slots = npt.NDArray[np.int64]
 
 
 class StateStore:
-    """KV slot pool + SSM checkpoints of one model rank, in `model.dtype`."""
+    """KV slot pool + SSM checkpoints of one model rank, in `model.dtype`.
+
+    Invariant: a KV slot is free or held, never both; freeing one that is not held (a
+    second free would hand it out twice: two sequences writing one slot) is refused with
+    a ValueError naming it, before anything is freed. State ids are never reused.
+    """
 
     def __init__(self, model: HybridModel, initial_slots: int = 256) -> None:
         self.model = model
@@ -40,6 +45,7 @@ class StateStore:
             self._k[i] = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._v[i] = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self._free: list[int] = list(range(initial_slots - 1, -1, -1))
+        self._held = np.zeros(initial_slots, dtype=np.bool_)
         self._capacity = initial_slots
         self._states: dict[int, StateCheckpoint] = {}
         self._next_id = 0
@@ -82,23 +88,37 @@ class StateStore:
                 grown[:, : self._capacity] = t
                 pool[i] = grown
         self._free = list(range(new_cap - 1, self._capacity - 1, -1)) + self._free
+        self._held = np.concatenate([self._held, np.zeros(new_cap - self._capacity, np.bool_)])
         self._capacity = new_cap
 
     def alloc_slots(self, n: int) -> Slots:
         """`n` free slot ids (the pool grows when needed)."""
         if n > len(self._free):
             self._grow(n - len(self._free))
-        out = [self._free.pop() for _ in range(n)]
-        return np.asarray(out, dtype=np.int64)
+        out = np.asarray([self._free.pop() for _ in range(n)], dtype=np.int64)
+        self._held[out] = True
+        return out
 
     def free_slots(self, slots: Slots) -> None:
-        self._free.extend(int(s) for s in slots)
+        """Return held slots to the pool; ValueError (nothing freed) naming the slots that
+        are not held or are listed twice."""
+        ids = np.asarray(slots, dtype=np.int64)
+        if not len(ids):
+            return
+        in_range = (ids >= 0) & (ids < self._capacity)
+        bad = ids[~in_range].tolist()
+        ok = ids[in_range]
+        bad += ok[~self._held[ok]].tolist()
+        uniq, counts = np.unique(ok, return_counts=True)
+        bad += uniq[counts > 1].tolist()
+        if bad:
+            raise ValueError(f"KV slots {sorted(set(bad))[:16]} are not held (freed twice?)")
+        self._held[ids] = False
+        self._free.extend(ids.tolist())
 
     def used_slots(self) -> Slots:
         """Ids of the KV slots currently allocated, ascending."""
-        used = np.ones(self._capacity, dtype=np.bool_)
-        used[np.asarray(self._free, dtype=np.int64)] = False
-        return np.flatnonzero(used).astype(np.int64)
+        return np.flatnonzero(self._held).astype(np.int64)
 
     def state_ids(self) -> list[int]:
         """Ids of the states currently held, ascending."""

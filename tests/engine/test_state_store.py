@@ -58,6 +58,23 @@ def test_slots_are_reused_and_kv_round_trips(model_dirs):
         store.load(slots[:9], sid, 9)
 
 
+def test_a_slot_freed_twice_is_refused_and_nothing_is_freed(model_dirs):
+    """A second free of a KV slot would put it in the pool twice and hand it to two
+    sequences: refused with the slot named, and the pool is unchanged (also for a slot
+    listed twice, one never allocated, or one out of range)."""
+    store = StateStore(load_model(model_dirs["bamba"]), initial_slots=4)
+    slots = store.alloc_slots(6)  # past the initial 4: the pool grew
+    store.free_slots(slots[:2])
+    for bad in (slots[:3], np.asarray([slots[3], slots[3]]), np.asarray([7]), np.asarray([-1])):
+        before = (store.live_slots, store.used_slots().tolist())
+        with pytest.raises(ValueError, match="not held"):
+            store.free_slots(bad)
+        assert (store.live_slots, store.used_slots().tolist()) == before
+    store.free_slots(slots[2:])
+    assert store.live_slots == 0 and not len(store.used_slots())
+    assert len(set(store.alloc_slots(8).tolist())) == 8
+
+
 @pytest.mark.parametrize("system", ["marconi", "vllm+", "sglang+"])
 def test_store_matches_cache_under_eviction(model_dirs, system):
     """A budget of a few requests forces evictions: after every request the store holds
