@@ -24,10 +24,9 @@ Exactly once: every state id and KV slot the cache lets go of is freed once. Wha
 plan evicts travels with its dispatch and is freed by the replica when it starts the
 order, or by the coordinator when the plan ends unstarted (`carried` in
 `serve.coordinator.cache_state`; replicas report started orders in heartbeats and
-aborts). The tuner hand-off never
-touches the commit it follows: a job that could not be sent, or whose result has not
-come back within `tuner.retry_s`, is sent again (`resend_jobs`), and a result is adopted
-once.
+aborts). The tuner hand-off never touches the commit it follows: a job that could not
+be sent, or whose result has not come back within `tuner.retry_s`, is sent again
+(`resend_jobs`), and a result is adopted once.
 
 Leases: a plan holds its hit until `deadline = now + lease_s`. Heartbeats renew the
 leases of the requests a replica runs; a lease past its deadline (plus a grace for clock
@@ -260,8 +259,7 @@ class CacheCoordinator:
         grace = self.settings.lease_s * LEASE_GRACE
         for request, rid in self.leases.expired(now, grace):
             log.warning("lease of request %d on replica %s expired", request, rid)
-            release = self.abort(rid, request, reason="lease")
-            self._queued[rid] = self._queued.get(rid, Release()) + release
+            self._queue(rid, self.abort(rid, request, reason="lease"))
         for rid in self.state.routing.silent(self.replica_info, now, self.settings.lease_s):
             silent = now - self.replica_info[rid].last_seen
             log.warning("replica %s silent for %.0f s: dropped", rid, silent)
@@ -354,8 +352,11 @@ class CacheCoordinator:
         rid = dispatch.replica_id
         if rid not in self.planners:
             return
-        release = self.abort(rid, dispatch.order.request_id, reason="abandoned")
-        self._queued[rid] = self._queued.get(rid, Release()) + release
+        self._queue(rid, self.abort(rid, dispatch.order.request_id, reason="abandoned"))
+
+    def _queue(self, replica_id: str, release: Release) -> None:
+        """Free `release` at the replica's next `commit` or `drain`."""
+        self._queued[replica_id] = self._queued.get(replica_id, Release()) + release
 
     def drain(self, replica_id: str) -> Release:
         """What was released on a replica's behalf since its last commit or drain."""
@@ -387,8 +388,9 @@ class CacheCoordinator:
         now, sent = self.clock(), 0
         for rid, at in list(self._jobs.items()):
             planner = self.planners.get(rid)
-            tuner = None if planner is None else planner.tuner
-            job = None if planner is None or tuner is None else tuner.pending_job(planner.cache)
+            job = None
+            if planner is not None and planner.tuner is not None:
+                job = planner.tuner.pending_job(planner.cache)
             if job is None:
                 del self._jobs[rid]
             elif at == 0.0 or now - at >= self.settings.tuner.retry_s:
