@@ -119,10 +119,12 @@ def test_coordinator_killed_between_turns_recovers_from_redis(
 
 
 def test_shard_killed_mid_run_rebuilds_and_outputs_match_vanilla(ray_session, model_dir, reference):
-    """2 replicas x 2 shards, 6 sessions x 3 turns; a shard is killed while the second turn
+    """2 replicas x 2 shards, 6 sessions x 4 turns; a shard is killed while the second turn
     runs: every request still succeeds with the vanilla output, the replica rebuilds its
-    TP group under a new generation, and the caches stay consistent. The steps go over
-    the compiled graph (the GPU default; the plain path runs in the other tp 2 tests)."""
+    TP group under a new generation, and the caches stay consistent. Then a shard of the
+    idle replica is killed: its health check finds the loss and the replica rebuilds in
+    place (not replaced by Serve). The steps go over the compiled graph (the GPU default;
+    the plain path runs in the other tp 2 tests)."""
     settings = _settings(model_dir, "faults-shard", replicas=2, tp=2, step_graph="compiled")
     rng = np.random.default_rng(12)
     histories = [rng.integers(7, 263, 30).tolist() for _ in range(6)]
@@ -156,10 +158,26 @@ def test_shard_killed_mid_run_rebuilds_and_outputs_match_vanilla(ray_session, mo
         assert any(d.usage.cached_tokens > 0 for d in dones), "the surviving cache still hits"
         names = _shard_names(settings.app_name)
         assert victim not in names and any(n.endswith("-1") for n in names), names
-        assert len(ray.get(coordinator.replicas.remote())) == 2
+        replica_ids = sorted(ray.get(coordinator.replicas.remote()))
+        assert len(replica_ids) == 2
         assert ray.get(coordinator.check_invariants.remote()) > 0
         for st in ray.get(coordinator.stats.remote()):
             assert st.in_flight == 0 and st.reserved == 0
+
+        # a shard of the idle replica dies: its health check finds it and the replica
+        # rebuilds in place (Serve keeps it: same replica ids), then serves the next turn
+        idle_victim = next(n for n in names if n.endswith("-0"))
+        ray.kill(ray.get_actor(idle_victim, namespace=NAMESPACE))
+        rebuilt = idle_victim[: -len("0")] + "1"
+        deadline = time.monotonic() + 40
+        while rebuilt not in _shard_names(settings.app_name):
+            assert time.monotonic() < deadline, _shard_names(settings.app_name)
+            time.sleep(0.2)
+        prompts = [list(h) for h in histories]
+        _turns(backend, histories, rng)
+        for prompt, history in zip(prompts, histories, strict=True):
+            _check_against(reference, prompt, history[len(prompt) : len(prompt) + 8])
+        assert sorted(ray.get(coordinator.replicas.remote())) == replica_ids
 
 
 def _shard_names(app: str) -> list[str]:

@@ -111,6 +111,8 @@ class ModelReplica:
         self._wake: asyncio.Event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._reconcile_due: bool = False
+        self._rebuild_due: bool = False
+        """A health check found a shard dead: the loop verifies and rebuilds."""
         self._beat_task: asyncio.Task[None] | None = None
 
     def shard_name(self, rank: int) -> str:
@@ -234,9 +236,21 @@ class ModelReplica:
 
     async def check_health(self) -> None:
         """Serve health check (periodic from the replica's start): the rank-0 shard
-        answers. Also starts the heartbeats, so an idle replica keeps its registration."""
+        answers. Also starts the heartbeats, so an idle replica keeps its registration.
+
+        A TP group that lost a shard does not fail the check: the replica replaces the
+        group itself (`_rebuild`, asked of the loop here when no step found the loss
+        first). Failing it would have Serve stop routing to the replica while its
+        heartbeats go on, so the coordinator would keep planning for it and every
+        re-plan would be misrouted until Serve's replacement came up."""
         self._ensure_heartbeats()
-        await asyncio.wait_for(self.shards.rank0("store_stats"), timeout=30)
+        try:
+            await asyncio.wait_for(self.shards.rank0("store_stats"), timeout=30)
+        except RayActorError:
+            if await self.shards.alive():
+                raise
+            self._rebuild_due = True
+            self._ensure_loop()
 
     # ------------------------------------------------------------------ loop
     def _ensure_loop(self) -> None:
@@ -259,6 +273,9 @@ class ModelReplica:
                 if self._idle():
                     await self._wake.wait()
             try:
+                if self._rebuild_due:
+                    await self._rebuild_if_dead()
+                    continue
                 if self._reconcile_due:
                     await self._reconcile()
                 await self._step()
@@ -376,6 +393,13 @@ class ModelReplica:
             len(release.slots),
         )
 
+    async def _rebuild_if_dead(self) -> None:
+        """The health check's request: rebuild unless a step's own rebuild came first."""
+        self._rebuild_due = False
+        if not await self.shards.alive():
+            log.warning("replica %s: a shard died (found by the health check)", self.replica_id)
+            await self._rebuild(RuntimeError("a shard stopped answering the health check"))
+
     async def _rebuild(self, exc: BaseException) -> None:
         """A shard died: fail what runs, drop this replica's cache at the coordinator,
         replace the whole TP group and register again (new generation)."""
@@ -410,7 +434,12 @@ class ModelReplica:
 
     def _idle(self) -> bool:
         return not (
-            self._pending or self._orders or self._stops or self._cancels or self._reconcile_due
+            self._pending
+            or self._orders
+            or self._stops
+            or self._cancels
+            or self._reconcile_due
+            or self._rebuild_due
         )
 
     async def _drain(self) -> None:
