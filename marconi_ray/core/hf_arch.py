@@ -25,10 +25,12 @@ KIND_MAMBA1: Final = "mamba1"
 KIND_MLP: Final = "mlp"
 KIND_MOE: Final = "moe"
 KIND_LINEAR: Final = "linear"
+KIND_GDN: Final = "gdn"
 BLOCK_CONFIG_KINDS: Final = (
     KIND_ATTENTION,
     KIND_MAMBA2,
     KIND_MAMBA1,
+    KIND_GDN,
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
@@ -47,6 +49,10 @@ class AttentionConfig:
         input_dim: width the q/k/v projections read; None means the hidden size (Zamba2's
             shared block reads the 2*D concatenation of hidden state and embeddings).
         rope_type: the HF `rope_type`; "default" is plain RoPE.
+        output_gate: q_proj also emits a per-channel gate (each head's head_dim query
+            channels, then head_dim gate channels); the attention output is multiplied by
+            sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next).
+        qk_norm: RMSNorm over head_dim on each query and key head, before RoPE.
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -58,6 +64,8 @@ class AttentionConfig:
     bias: bool = False
     input_dim: int | None = None
     rope_type: str = "default"
+    output_gate: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         require_non_negative("rotary_dim", self.rotary_dim)
@@ -81,7 +89,14 @@ class MoEConfig:
     """Mixture of experts: a router picks `top_k` of `n_experts` experts (MLPs of width
     `intermediate_size`) per token; `n_shared_experts` always-on experts of width
     `shared_intermediate_size` run beside them. With `latent_dim` (NemotronH) the routed
-    experts run between projections D -> latent -> D."""
+    experts run between projections D -> latent -> D.
+
+    Attributes:
+        norm_topk: the router's softmax weights of the chosen `top_k` experts are
+            renormalised to sum to 1 (Qwen3.5-MoE always, Qwen3-Next `norm_topk_prob`).
+        shared_expert_gate: the shared expert's output is scaled by sigmoid(x . w_gate), a
+            D -> 1 projection (Qwen3.5-MoE, Qwen3-Next).
+    """
 
     kind: ClassVar[str] = KIND_MOE
     intermediate_size: int
@@ -92,6 +107,8 @@ class MoEConfig:
     n_shared_experts: int = 0
     shared_intermediate_size: int = 0
     latent_dim: int | None = None
+    norm_topk: bool = False
+    shared_expert_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,55 @@ class Mamba1Config:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetConfig:
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next).
+
+    q and k have `n_k_heads` heads of `head_k_dim`, v and the output gate z `n_v_heads` of
+    `head_v_dim`; each key head serves `n_v_heads // n_k_heads` consecutive value heads. A
+    depthwise causal conv (kernel `d_conv`, no bias, SiLU) runs over the concatenation
+    [q, k, v] (`conv_dim` channels); beta = sigmoid(b) and the log decay
+    g = -exp(A_log) * softplus(a + dt_bias) come from one projection per value head.
+
+    Attributes:
+        fused_projection: Qwen3-Next's layout: `in_proj_qkvz` and `in_proj_ba`, their rows
+            grouped by key head ([q, k, v, z] and [b, a] of each key head's value heads);
+            otherwise Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+        chunk_size: tokens per chunk of the chunked prefill.
+    """
+
+    kind: ClassVar[str] = KIND_GDN
+    n_k_heads: int
+    n_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    d_conv: int
+    fused_projection: bool = False
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("n_k_heads", "n_v_heads", "head_k_dim", "head_v_dim", "d_conv"):
+            require_positive(name, getattr(self, name))
+        require_positive("chunk_size", self.chunk_size)
+        if self.n_v_heads % self.n_k_heads:
+            raise ValueError(
+                f"linear_num_key_heads={self.n_k_heads} must divide "
+                f"linear_num_value_heads={self.n_v_heads}"
+            )
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
 class LinearConfig:
     """A bare projection d_in -> d_out (Zamba2's shared-block adapters and output linear)."""
 
@@ -152,7 +218,15 @@ class LinearConfig:
     d_out: int
 
 
-BlockConfig = AttentionConfig | MLPConfig | MoEConfig | Mamba2Config | Mamba1Config | LinearConfig
+BlockConfig = (
+    AttentionConfig
+    | MLPConfig
+    | MoEConfig
+    | Mamba2Config
+    | Mamba1Config
+    | GatedDeltaNetConfig
+    | LinearConfig
+)
 
 
 @dataclass(frozen=True)
@@ -197,6 +271,14 @@ class HfArchitecture:
         eos_token_ids: token ids that end generation.
         parallel_mixers: the mixers of one HF layer read the same normed input and their
             outputs are summed (FalconH1) instead of running one after the other.
+        unit_offset_norms: the RMSNorm weights are stored zero-centred, the scale is
+            (1 + w) (Qwen3.5, Qwen3-Next: the block, final and q/k norms; not the gated
+            norm inside Gated DeltaNet).
+        weights_prefix: the checkpoint prefix of the language model's weights when the
+            checkpoint wraps it (Qwen3.5's multimodal `model.language_model.`); "" lets the
+            loader try the usual `model.` / `backbone.` / none.
+        skipped_weights: checkpoint key prefixes the language model does not use (the
+            vision tower of a multimodal checkpoint), skipped by the loader.
     """
 
     family: str
@@ -208,6 +290,9 @@ class HfArchitecture:
     max_position: int | None
     eos_token_ids: tuple[int, ...] = ()
     parallel_mixers: bool = False
+    unit_offset_norms: bool = False
+    weights_prefix: str = ""
+    skipped_weights: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.blocks:

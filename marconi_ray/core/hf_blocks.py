@@ -112,6 +112,7 @@ def architecture(
     norm_key: str = "rms_norm_eps",
     max_position: int | None = None,
     parallel_mixers: bool = False,
+    unit_offset_norms: bool = False,
 ) -> HfArchitecture:
     """The model-wide fields (vocab_size, hidden_size, norm epsilon from `norm_key`,
     tie_word_embeddings, eos_token_id) around `blocks`; `max_position` defaults to
@@ -126,4 +127,5 @@ def architecture(
         max_position=r.opt_int("max_position_embeddings") if max_position is None else max_position,
         eos_token_ids=r.int_tuple("eos_token_id"),
         parallel_mixers=parallel_mixers,
+        unit_offset_norms=unit_offset_norms,
     )

@@ -18,6 +18,7 @@ from marconi_ray.core import hf_families
 from marconi_ray.core.hf_arch import (
     AttentionConfig,
     BlockConfig,
+    GatedDeltaNetConfig,
     HfArchitecture,
     LinearConfig,
     Mamba1Config,
@@ -27,6 +28,7 @@ from marconi_ray.core.hf_arch import (
 )
 from marconi_ray.core.layers import (
     AttentionLayer,
+    GatedDeltaNetLayer,
     LayerSpec,
     LinearLayer,
     Mamba1Layer,
@@ -48,6 +50,11 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "zamba2": hf_families.parse_zamba2,
         "falcon_h1": hf_families.parse_falcon_h1,
         "granitemoehybrid": hf_families.parse_granitemoehybrid,
+        "qwen3_5_text": hf_families.parse_qwen3_5_text,
+        "qwen3_5": hf_families.parse_qwen3_5,
+        "qwen3_5_moe_text": hf_families.parse_qwen3_5_moe_text,
+        "qwen3_5_moe": hf_families.parse_qwen3_5_moe,
+        "qwen3_next": hf_families.parse_qwen3_next,
     }
 )
 
@@ -85,7 +92,12 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
     """The cost model of one block of a model with residual width `d_model`."""
     match config:
         case AttentionConfig(n_heads=h, n_kv_heads=kv, head_dim=hd, input_dim=d_in):
-            return AttentionLayer(d_model, h, kv, hd, d_in)
+            return AttentionLayer(d_model, h, kv, hd, d_in, config.output_gate)
+        case GatedDeltaNetConfig():
+            c = config
+            return GatedDeltaNetLayer(
+                d_model, c.n_k_heads, c.n_v_heads, c.head_k_dim, c.head_v_dim, c.d_conv
+            )
         case Mamba2Config(n_heads=h, head_dim=hd, n_groups=g, d_state=n, d_conv=k):
             return Mamba2Layer(d_model, h, hd, g, n, k)
         case Mamba1Config(d_inner=di, d_state=n, d_conv=k, dt_rank=rank):
@@ -102,6 +114,7 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
                 n_shared_experts=config.n_shared_experts,
                 shared_d_ff=config.shared_intermediate_size,
                 latent_dim=config.latent_dim,
+                shared_expert_gate=config.shared_expert_gate,
             )
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)

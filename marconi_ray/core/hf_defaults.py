@@ -250,6 +250,73 @@ GRANITE_MOE_HYBRID_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyT
     {"layer_types": ("layers_block_type",)}
 )
 
+_QWEN_LINEAR: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "layer_types": None,
+        "full_attention_interval": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "max_position_embeddings": 32768,
+        # details
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "eos_token_id": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+    }
+)
+QWEN3_5_TEXT: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_QWEN_LINEAR,
+        "vocab_size": 248320,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+    }
+)
+QWEN3_5_MOE_TEXT: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_QWEN_LINEAR,
+        "vocab_size": 248320,
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 16,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "num_experts_per_tok": 8,
+        "num_experts": 256,
+    }
+)
+QWEN3_NEXT: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_QWEN_LINEAR,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 16,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": None,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "num_experts_per_tok": 10,
+        "num_experts": 512,
+        "norm_topk_prob": True,
+    }
+)
+"""Qwen3-Next; Qwen3.5's text configs share its linear-attention keys (`_QWEN_LINEAR`).
+`rope_theta` and `partial_rotary_factor` are the legacy top-level keys, read when
+`rope_parameters` lacks them."""
+
 LEGACY_LAYER_TYPES: Final[Mapping[str, str]] = MappingProxyType(
     {"mamba": "linear_attention", "attention": "full_attention"}
 )

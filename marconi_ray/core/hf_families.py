@@ -11,13 +11,15 @@ core's `ModelSpec` and the engine's `HybridConfig` both derive from what these r
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from marconi_ray.core import hf_defaults as defaults
 from marconi_ray.core.hf_arch import (
     AttentionConfig,
     Block,
     BlockConfig,
+    GatedDeltaNetConfig,
     HfArchitecture,
     LinearConfig,
     Mamba1Config,
@@ -285,3 +287,141 @@ def parse_granitemoehybrid(config: Mapping[str, object]) -> HfArchitecture:
         assert mixer is not None
         layers.append([mixer, ffn])
     return architecture(r, per_layer(layers))
+
+
+def _qwen_rope(r: ConfigReader) -> tuple[float, float, str]:
+    """(rope_theta, partial_rotary_factor, rope_type): `rope_parameters` entries, else the
+    legacy top-level keys, else the class defaults. mRoPE sections (Qwen3.5) rotate every
+    channel by the text position when the three position streams are equal, as for text."""
+    params = r.mapping("rope_parameters") if r.has("rope_parameters") else {}
+    out: list[float] = []
+    for name in ("rope_theta", "partial_rotary_factor"):
+        value = params.get(name, r.raw(name))
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{r.family} config key {name!r} must be a number, got {value!r}")
+        out.append(float(value))
+    rope_type = params.get("rope_type", "default")
+    if not isinstance(rope_type, str):
+        raise ValueError(f"{r.family} config key 'rope_type' must be a string, got {rope_type!r}")
+    return out[0], out[1], rope_type
+
+
+def _qwen_linear(r: ConfigReader, *, fused: bool, moe: bool, sparse: bool) -> HfArchitecture:
+    """Qwen3.5 / Qwen3-Next text model: each layer is Gated DeltaNet (`linear_attention`)
+    or gated attention with q/k norms and partial RoPE (`full_attention`; default: every
+    `full_attention_interval`-th layer), then a gated SiLU MLP or a mixture of experts
+    (top-k softmax router, renormalised; a shared expert scaled by a sigmoid gate).
+    `sparse`: Qwen3-Next's choice of MoE layers (`decoder_sparse_step`, `mlp_only_layers`,
+    none when num_experts is 0); otherwise every layer of a MoE model is MoE."""
+    d = r.req_int("hidden_size")
+    n_layers = r.req_int("num_hidden_layers")
+    raw_types = r.opt_str_list("layer_types")
+    if raw_types is None:
+        interval = r.pos_int("full_attention_interval")
+        raw_types = [MAMBA if (i + 1) % interval else ATTENTION for i in range(n_layers)]
+    types = layer_types(raw_types, r.family, (MAMBA, ATTENTION))
+    if len(types) != n_layers:
+        raise ValueError(
+            f"{r.family} config has {len(types)} layer_types for num_hidden_layers={n_layers}"
+        )
+    gdn = GatedDeltaNetConfig(
+        n_k_heads=r.req_int("linear_num_key_heads"),
+        n_v_heads=r.req_int("linear_num_value_heads"),
+        head_k_dim=r.req_int("linear_key_head_dim"),
+        head_v_dim=r.req_int("linear_value_head_dim"),
+        d_conv=r.req_int("linear_conv_kernel_dim"),
+        fused_projection=fused,
+    )
+    attn: BlockConfig | None = None
+    if ATTENTION in types:
+        base = attention(r, d, with_rope=False, bias=r.flag("attention_bias"))
+        theta, factor, rope_type = _qwen_rope(r)
+        attn = AttentionConfig(
+            base.n_heads,
+            base.n_kv_heads,
+            base.head_dim,
+            rotary_dim=int(base.head_dim * factor),
+            rope_theta=theta,
+            bias=base.bias,
+            rope_type=rope_type,
+            output_gate=True,
+            qk_norm=True,
+        )
+    act = r.req_str("hidden_act")
+    n_experts = r.req_int("num_experts") if moe else 0
+    experts: BlockConfig | None = None
+    if n_experts > 0:
+        experts = MoEConfig(
+            r.req_int("moe_intermediate_size"),
+            n_experts,
+            r.req_int("num_experts_per_tok"),
+            act,
+            gated=True,
+            n_shared_experts=1,
+            shared_intermediate_size=r.req_int("shared_expert_intermediate_size"),
+            norm_topk=r.flag("norm_topk_prob") if sparse else True,
+            shared_expert_gate=True,
+        )
+    dense_ok = experts is None or sparse
+    mlp = MLPConfig(r.req_int("intermediate_size"), act, gated=True) if dense_ok else None
+    dense_layers: set[int] = set()
+    if sparse and experts is not None:
+        step = r.pos_int("decoder_sparse_step")
+        only = set(r.opt_int_list("mlp_only_layers") or ())
+        dense_layers = {i for i in range(n_layers) if i in only or (i + 1) % step}
+    elif experts is None:
+        dense_layers = set(range(n_layers))
+    layers: list[list[BlockConfig]] = []
+    for i, t in enumerate(types):
+        mixer = gdn if t == MAMBA else attn
+        ffn = mlp if i in dense_layers else experts
+        assert mixer is not None and ffn is not None
+        layers.append([mixer, ffn])
+    return architecture(r, per_layer(layers), unit_offset_norms=True)
+
+
+def parse_qwen3_5_text(config: Mapping[str, object]) -> HfArchitecture:
+    """Qwen3.5 (dense) text model; see `_qwen_linear`."""
+    r = ConfigReader(config, defaults.QWEN3_5_TEXT, "qwen3_5_text")
+    return _qwen_linear(r, fused=False, moe=False, sparse=False)
+
+
+def parse_qwen3_5_moe_text(config: Mapping[str, object]) -> HfArchitecture:
+    """Qwen3.5-MoE text model: every layer's feed-forward is a mixture of experts."""
+    r = ConfigReader(config, defaults.QWEN3_5_MOE_TEXT, "qwen3_5_moe_text")
+    return _qwen_linear(r, fused=False, moe=True, sparse=False)
+
+
+def parse_qwen3_next(config: Mapping[str, object]) -> HfArchitecture:
+    """Qwen3-Next: Qwen3.5's layers with the fused Gated DeltaNet projections."""
+    r = ConfigReader(config, defaults.QWEN3_NEXT, "qwen3_next")
+    return _qwen_linear(r, fused=True, moe=True, sparse=True)
+
+
+def _multimodal(
+    config: Mapping[str, object], family: str, text_parser: Callable[..., HfArchitecture]
+) -> HfArchitecture:
+    """The language model of a multimodal checkpoint (`text_config`); its weights sit
+    under `model.language_model.`, the vision tower's (`model.visual.`) are skipped.
+    `tie_word_embeddings` is the outer config's; a missing `text_config` is the text
+    model's defaults."""
+    r = ConfigReader(config, {"tie_word_embeddings": False, "text_config": {}}, family)
+    text = r.mapping("text_config")
+    arch = text_parser(text)
+    return replace(
+        arch,
+        family=family,
+        tie_embeddings=r.flag("tie_word_embeddings"),
+        weights_prefix="model.language_model.",
+        skipped_weights=("model.visual.",),
+    )
+
+
+def parse_qwen3_5(config: Mapping[str, object]) -> HfArchitecture:
+    """Qwen3.5 multimodal checkpoint: its text model (`parse_qwen3_5_text`)."""
+    return _multimodal(config, "qwen3_5", parse_qwen3_5_text)
+
+
+def parse_qwen3_5_moe(config: Mapping[str, object]) -> HfArchitecture:
+    """Qwen3.5-MoE multimodal checkpoint: its text model (`parse_qwen3_5_moe_text`)."""
+    return _multimodal(config, "qwen3_5_moe", parse_qwen3_5_moe_text)

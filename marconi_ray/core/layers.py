@@ -90,6 +90,8 @@ class AttentionLayer(LayerSpec):
         head_dim: hd, width of one head.
         input_dim: width Din the Q/K/V projections read; None means d_model (Zamba2's
             shared blocks read the 2*D concatenation of hidden state and embeddings).
+        output_gate: the Q projection also emits a sigmoid gate of width H*hd (Qwen3.5,
+            Qwen3-Next): it costs another 2*Din*(H*hd) per token.
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -98,6 +100,7 @@ class AttentionLayer(LayerSpec):
     n_kv_heads: int
     head_dim: int
     input_dim: int | None = None
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
@@ -111,7 +114,8 @@ class AttentionLayer(LayerSpec):
         d_in = self.d_model if self.input_dim is None else self.input_dim
         q_width = self.n_heads * self.head_dim
         kv_width = self.n_kv_heads * self.head_dim
-        c1 = 2 * d_in * q_width + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
+        q_proj = 2 * d_in * q_width * (2 if self.output_gate else 1)
+        c1 = q_proj + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
         return float(c1), float(4 * q_width)
 
     def kv_elements_per_token(self) -> int:
@@ -146,7 +150,8 @@ class MoELayer(LayerSpec):
     Per token: router 2*D*E, plus top_k experts of width d_ff, plus `n_shared_experts`
     always-on experts of width shared_d_ff (all gated or all plain, per `gated`). With
     `latent_dim` (NemotronH) the routed experts run at that width between two extra
-    projections D -> latent -> D.
+    projections D -> latent -> D. `shared_expert_gate` (Qwen3.5-MoE, Qwen3-Next) adds the
+    shared expert's D -> 1 sigmoid gate, 2*D.
     """
 
     kind: ClassVar[str] = KIND_MLP
@@ -158,6 +163,7 @@ class MoELayer(LayerSpec):
     n_shared_experts: int = 0
     shared_d_ff: int = 0
     latent_dim: int | None = None
+    shared_expert_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "d_ff", "n_experts", "top_k"):
@@ -180,7 +186,8 @@ class MoELayer(LayerSpec):
             shared = self.n_shared_experts * mlp_flops_per_token(
                 self.d_model, self.shared_d_ff, self.gated
             )
-        return float(router + latent_proj + routed + shared), 0.0
+        gate = 2 * self.d_model if self.shared_expert_gate else 0
+        return float(router + latent_proj + routed + shared + gate), 0.0
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,54 @@ class Mamba2Layer(LayerSpec):
 
     def state_elements(self) -> int:
         return self.d_inner * self.d_state
+
+    def conv_elements(self) -> int:
+        return self.conv_dim * self.d_conv
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetLayer(LayerSpec):
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next).
+
+    With key_dim = Hk*dk, value_dim = Hv*dv and conv_dim = 2*key_dim + value_dim, FLOPs per
+    token: input projections 2*D*(conv_dim + value_dim + 2*Hv) (q, k, v, the gate z, and
+    beta and the decay per value head), depthwise conv 2*conv_dim*d_conv, the delta rule
+    8*Hv*dk*dv (per value head: read k^T S, write k (x) delta, decay S, read q^T S: about
+    four multiply-adds per state element), gated norm 5*value_dim, out_proj
+    2*value_dim*D. Cached state: recurrent Hv*dk*dv elements, conv conv_dim*d_conv.
+    """
+
+    kind: ClassVar[str] = KIND_SSM
+    d_model: int
+    n_k_heads: int
+    n_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    d_conv: int
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_k_heads", "n_v_heads", "head_k_dim", "head_v_dim", "d_conv"):
+            require_positive(name, getattr(self, name))
+        if self.n_v_heads % self.n_k_heads:
+            raise ValueError(f"n_k_heads={self.n_k_heads} must divide n_v_heads={self.n_v_heads}")
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.n_k_heads * self.head_k_dim + self.value_dim
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d, vd = self.d_model, self.value_dim
+        in_proj = 2 * d * (self.conv_dim + vd + 2 * self.n_v_heads)
+        conv = 2 * self.conv_dim * self.d_conv
+        rule = 8 * self.n_v_heads * self.head_k_dim * self.head_v_dim
+        return float(in_proj + conv + rule + 5 * vd + 2 * vd * d), 0.0
+
+    def state_elements(self) -> int:
+        return self.n_v_heads * self.head_k_dim * self.head_v_dim
 
     def conv_elements(self) -> int:
         return self.conv_dim * self.d_conv

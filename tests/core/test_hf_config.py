@@ -13,6 +13,11 @@ from transformers import (
     GraniteMoeHybridConfig,
     JambaConfig,
     NemotronHConfig,
+    Qwen3_5Config,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
     Zamba2Config,
 )
 
@@ -35,6 +40,11 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "zamba2": Zamba2Config,
     "falcon_h1": FalconH1Config,
     "granitemoehybrid": GraniteMoeHybridConfig,
+    "qwen3_5_text": Qwen3_5TextConfig,
+    "qwen3_5": Qwen3_5Config,
+    "qwen3_5_moe_text": Qwen3_5MoeTextConfig,
+    "qwen3_5_moe": Qwen3_5MoeConfig,
+    "qwen3_next": Qwen3NextConfig,
 }
 
 
@@ -52,7 +62,7 @@ def mamba2_bytes(heads: int, head_dim: int, groups: int, d_state: int, d_conv: i
     return (d_inner * d_state + (d_inner + 2 * groups * d_state) * d_conv) * 2
 
 
-def test_registry_covers_six_families() -> None:
+def test_registry_covers_every_family() -> None:
     assert set(HF_PARSERS) == set(FAMILIES)
     assert supported_model_types() == tuple(sorted(FAMILIES))
 
