@@ -13,21 +13,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, TypeVar
 
-from marconi_ray.core.hf_arch import Block, HfArchitecture, MoEConfig
+from marconi_ray.core.hf_arch import Block, HfArchitecture
 from marconi_ray.core.hf_config import parse_hf_config
 from marconi_ray.engine.model_config import (
     BLOCK_KINDS,
     AttentionConfig,
+    GatedDeltaNetConfig,
     HybridConfig,
     Mamba1Config,
     Mamba2Config,
     MLPConfig,
+    MoEConfig,
 )
 
-FAMILIES: Final = ("nemotron_h", "bamba", "jamba")
+FAMILIES: Final = (
+    "nemotron_h",
+    "bamba",
+    "jamba",
+    "qwen3_5_text",
+    "qwen3_5",
+    "qwen3_5_moe_text",
+    "qwen3_5_moe",
+    "qwen3_next",
+)
 """The model_types whose weights the engine can load (see `model.HF_NAMES`)."""
 
-_C = TypeVar("_C", AttentionConfig, MLPConfig, Mamba2Config, Mamba1Config)
+_C = TypeVar(
+    "_C", AttentionConfig, MLPConfig, Mamba2Config, Mamba1Config, GatedDeltaNetConfig, MoEConfig
+)
 
 
 def _unsupported(model_type: object) -> ValueError:
@@ -48,11 +61,12 @@ def _check(family: str, block: Block) -> None:
     """Raise ValueError when the engine cannot run `block`."""
     where = f"{family} layer {block.hf_layer}"
     cfg = block.config
-    if isinstance(cfg, MoEConfig):
+    if isinstance(cfg, MoEConfig) and (cfg.latent_dim is not None or not cfg.norm_topk):
         cause = f"num_experts={cfg.n_experts}" if family == "jamba" else "layer type 'moe'"
         raise ValueError(
-            f"{where} is a mixture of {cfg.n_experts} experts ({cause}); the engine "
-            "implements dense MLPs only"
+            f"{where} is a mixture of {cfg.n_experts} experts ({cause}) whose router the "
+            "engine lacks: it runs renormalised softmax top-k routers only (Qwen3.5-MoE, "
+            "Qwen3-Next)"
         )
     if block.kind not in BLOCK_KINDS or block.shared:
         raise ValueError(f"{where} has a {block.kind!r} block, which the engine lacks")
@@ -96,7 +110,12 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         mlp=_one(arch, "mlp", MLPConfig),
         mamba2=_one(arch, "mamba2", Mamba2Config),
         mamba1=_one(arch, "mamba1", Mamba1Config),
+        gdn=_one(arch, "gdn", GatedDeltaNetConfig),
+        moe=_one(arch, "moe", MoEConfig),
         tie_embeddings=arch.tie_embeddings,
         max_position=arch.context_limit,
         eos_token_ids=arch.eos_token_ids,
+        unit_offset_norms=arch.unit_offset_norms,
+        weights_prefix=arch.weights_prefix,
+        skipped_weights=arch.skipped_weights,
     )

@@ -2,12 +2,14 @@
 `HybridModel` rank: parse the config, build the shard, copy each weight's slice.
 
 Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
-or a checkpoint weight the model has no place for.
+or a checkpoint weight the model has no place for. Weights the config marks as not the
+language model's (a multimodal checkpoint's vision tower) are skipped, with a log line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,13 @@ from safetensors import safe_open
 
 from marconi_kernels import KernelSet
 from marconi_ray.engine.hf_families import hybrid_config
+from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_config import HybridConfig
 from marconi_ray.engine.parallel import Segment, TPGroup, shard
 from marconi_ray.protocol.model_files import read_config_json
+
+log = logging.getLogger(__name__)
 
 _PREFIXES = ("model.", "backbone.", "")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -55,12 +60,36 @@ def _key_index(files: list[Path]) -> dict[str, Path]:
     return where
 
 
-def _prefix(where: Mapping[str, str], anchor: str) -> str:
-    for p in _PREFIXES:
+def _prefix(where: Mapping[str, str], anchor: str, preferred: str = "") -> str:
+    tried = ([preferred] if preferred else []) + list(_PREFIXES)
+    for p in tried:
         if p + anchor in where:
             return p
     files = sorted(set(where.values()))
-    raise ValueError(f"{files}: missing weight {anchor!r} (tried prefixes {list(_PREFIXES)})")
+    raise ValueError(f"{files}: missing weight {anchor!r} (tried prefixes {tried})")
+
+
+def _load_tensor(
+    model: HybridModel,
+    spec: WeightSpec,
+    key: str,
+    where: Mapping[str, str],
+    get: Callable[[str], torch.Tensor],
+) -> torch.Tensor:
+    """Checkpoint tensor `key`, this rank's slice when `spec` splits it."""
+    if key not in where:
+        files = sorted(set(where.values()))
+        raise ValueError(f"{files}: missing weight {key!r}")
+    tensor = get(key)
+    if spec.dim is None:
+        return tensor
+    segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
+    try:
+        return shard(tensor, spec.dim, segments, model.tp)
+    except ValueError as exc:
+        raise ValueError(
+            f"{where[key]}: weight {key!r} of shape {tuple(tensor.shape)}: {exc}"
+        ) from None
 
 
 def load_model(
@@ -110,33 +139,36 @@ def _copy_weights(
     """Copy each local parameter's slice of tensor `get(key)`; `where[key]` names its
     origin (a file) for error messages. Every checkpoint key must be used."""
     specs = model.weight_specs()
-    prefix = _prefix(where, specs["embed"].key)
+    prefix = _prefix(where, specs["embed"].key, model.cfg.weights_prefix)
     params = dict(model.named_parameters(remove_duplicate=False))
     used: set[str] = set()
     for name, spec in specs.items():
-        key = spec.key if spec.key == "lm_head.weight" else prefix + spec.key
-        if key not in where:
-            files = sorted(set(where.values()))
-            raise ValueError(f"{files}: missing weight {key!r} for {name}")
-        tensor = get(key)
-        if spec.dim is not None:
-            segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
-            try:
-                tensor = shard(tensor, spec.dim, segments, model.tp)
-            except ValueError as exc:
-                raise ValueError(
-                    f"{where[key]}: weight {key!r} of shape {tuple(tensor.shape)}: {exc}"
-                ) from None
+        keys = [k if k == "lm_head.weight" else prefix + k for k in spec.checkpoint_keys()]
+        parts = [_load_tensor(model, spec, key, where, get) for key in keys]
+        tensor = torch.stack(parts) if spec.stack else parts[0]
         target = params[name]
         if tensor.shape != target.shape:
+            shown = keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}"
             raise ValueError(
-                f"{where[key]}: weight {key!r} has shape {tuple(tensor.shape)} after sharding, "
-                f"the model expects {tuple(target.shape)}"
+                f"{where[keys[0]]}: weight {shown!r} has shape {tuple(tensor.shape)} after "
+                f"sharding, the model expects {tuple(target.shape)} for {name}"
             )
         with torch.no_grad():
             target.copy_(tensor.to(target.dtype))
-        used.add(key)
-    extra = sorted(k for k in where if k not in used and not k.endswith(_IGNORED_SUFFIXES))
+        used.update(keys)
+    skipped = {k for k in where if k.startswith(model.cfg.skipped_weights)}
+    if skipped:
+        log.info(
+            "%s: skipped %d weights the language model does not use (%s)",
+            model_dir,
+            len(skipped),
+            ", ".join(f"{p}*" for p in model.cfg.skipped_weights),
+        )
+    extra = sorted(
+        k
+        for k in where
+        if k not in used and not k.endswith(_IGNORED_SUFFIXES) and k not in skipped
+    )
     if extra:
         raise ValueError(
             f"{str(model_dir)!r}: checkpoint has weights the {model.cfg.family} engine model "

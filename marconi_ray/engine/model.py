@@ -23,9 +23,11 @@ from torch.nn import functional as F
 from marconi_kernels import KernelSet, get_kernels
 from marconi_ray.engine.decode_batch import DecodeBatch
 from marconi_ray.engine.layers.attention import Attention
+from marconi_ray.engine.layers.gated_deltanet import GatedDeltaNetMixer
 from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.layers.mlp import MLP
+from marconi_ray.engine.layers.moe import MoE
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import HybridConfig
@@ -71,10 +73,21 @@ HF_NAMES = {
         "feed_forward",
     ),
 }
+_QWEN = HFNames(
+    "embed_tokens.weight",
+    "norm.weight",
+    "input_layernorm",
+    "post_attention_layernorm",
+    {"gdn": "linear_attn", "attention": "self_attn"},
+    "mlp",
+)
+for _family in ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"):
+    HF_NAMES[_family] = _QWEN
 
 
-Mixer = Attention | Mamba2Mixer | Mamba1Mixer | MLP
-SSMMixer = Mamba2Mixer | Mamba1Mixer
+Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
+FEED_FORWARD = ("mlp", "moe")
 
 
 class Block(nn.Module):
@@ -89,16 +102,38 @@ class Block(nn.Module):
         self.kind = cfg.blocks[index]
         names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
-        norm_key = names.mlp_norm if self.kind == "mlp" else names.mixer_norm
-        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, f"{layer}.{norm_key}.weight", dtype)
+        norm_key = names.mlp_norm if self.kind in FEED_FORWARD else names.mixer_norm
+        self.norm = RMSNorm(
+            cfg.hidden_size,
+            cfg.norm_eps,
+            f"{layer}.{norm_key}.weight",
+            dtype,
+            cfg.unit_offset_norms,
+        )
         d = cfg.hidden_size
         mixer: Mixer
         if self.kind == "mlp":
             assert cfg.mlp is not None
             mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
+        elif self.kind == "moe":
+            assert cfg.moe is not None
+            mixer = MoE(d, cfg.moe, f"{layer}.{names.mlp}", tp, dtype)
         elif self.kind == "attention":
             assert cfg.attention is not None
-            mixer = Attention(d, cfg.attention, f"{layer}.{names.mixer['attention']}", tp, dtype)
+            mixer = Attention(
+                d,
+                cfg.attention,
+                f"{layer}.{names.mixer['attention']}",
+                tp,
+                dtype,
+                cfg.norm_eps,
+                cfg.unit_offset_norms,
+            )
+        elif self.kind == "gdn":
+            assert cfg.gdn is not None
+            mixer = GatedDeltaNetMixer(
+                d, cfg.gdn, cfg.norm_eps, f"{layer}.{names.mixer['gdn']}", tp, dtype, kernels
+            )
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -148,7 +183,11 @@ class HybridModel(nn.Module):
                 Block(cfg, i, self.tp, dtype, self.kernels) for i in range(len(cfg.blocks))
             )
             self.final_norm = RMSNorm(
-                cfg.hidden_size, cfg.norm_eps, HF_NAMES[cfg.family].final_norm, dtype
+                cfg.hidden_size,
+                cfg.norm_eps,
+                HF_NAMES[cfg.family].final_norm,
+                dtype,
+                cfg.unit_offset_norms,
             )
             self.lm_head = (
                 self.embed
@@ -168,7 +207,7 @@ class HybridModel(nn.Module):
         return mixer
 
     def ssm(self, i: int) -> SSMMixer:
-        """The Mamba mixer of block `i`."""
+        """The recurrent (Mamba or Gated DeltaNet) mixer of block `i`."""
         mixer = self.layers[i].mixer
         assert isinstance(mixer, SSMMixer)
         return mixer
@@ -192,7 +231,8 @@ class HybridModel(nn.Module):
         return state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(hidden, self.final_norm.weight, self.final_norm.eps)
+        norm = self.final_norm
+        h = rms_norm(hidden, norm.weight, norm.eps, norm.unit_offset)
         return F.linear(h, self.lm_head).float()
 
     # ------------------------------------------------------------------ forward

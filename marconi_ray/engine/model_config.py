@@ -1,11 +1,14 @@
 """`HybridConfig`: the engine's view of a hybrid decoder, derived from one HF config parse.
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
-mixer kind: `mamba2`, `mamba1`, `attention` or `mlp`. NemotronH maps one HF layer to one
-block (pattern string `M`, `*`, `-`); Bamba and Jamba map each HF decoder layer to two
-blocks (the mixer with `input_layernorm`, then the MLP with `pre_ff_layernorm`).
+mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `moe`.
+NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
+Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
+`input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
+`post_attention_layernorm`).
 
-The per-mixer configs (`AttentionConfig`, `MLPConfig`, `Mamba2Config`, `Mamba1Config`)
+The per-mixer configs (`AttentionConfig`, `MLPConfig`, `MoEConfig`, `Mamba2Config`,
+`Mamba1Config`, `GatedDeltaNetConfig`)
 are the core's `marconi_ray.core.hf_arch` dataclasses, re-exported: the config keys are
 interpreted once, in `marconi_ray.core.hf_families`, and `marconi_ray.engine.hf_families`
 derives a `HybridConfig` from that parse.
@@ -15,20 +18,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marconi_ray.core.hf_arch import AttentionConfig, Mamba1Config, Mamba2Config, MLPConfig
+from marconi_ray.core.hf_arch import (
+    AttentionConfig,
+    GatedDeltaNetConfig,
+    Mamba1Config,
+    Mamba2Config,
+    MLPConfig,
+    MoEConfig,
+)
 
 __all__ = [
     "BLOCK_KINDS",
     "PATTERN_CHARS",
+    "RECURRENT_KINDS",
     "AttentionConfig",
+    "GatedDeltaNetConfig",
     "HybridConfig",
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
+    "MoEConfig",
 ]
 
-BLOCK_KINDS = ("mamba2", "mamba1", "attention", "mlp")
-PATTERN_CHARS = {"M": "mamba2", "S": "mamba1", "*": "attention", "-": "mlp"}
+BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe")
+RECURRENT_KINDS = ("mamba2", "mamba1", "gdn")
+"""Block kinds with a conv state and a recurrent state per sequence (cached by depth)."""
+PATTERN_CHARS = {
+    "M": "mamba2",
+    "S": "mamba1",
+    "G": "gdn",
+    "*": "attention",
+    "-": "mlp",
+    "E": "moe",
+}
 
 
 @dataclass(frozen=True)
@@ -36,11 +58,14 @@ class HybridConfig:
     """Everything the engine needs to build and shard one hybrid model.
 
     Attributes:
-        family: the HF `model_type` it came from (`nemotron_h`, `bamba`, `jamba`).
+        family: the HF `model_type` it came from (see `engine.hf_families.FAMILIES`).
         blocks: block kinds in execution order (values of `BLOCK_KINDS`).
         hf_layer: for each block, the index of the HF decoder layer holding its weights.
         max_position: the context limit in tokens.
         eos_token_ids: token ids that end generation (unless `ignore_eos`).
+        unit_offset_norms: RMSNorm scales are (1 + weight) (Qwen3.5, Qwen3-Next).
+        weights_prefix: checkpoint prefix of the language model ("" = the usual ones).
+        skipped_weights: checkpoint key prefixes the engine does not load (vision).
     """
 
     family: str
@@ -53,9 +78,14 @@ class HybridConfig:
     mlp: MLPConfig | None
     mamba2: Mamba2Config | None
     mamba1: Mamba1Config | None
+    gdn: GatedDeltaNetConfig | None = None
+    moe: MoEConfig | None = None
     tie_embeddings: bool = False
     max_position: int = 4096
     eos_token_ids: tuple[int, ...] = ()
+    unit_offset_norms: bool = False
+    weights_prefix: str = ""
+    skipped_weights: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -68,6 +98,8 @@ class HybridConfig:
             "mlp": self.mlp,
             "mamba2": self.mamba2,
             "mamba1": self.mamba1,
+            "gdn": self.gdn,
+            "moe": self.moe,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -75,7 +107,8 @@ class HybridConfig:
 
     @property
     def pattern(self) -> str:
-        """The blocks as a NemotronH-style pattern string (`S` marks Mamba-1)."""
+        """The blocks as a NemotronH-style pattern string (`S` Mamba-1, `G` Gated DeltaNet,
+        `E` mixture of experts)."""
         char = {v: k for k, v in PATTERN_CHARS.items()}
         return "".join(char[k] for k in self.blocks)
 
@@ -97,6 +130,13 @@ class HybridConfig:
             sizes["mamba_num_heads"] = self.mamba2.n_heads
         if self.mamba1 is not None and "mamba1" in self.blocks:
             sizes["mamba_d_inner"] = self.mamba1.d_inner
+        if self.gdn is not None and "gdn" in self.blocks:
+            sizes["linear_num_key_heads"] = self.gdn.n_k_heads
+            sizes["linear_num_value_heads"] = self.gdn.n_v_heads
+        if self.moe is not None and "moe" in self.blocks:
+            sizes["moe_intermediate_size"] = self.moe.intermediate_size
+            if self.moe.n_shared_experts:
+                sizes["shared_expert_intermediate_size"] = self.moe.shared_intermediate_size
         for name, size in sizes.items():
             if size % world:
                 raise ValueError(f"{name}={size} is not divisible by tensor-parallel size {world}")

@@ -1,4 +1,5 @@
-"""GQA self-attention, heads split across ranks, with or without RoPE."""
+"""GQA self-attention, heads split across ranks, with or without RoPE, optionally with
+q/k norms and a sigmoid output gate (Qwen3.5, Qwen3-Next)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.layers.linear import column, row
+from marconi_ray.engine.layers.norm import RMSNorm
 from marconi_ray.engine.layers.rope import Rope
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import AttentionConfig
@@ -48,11 +50,23 @@ class Attention(nn.Module):
     """q/k/v column-parallel by heads (n_heads/world and n_kv_heads/world per rank),
     o row-parallel (one all-reduce). Scores are scaled by head_dim**-0.5.
 
-    `prefix` is the HF sub-module name (`mixer` for NemotronH, `self_attn` for Bamba).
+    With `cfg.output_gate` q_proj emits, per head, head_dim query channels then head_dim
+    gate channels (so a rank's slice holds whole heads of both); the attention output is
+    multiplied by sigmoid(gate) before o. With `cfg.qk_norm` each q and k head is
+    RMS-normed over head_dim (scale 1 + w when `unit_offset_norms`) before RoPE.
+
+    `prefix` is the HF sub-module name (`mixer` for NemotronH, `self_attn` for the rest).
     """
 
     def __init__(
-        self, d_model: int, cfg: AttentionConfig, prefix: str, tp: TPGroup, dtype: torch.dtype
+        self,
+        d_model: int,
+        cfg: AttentionConfig,
+        prefix: str,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        eps: float = 1e-6,
+        unit_offset_norms: bool = False,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -60,10 +74,16 @@ class Attention(nn.Module):
         self.n_kv = tp.local(cfg.n_kv_heads)
         hd = cfg.head_dim
         q, kv = (Segment(cfg.n_heads * hd),), (Segment(cfg.n_kv_heads * hd),)
-        self.q = column(d_model, q, cfg.bias, f"{prefix}.q_proj", tp, dtype)
+        q_out = (Segment(cfg.n_heads * hd * 2),) if cfg.output_gate else q
+        self.q = column(d_model, q_out, cfg.bias, f"{prefix}.q_proj", tp, dtype)
         self.k = column(d_model, kv, cfg.bias, f"{prefix}.k_proj", tp, dtype)
         self.v = column(d_model, kv, cfg.bias, f"{prefix}.v_proj", tp, dtype)
         self.o = row(q, d_model, cfg.bias, f"{prefix}.o_proj", tp, dtype)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            off = unit_offset_norms
+            self.q_norm = RMSNorm(hd, eps, f"{prefix}.q_norm.weight", dtype, off)
+            self.k_norm = RMSNorm(hd, eps, f"{prefix}.k_norm.weight", dtype, off)
         self.rope: Rope | None = None
         self.dtype = dtype
 
@@ -74,33 +94,49 @@ class Attention(nn.Module):
 
     def _qkv(
         self, x: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [L, D] -> q [H, L, hd], k, v [KV, L, hd] with RoPE applied."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x [L, D] -> q [H, L, hd], k, v [KV, L, hd] (q/k normed, RoPE applied) and the
+        output gate [L, H*hd] (None without one)."""
         hd = self.cfg.head_dim
-        q = self.q(x).view(-1, self.n_heads, hd).transpose(0, 1)
-        k = self.k(x).view(-1, self.n_kv, hd).transpose(0, 1)
+        gate = None
+        if self.cfg.output_gate:
+            qg = self.q(x).view(-1, self.n_heads, 2 * hd)
+            q, g = qg[..., :hd], qg[..., hd:]
+            gate = g.reshape(x.shape[0], -1)
+        else:
+            q = self.q(x).view(-1, self.n_heads, hd)
+        k = self.k(x).view(-1, self.n_kv, hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 1), k.transpose(0, 1)
         v = self.v(x).view(-1, self.n_kv, hd).transpose(0, 1)
         rope = self._rope(x.device)
         if rope is not None:
             q, k = rope.apply(q, positions), rope.apply(k, positions)
-        return q, k, v
+        return q, k, v, gate
+
+    def _out(self, attn: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """attn [L, H*hd] (gated when the layer has an output gate) -> o -> [L, D]."""
+        if gate is not None:
+            attn = attn * torch.sigmoid(gate)
+        return self.o(attn)
 
     def empty_cache(self, device: torch.device) -> KVBuffer:
         return KVBuffer.empty(self.n_kv, self.cfg.head_dim, self.dtype, device)
 
     def prefill(self, x: torch.Tensor, positions: torch.Tensor, kv: KVBuffer) -> torch.Tensor:
         """x [L, D] at absolute `positions` [L]; appends to `kv`; returns [L, D]."""
-        q, k, v = self._qkv(x, positions)
+        q, k, v, gate = self._qkv(x, positions)
         kv.append(k, v)
         keys, values = kv.view()
         out = causal_attention(q, keys, values)
-        return self.o(out.transpose(0, 1).reshape(q.shape[1], -1))
+        return self._out(out.transpose(0, 1).reshape(q.shape[1], -1), gate)
 
     def decode(
         self, x: torch.Tensor, positions: torch.Tensor, kvs: Sequence[KVBuffer]
     ) -> torch.Tensor:
         """One new token per sequence: x [B, D], positions [B]; appends to each `kvs[b]`."""
-        q, k, v = self._qkv(x, positions)
+        q, k, v, gate = self._qkv(x, positions)
         outs = []
         for b, kv in enumerate(kvs):
             kv.append(k[:, b : b + 1], v[:, b : b + 1])
@@ -112,11 +148,14 @@ class Attention(nn.Module):
                 enable_gqa=self.n_heads != self.n_kv,
             )
             outs.append(o[0, :, 0])
-        return self.o(torch.stack(outs).reshape(len(kvs), -1))
+        return self._out(torch.stack(outs).reshape(len(kvs), -1), gate)
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         out: dict[str, WeightSpec] = {}
         for name in ("q", "k", "v", "o"):
             mod = getattr(self, name)
             out.update({f"{name}.{k}": s for k, s in mod.weight_specs().items()})
+        for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+            if norm is not None:
+                out[f"{name}.weight"] = WeightSpec(norm.key)
         return out

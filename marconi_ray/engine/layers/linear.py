@@ -17,7 +17,9 @@ class ParallelLinear(nn.Module):
 
     Column-parallel (`row_parallel=False`): W's output rows are split by `segments`; the
     output is this rank's slice, no communication. Row-parallel: W's input columns are
-    split; the partial products are all-reduced and the (replicated) bias added once.
+    split; the partial products are all-reduced and the (replicated) bias added once;
+    with `reduce=False` the caller all-reduces the partial products itself (to sum
+    several row-parallel outputs with one all-reduce; no bias then).
     Replicated: `segments` all have `split=False`.
 
     Shapes: x [..., in_local] -> y [..., out_local].
@@ -32,8 +34,12 @@ class ParallelLinear(nn.Module):
         tp: TPGroup,
         dtype: torch.dtype,
         row_parallel: bool = False,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
+        if not reduce and (bias or not row_parallel):
+            raise ValueError(f"{key}: reduce=False is for a row-parallel layer without bias")
+        self.reduce = reduce
         self.tp = tp
         self.key = key
         self.row_parallel = row_parallel
@@ -52,7 +58,10 @@ class ParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.row_parallel:
             return F.linear(x, self.weight, self.bias)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = F.linear(x, self.weight)
+        if not self.reduce:
+            return y
+        y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
     def weight_specs(self) -> dict[str, WeightSpec]:
@@ -75,7 +84,16 @@ def column(
 
 
 def row(
-    ins: Sequence[Segment], d_out: int, bias: bool, key: str, tp: TPGroup, dtype: torch.dtype
+    ins: Sequence[Segment],
+    d_out: int,
+    bias: bool,
+    key: str,
+    tp: TPGroup,
+    dtype: torch.dtype,
+    reduce: bool = True,
 ) -> ParallelLinear:
-    """A row-parallel projection back to the full hidden size (all-reduced)."""
-    return ParallelLinear(ins, (Segment(d_out, False),), bias, key, tp, dtype, row_parallel=True)
+    """A row-parallel projection back to the full hidden size (all-reduced unless
+    `reduce=False`, see `ParallelLinear`)."""
+    return ParallelLinear(
+        ins, (Segment(d_out, False),), bias, key, tp, dtype, row_parallel=True, reduce=reduce
+    )

@@ -37,11 +37,19 @@ class MLP(nn.Module):
     """Column-parallel up/gate, row-parallel down (one all-reduce).
 
     `prefix` is the HF sub-module name (`mixer` for NemotronH, `feed_forward` for Bamba).
+    `reduce=False` leaves the down projection's all-reduce to the caller (a MoE's shared
+    expert, summed with the routed experts first).
     Shapes: x [..., d_model] -> [..., d_model].
     """
 
     def __init__(
-        self, d_model: int, cfg: MLPConfig, prefix: str, tp: TPGroup, dtype: torch.dtype
+        self,
+        d_model: int,
+        cfg: MLPConfig,
+        prefix: str,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.act = activation(cfg.activation)
@@ -50,7 +58,7 @@ class MLP(nn.Module):
         self.gate = (
             column(d_model, ff, cfg.bias, f"{prefix}.gate_proj", tp, dtype) if cfg.gated else None
         )
-        self.down = row(ff, d_model, cfg.bias, f"{prefix}.down_proj", tp, dtype)
+        self.down = row(ff, d_model, cfg.bias, f"{prefix}.down_proj", tp, dtype, reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.up(x)) if self.gate is None else self.act(self.gate(x)) * self.up(x)

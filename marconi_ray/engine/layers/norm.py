@@ -1,4 +1,5 @@
-"""RMSNorm and the gated, grouped RMSNorm of Mamba-2."""
+"""RMSNorm (plain or zero-centred), the gated, grouped RMSNorm of Mamba-2 and the
+per-head gated RMSNorm of Gated DeltaNet."""
 
 from __future__ import annotations
 
@@ -10,24 +11,33 @@ from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.parallel import TPGroup
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`weight * x / rms(x)` over the last dim, computed in fp32; returns x's dtype."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+) -> torch.Tensor:
+    """`scale * x / rms(x)` over the last dim, computed in fp32; returns x's dtype.
+    `scale` is `weight`, or `1 + weight` with `unit_offset` (zero-centred weights, as
+    Qwen3.5 and Qwen3-Next store them)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight.float() * xf).to(x.dtype)
+    scale = weight.float() + 1.0 if unit_offset else weight.float()
+    return (scale * xf).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    """Replicated RMSNorm over the full hidden size."""
+    """Replicated RMSNorm over the last dim (the hidden size, or a head's width for q/k
+    norms); `unit_offset`: the scale is 1 + weight."""
 
-    def __init__(self, size: int, eps: float, key: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self, size: int, eps: float, key: str, dtype: torch.dtype, unit_offset: bool = False
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
         self.eps = eps
         self.key = key
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.unit_offset)
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         return {"weight": WeightSpec(self.key)}
@@ -74,3 +84,24 @@ class GatedGroupRMSNorm(nn.Module):
         self.tp.all_reduce(sq)
         var = sq / self.group_size
         return h * torch.rsqrt(var.index_select(-1, group_of) + self.eps)
+
+
+class HeadGatedRMSNorm(nn.Module):
+    """Gated DeltaNet's output norm: per head, `(weight * x / rms(x)) * silu(gate)`, the
+    norm before the gate, one weight of `head_dim` shared by every head (so it is
+    replicated and needs no communication under tensor parallelism).
+
+    Shapes: x, gate [..., heads, head_dim] -> [..., heads, head_dim] in x's dtype. The
+    normalised x is cast to x's dtype before the weight and the fp32 gate are applied,
+    as transformers does.
+    """
+
+    def __init__(self, head_dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(head_dim, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)

@@ -16,8 +16,18 @@ class WeightSpec:
         key: the checkpoint key relative to the layer's HF prefix (e.g. `in_proj.weight`).
         dim: the dimension split across tensor-parallel ranks, None when replicated.
         segments: the fused row groups along `dim` (one whole segment when empty).
+        stack: when > 0, the parameter stacks `stack` checkpoint tensors along a new
+            first dim: `key` has an `{e}` field, filled with 0..stack-1 (one key per
+            expert), and `dim` / `segments` split each of them.
     """
 
     key: str
     dim: int | None = None
     segments: Sequence[Segment] = ()
+    stack: int = 0
+
+    def checkpoint_keys(self) -> tuple[str, ...]:
+        """The checkpoint keys this parameter reads (relative to the model prefix)."""
+        if self.stack:
+            return tuple(self.key.format(e=e) for e in range(self.stack))
+        return (self.key,)
