@@ -348,7 +348,9 @@ def _qwen_linear(r: ConfigReader, *, fused: bool, moe: bool, sparse: bool) -> Hf
             qk_norm=True,
         )
     act = r.req_str("hidden_act")
-    n_experts = r.req_int("num_experts") if moe else 0
+    n_experts = 0
+    if moe:  # Qwen3.5-MoE builds experts in every layer; Qwen3-Next takes 0 as all dense
+        n_experts = r.req_int("num_experts") if sparse else r.pos_int("num_experts")
     experts: BlockConfig | None = None
     if n_experts > 0:
         experts = MoEConfig(
