@@ -1,7 +1,8 @@
 """Random-weight hybrid checkpoints from a named preset: `make_model` and helpers.
 
 `make_model` writes a folder that loads through the real loading path
-(`AutoModelForCausalLM.from_pretrained(dir)`, `AutoTokenizer.from_pretrained(dir)`):
+(`AutoModelForCausalLM.from_pretrained(dir)`, or `AutoModelForImageTextToText` for a
+multimodal Qwen3.5 checkpoint, and `AutoTokenizer.from_pretrained(dir)`):
 `config.json`, `generation_config.json`, `model.safetensors`, the byte tokenizer of
 `marconi_ray.engine.tokenizer`, and `marconi.json` (preset, family, seed, dtype, parameter
 count).
@@ -57,6 +58,7 @@ from marconi_ray.engine.model_presets import (
     DTYPE_NAMES,
     FAMILIES,
     PRESETS,
+    QWEN_FAMILIES,
     ModelPreset,
     check_family,
     get_preset,
@@ -105,6 +107,15 @@ PRINTABLE_IDS: Final = (BYTE_OFFSET + ord("\n"), *range(BYTE_OFFSET + 32, BYTE_O
 """The ids whose `lm_head` rows are random: newline and printable ASCII (0x20..0x7e)."""
 _MLP_PROJECTIONS: Final = ("gate_proj", "up_proj", "down_proj")
 _FINAL_NORM: Final = {"nemotron_h": "norm_f", "bamba": "final_layernorm"}
+_MODEL_CLASSES: Final = {
+    "nemotron_h": "NemotronHForCausalLM",
+    "bamba": "BambaForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "qwen3_next": "Qwen3NextForCausalLM",
+}
 MARCONI_FILE: Final = "marconi.json"
 
 _OUTPUT_FILES: Final = re.compile(
@@ -115,11 +126,18 @@ _OUTPUT_FILES: Final = re.compile(
 
 
 def model_class(family: str) -> Any:
-    """The transformers `*ForCausalLM` class of `family` (ValueError naming a bad one)."""
+    """The transformers class that builds `family` (ValueError naming a bad one): its
+    `*ForCausalLM`, or `*ForConditionalGeneration` for a multimodal Qwen3.5 checkpoint."""
     check_family(family)
-    from transformers import BambaForCausalLM, NemotronHForCausalLM
+    import transformers
 
-    return NemotronHForCausalLM if family == "nemotron_h" else BambaForCausalLM
+    return getattr(transformers, _MODEL_CLASSES[family])
+
+
+def _decoder(model: Any) -> Any:
+    """The decoder stack (`layers`, final norm) of a causal LM or of a multimodal
+    checkpoint's language model."""
+    return getattr(model.model, "language_model", model.model)
 
 
 def count_parameters(preset: str, family: str) -> int:
@@ -178,7 +196,7 @@ def _attach_mlp_biases(model: Any) -> Any:
     channel must be written after every mixer).
     """
     mlps = [m for m in model.modules() if type(m).__name__.endswith("MLP")]
-    if not mlps or not any(m is mlps[-1] for m in model.model.layers[-1].modules()):
+    if not mlps or not any(m is mlps[-1] for m in _decoder(model).layers[-1].modules()):
         raise ValueError("the last layer of a preset must end with an MLP ('-')")
     for mlp in mlps:
         for name in _MLP_PROJECTIONS:
@@ -191,9 +209,33 @@ def _attach_mlp_biases(model: Any) -> Any:
     return mlps[-1].down_proj
 
 
+def _attention_lift(model: Any) -> Any:
+    """Qwen families (no MLP biases): zero every attention bias and return the last
+    layer's `o_proj`, whose bias carries the lift. That layer's feed-forward must not
+    read the lift channel: its (zero-centred) pre-norm scale is 0 on the channel, and
+    `sqrt(1 + LIFT_RATIO**2)` on the others, which is what the channel takes from their
+    share of the RMS (at the median residual norm). ValueError when the last layer is not
+    attention."""
+    last = _decoder(model).layers[-1]
+    attn = getattr(last, "self_attn", None)
+    if attn is None:
+        raise ValueError("the last layer of a Qwen preset must be attention")
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention") and hasattr(module, "o_proj"):
+            for proj in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
+                if proj.bias is not None:
+                    torch.nn.init.zeros_(proj.bias)
+    with torch.no_grad():
+        scale = last.post_attention_layernorm.weight
+        scale.fill_(math.sqrt(1.0 + LIFT_RATIO**2) - 1.0)
+        scale[LIFT_CHANNEL] = -1.0
+    return attn.o_proj
+
+
 def _final_residual_norm(model: Any) -> float:
     """Median over the positions of a calibration prompt of the final norm's input norm."""
-    norm = getattr(model.model, _FINAL_NORM[model.config.model_type])
+    decoder = _decoder(model)
+    norm = getattr(decoder, _FINAL_NORM.get(model.config.model_type, "norm"))
     seen: list[torch.Tensor] = []
     hook = norm.register_forward_hook(lambda _m, args, _out: seen.append(args[0].detach()))
     g = torch.Generator().manual_seed(CALIBRATION_SEED)
@@ -208,10 +250,13 @@ def _final_residual_norm(model: Any) -> float:
 
 def _separate_logits(model: Any, hidden_size: int) -> None:
     """Zero every non-printable `lm_head` row and lift the printable logits by ~LOGIT_LIFT
-    through a constant channel written by the last MLP (see the module docstring)."""
+    through a constant channel written by the last MLP, or by the last attention layer for
+    the Qwen families (see the module docstring and `_attention_lift`)."""
     head = model.get_output_embeddings().weight
     fresh = torch.randn(head.shape, dtype=torch.float32) * (LOGIT_STD / math.sqrt(hidden_size))
-    down = _attach_mlp_biases(model)
+    bias = LIFT_RATIO * _final_residual_norm(model)
+    qwen = model.config.model_type in QWEN_FAMILIES
+    down = _attention_lift(model) if qwen else _attach_mlp_biases(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
     # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
@@ -221,7 +266,6 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     fresh[~keep] = 0.0
     fresh[keep] *= scale
     fresh[keep, LIFT_CHANNEL] = LOGIT_LIFT * scale / (LIFT_RATIO * math.sqrt(hidden_size))
-    bias = LIFT_RATIO * _final_residual_norm(model)
     with torch.no_grad():
         head.copy_(fresh.to(head.dtype))
         down.bias[LIFT_CHANNEL] = bias
@@ -264,17 +308,25 @@ def build_model(
     config = preset_config(preset, family)
     torch_dtype = _check_dtype(dtype)
     _check_seed(seed)
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    auto: Any = AutoModelForCausalLM  # untyped in transformers
+    # a multimodal Qwen3.5 checkpoint is an image-text-to-text model (its causal-LM auto
+    # class would build the text model alone)
+    multimodal = family in ("qwen3_5", "qwen3_5_moe")
+    auto: Any = (
+        transformers.AutoModelForImageTextToText
+        if multimodal
+        else transformers.AutoModelForCausalLM
+    )
     init_config = copy.deepcopy(config)
-    init_config.mlp_bias = False  # the biases are attached, zero, after the seeded init
+    if family not in QWEN_FAMILIES:
+        init_config.mlp_bias = False  # the biases are attached, zero, after the seeded init
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):
             model = auto.from_config(init_config, dtype=torch_dtype)
         model.eval()
-        _separate_logits(model, config.hidden_size)
+        _separate_logits(model, config.get_text_config().hidden_size)
         check_logit_separation(model)
     return model
 

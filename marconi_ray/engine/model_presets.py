@@ -11,6 +11,11 @@ keep the parameter count about the same.
 Every MLP has biases (`mlp_bias`): `factory.make_model` uses the last one to lift the
 printable logits (all the others stay 0).
 
+The Gated DeltaNet families (`QWEN_FAMILIES`: Qwen3.5 dense and MoE, text-only or with a
+tiny vision tower, and Qwen3-Next) take the preset's widths with their own layer mix (see
+`qwen_kwargs`): their MLPs have no biases, so the last layer's attention output bias
+lifts the logits instead (`attention_bias`, all zero but that one channel).
+
 Exact parameter counts (from `count_parameters`, meta device):
 
 | preset          | nemotron_h    | bamba         |
@@ -37,8 +42,15 @@ ASCII rows of the LM head are random; 3: MLP biases, the last one lifting the pr
 logits far above every other id's, so sampled text is printable ASCII too), so cached
 preset folders are rebuilt."""
 
-FAMILIES: Final = ("nemotron_h", "bamba")
+QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
+"""The Gated DeltaNet families (see `qwen_kwargs`)."""
+FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES)
 """Model families a preset can be built as (transformers `model_type` names)."""
+QWEN_ATTENTION_INTERVAL: Final = 4
+"""Qwen presets: three Gated DeltaNet layers then one attention layer, repeated (the
+released models' `full_attention_interval`), so the last layer is attention."""
+QWEN_EXPERTS: Final = 8
+QWEN_TOP_K: Final = 2
 
 DTYPE_NAMES: Final = ("float32", "bfloat16", "float16")
 """Weight dtypes a preset can be materialised in (torch dtype names)."""
@@ -252,6 +264,58 @@ def bamba_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, A
     }
 
 
+def qwen_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) -> dict[str, Any]:
+    """Keyword arguments of the text config of a Qwen3.5 / Qwen3-Next `family` for `p`.
+
+    Layers: `QWEN_ATTENTION_INTERVAL` times the number of whole groups of that many mixers
+    in the pattern (at least one group), three Gated DeltaNet layers then one attention
+    layer each. Gated DeltaNet: value heads and head widths of the preset's Mamba-2
+    (Hv * dv = 2 * hidden), half as many key heads (two value heads per key head). MoE
+    families: `QWEN_EXPERTS` experts, top `QWEN_TOP_K`, each a quarter of the gated MLP
+    width, and a shared expert of half of it.
+    """
+    layers = QWEN_ATTENTION_INTERVAL * max(1, len(p.mixers) // QWEN_ATTENTION_INTERVAL)
+    out: dict[str, Any] = {
+        **_common(p, initializer_range),
+        "num_hidden_layers": layers,
+        "head_dim": p.head_dim,
+        "intermediate_size": p.gated_intermediate_size,
+        "hidden_act": "silu",
+        "attention_bias": True,  # zero, but the last layer's lifts the printable logits
+        "linear_num_value_heads": p.mamba_num_heads,
+        "linear_num_key_heads": p.mamba_num_heads // 2,
+        "linear_key_head_dim": p.mamba_head_dim,
+        "linear_value_head_dim": p.mamba_head_dim,
+        "linear_conv_kernel_dim": p.conv_kernel,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    }
+    del out["mlp_bias"]
+    if family in ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"):
+        out.update(
+            num_experts=QWEN_EXPERTS,
+            num_experts_per_tok=QWEN_TOP_K,
+            moe_intermediate_size=p.gated_intermediate_size // 4,
+            shared_expert_intermediate_size=p.gated_intermediate_size // 2,
+        )
+    return out
+
+
+def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
+    """The smallest vision tower of a multimodal Qwen3.5 checkpoint (its weights are saved
+    and skipped by the engine, which serves text)."""
+    return {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": p.hidden_size,
+    }
+
+
 def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) -> Any:
     """The transformers config (no weights) of `preset` built as `family`.
 
@@ -259,8 +323,21 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
     """
     p = get_preset(preset)
     check_family(family)
-    from transformers import BambaConfig, NemotronHConfig
+    import transformers
 
     if family == "nemotron_h":
-        return NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
-    return BambaConfig(**bamba_kwargs(p, initializer_range))
+        return transformers.NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
+    if family == "bamba":
+        return transformers.BambaConfig(**bamba_kwargs(p, initializer_range))
+    text = qwen_kwargs(p, family, initializer_range)
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig
+        return outer(
+            text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False
+        )
+    classes = {
+        "qwen3_5_text": transformers.Qwen3_5TextConfig,
+        "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig,
+        "qwen3_next": transformers.Qwen3NextConfig,
+    }
+    return classes[family](**text)
