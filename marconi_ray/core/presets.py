@@ -1,10 +1,13 @@
-"""Named model specs that need no config file, starting with the Marconi paper's 7B hybrid."""
+"""Named model specs that need no config file: the Marconi paper's 7B hybrid and the
+published Qwen3.5 / Qwen3-Next hybrids (their config.json values in `preset_configs`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from marconi_ray.core import preset_configs
+from marconi_ray.core.hf_config import spec_from_hf_config
 from marconi_ray.core.layers import AttentionLayer, LayerSpec, MLPLayer, PaperSSMLayer
 from marconi_ray.core.model_spec import ModelSpec
 
@@ -36,7 +39,24 @@ def paper_7b() -> ModelSpec:
     )
 
 
-PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType({"paper-7b": paper_7b})
+def _published(name: str, config: Mapping[str, object]) -> Callable[[], ModelSpec]:
+    """A factory of the bf16 spec of a published config.json."""
+
+    def build() -> ModelSpec:
+        return spec_from_hf_config(config, dtype_bytes=2, name=name)
+
+    build.__doc__ = f"{name}: bf16 cost model of its published config.json (preset_configs)."
+    return build
+
+
+PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType(
+    {
+        "paper-7b": paper_7b,
+        "qwen3.5-27b": _published("qwen3.5-27b", preset_configs.QWEN3_5_27B),
+        "qwen3.5-35b-a3b": _published("qwen3.5-35b-a3b", preset_configs.QWEN3_5_35B_A3B),
+        "qwen3-next-80b-a3b": _published("qwen3-next-80b-a3b", preset_configs.QWEN3_NEXT_80B_A3B),
+    }
+)
 """Immutable registry of preset names -> spec factories."""
 
 
