@@ -2,7 +2,8 @@
 
 Pure-torch references (any device, float32 compute) for the Mamba-2 chunked SSD scan with
 state emission at arbitrary positions, single-step state updates, the causal conv1d with
-state, and the Mamba-1 selective scan with an initial state; Triton versions of each (ours
+state, the Mamba-1 selective scan with an initial state, and the gated delta rule (Gated
+DeltaNet) prefill with state emission and its decode step; Triton versions of each (ours
 and mamba-ssm's) that run on CUDA, or on CPU under ``TRITON_INTERPRET=1``. ``get_kernels``
 picks a set. Names are imported lazily, so ``marconi_kernels.choices`` needs no torch.
 """
@@ -22,6 +23,9 @@ _EXPORTS = {
     "triton_unavailable": "marconi_kernels.dispatch",
     "causal_conv1d_ref": "marconi_kernels.conv",
     "causal_conv1d_update_ref": "marconi_kernels.conv",
+    "gated_delta_chunk_ref": "marconi_kernels.gated_delta",
+    "gated_delta_recurrent_ref": "marconi_kernels.gated_delta",
+    "gated_delta_step_ref": "marconi_kernels.gated_delta",
     "selective_scan_ref": "marconi_kernels.selective_scan",
     "ssd_chunk_scan_ref": "marconi_kernels.ssd",
     "ssd_naive_ref": "marconi_kernels.ssd",

@@ -3,8 +3,9 @@
 ``get_kernels(device, prefer)`` returns a frozen :class:`KernelSet`; callers never import
 mamba_ssm or triton themselves. The "triton" set combines mamba-ssm's Triton kernels (the
 Mamba-2 chunked scan and the single-step state updates) with our own (the causal conv1d
-and its step, the Mamba-1 selective scan). It runs on CUDA tensors, and on CPU tensors
-under Triton's interpreter (``TRITON_INTERPRET=1``), which is how CI tests it.
+and its step, the Mamba-1 selective scan, the gated delta rule's prefill and step). It runs
+on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``),
+which is how CI tests it.
 
 A set never falls back silently: each op's implementation is named in
 ``KernelSet.backends`` and a requested "triton" set that cannot be built raises with the
@@ -22,6 +23,7 @@ import torch
 
 from .choices import KERNEL_CHOICES
 from .conv import causal_conv1d_ref, causal_conv1d_update_ref
+from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
 from .selective_scan import selective_scan_ref
 from .ssd import ssd_chunk_scan_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
@@ -36,6 +38,8 @@ OPS = (
     "causal_conv1d",
     "causal_conv1d_update",
     "selective_scan",
+    "gated_delta_chunk",
+    "gated_delta_step",
 )
 
 
@@ -53,6 +57,9 @@ class KernelSet:
     causal_conv1d: see ``causal_conv1d_ref`` (x [b, C, L] -> y, state, emitted).
     causal_conv1d_update: see ``causal_conv1d_update_ref`` (state [b, C, K] in place).
     selective_scan: see ``selective_scan_ref`` (u [b, Dm, L] -> y, state, emitted).
+    gated_delta_chunk: see ``gated_delta_chunk_ref`` (q, k [b, L, H, K], v [b, L, H, V]
+        -> o, state [b, H, K, V], emitted).
+    gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -63,6 +70,8 @@ class KernelSet:
     causal_conv1d: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     causal_conv1d_update: Callable[..., torch.Tensor]
     selective_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    gated_delta_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -81,6 +90,8 @@ def _build_ref() -> KernelSet:
         causal_conv1d=causal_conv1d_ref,
         causal_conv1d_update=causal_conv1d_update_ref,
         selective_scan=selective_scan_ref,
+        gated_delta_chunk=gated_delta_chunk_ref,
+        gated_delta_step=gated_delta_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -94,6 +105,7 @@ def _triton_set() -> KernelSet | str:
         from . import mamba_ssm_ops
         from .mamba_ssm_import import mamba_ssm_version
         from .triton_conv import causal_conv1d_triton, causal_conv1d_update_triton
+        from .triton_gated_delta import gated_delta_chunk_triton, gated_delta_step_triton
         from .triton_selective_scan import selective_scan_triton
 
         mamba = mamba_ssm_ops.load()
@@ -107,6 +119,8 @@ def _triton_set() -> KernelSet | str:
         causal_conv1d=causal_conv1d_triton,
         causal_conv1d_update=causal_conv1d_update_triton,
         selective_scan=selective_scan_triton,
+        gated_delta_chunk=gated_delta_chunk_triton,
+        gated_delta_step=gated_delta_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -115,6 +129,8 @@ def _triton_set() -> KernelSet | str:
             "causal_conv1d": "triton:marconi",
             "causal_conv1d_update": "triton:marconi",
             "selective_scan": "triton:marconi",
+            "gated_delta_chunk": "triton:marconi",
+            "gated_delta_step": "triton:marconi",
         },
     )
 

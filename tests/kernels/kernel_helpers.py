@@ -73,3 +73,33 @@ def mamba1_inputs(
         "state": rnd(b, Dm, N),
     }
     return {k: v.to(device=device, dtype=dtype) for k, v in out.items()}
+
+
+def gated_delta_inputs(
+    b: int,
+    L: int,
+    H: int,
+    K: int,
+    V: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    decay: float = 0.5,
+) -> dict[str, torch.Tensor]:
+    """q/k [b, L, H, K], v [b, L, H, V], g [b, L, H] (log-decay <= 0, about -decay * softplus
+    of a normal), beta [b, L, H] in (0, 1), state [b, H, K, V] (always float32)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    out = {
+        "q": rnd(b, L, H, K),
+        "k": rnd(b, L, H, K),
+        "v": rnd(b, L, H, V),
+        "g": -torch.nn.functional.softplus(rnd(b, L, H)) * decay,
+        "beta": torch.sigmoid(rnd(b, L, H)),
+    }
+    inputs = {k: v.to(dtype) for k, v in out.items()}
+    inputs["state"] = (rnd(b, H, K, V) * 0.5).float()
+    return inputs

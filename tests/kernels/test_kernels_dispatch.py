@@ -19,6 +19,8 @@ def test_cpu_gets_reference_kernels():
     assert ks.name == "ref"
     assert ks.ssd_chunk_scan is marconi_kernels.ssd_chunk_scan_ref
     assert ks.selective_scan is marconi_kernels.selective_scan_ref
+    assert ks.gated_delta_chunk is marconi_kernels.gated_delta_chunk_ref
+    assert ks.gated_delta_step is marconi_kernels.gated_delta_step_ref
     assert get_kernels(torch.device("cpu"), prefer="ref").name == "ref"
     assert set(KERNEL_REGISTRY) == {"ref", "triton"}
     assert KERNEL_CHOICES == ("auto", "ref", "triton")
@@ -31,7 +33,7 @@ def test_kernel_set_is_frozen_and_names_every_op():
     assert all(callable(getattr(get_kernels(), op)) for op in OPS)
     ref = get_kernels()
     fields = {f.name: getattr(ref, f.name) for f in dataclasses.fields(KernelSet)}
-    with pytest.raises(ValueError, match="selective_scan"):
+    with pytest.raises(ValueError, match=OPS[-1]):
         KernelSet(**{**fields, "backends": {op: "ref" for op in OPS[:-1]}})
 
 
@@ -59,4 +61,7 @@ def test_triton_on_cpu_under_the_interpreter():
     assert ks.name == "triton"
     assert set(ks.backends) == set(OPS)
     assert ks.backends["causal_conv1d"] == "triton:marconi"
+    assert ks.backends["gated_delta_chunk"] == ks.backends["gated_delta_step"] == "triton:marconi"
+    assert ks.gated_delta_chunk.__name__ == "gated_delta_chunk_triton"
+    assert ks.gated_delta_step.__name__ == "gated_delta_step_triton"
     assert ks.backends["ssd_chunk_scan"].startswith("triton:mamba-ssm ")
