@@ -28,10 +28,12 @@ def test_generate_bad_model_dir_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.triton
-def test_generate_triton_json_equals_ref_and_names_every_op(tmp_path, capsys):
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5"])
+def test_generate_triton_json_equals_ref_and_names_every_op(tmp_path, capsys, family):
     """`--kernels triton --json` (under TRITON_INTERPRET=1 without a GPU) gives the same
-    tokens as `--kernels ref`, and each line names triton for every kernel op."""
-    model = make_model("tiny", "nemotron_h", tmp_path / "m")
+    tokens as `--kernels ref`, and each line names triton for every kernel op (the Gated
+    DeltaNet prefill and step included)."""
+    model = make_model("tiny", family, tmp_path / "m")
     argv = ["generate", "--model", str(model), "--prompt", "Hi!", "--prompt", "More?"]
     runs = {}
     for kernels in ("ref", "triton"):

@@ -41,10 +41,15 @@ def make_jamba(out: Path, seed: int = 0) -> Path:
 
 
 def hf_model(model_dir: Path):
-    """transformers' own model for a checkpoint dir (the reference)."""
-    from transformers import AutoModelForCausalLM
+    """transformers' own model for a checkpoint dir (the reference): the class its
+    config.json names (a multimodal Qwen3.5 checkpoint is no `AutoModelForCausalLM`)."""
+    import json
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    import transformers
+
+    arch = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
+    cls = getattr(transformers, arch)
+    return cls.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def hf_logits(model, ids: list[int] | np.ndarray) -> torch.Tensor:

@@ -15,13 +15,21 @@ from marconi_ray.core.tuner import TunerConfig
 from marconi_ray.engine.engine import Engine
 
 
-@pytest.mark.parametrize("system", ["marconi", "marconi+"])
-def test_engine_hit_rate_equals_simulator_with_tuning(model_dirs, system, monkeypatch):
+@pytest.mark.parametrize(
+    ("family", "system", "capacity"),
+    [
+        ("nemotron_h", "marconi", 300_000),
+        ("nemotron_h", "marconi+", 300_000),
+        ("qwen3_5", "marconi", 700_000),  # a Gated DeltaNet state is ~60 KB here
+    ],
+)
+def test_engine_hit_rate_equals_simulator_with_tuning(
+    model_dirs, family, system, capacity, monkeypatch
+):
     # marconi+ with 16-token blocks, so these short conversations speculate
     monkeypatch.setattr(MarconiPlusAdmission.__init__, "__defaults__", (16, True))
     tuner = TunerConfig(multiplier=1, grid=(0.0, 0.5, 2.0))
-    capacity = 300_000
-    engine = Engine(model_dirs["nemotron_h"], system=system, cache_bytes=capacity, tuner=tuner)
+    engine = Engine(model_dirs[family], system=system, cache_bytes=capacity, tuner=tuner)
     rng = np.random.default_rng(9)
     vocab = engine.config.vocab_size
     shared = rng.integers(7, vocab, 24).tolist()

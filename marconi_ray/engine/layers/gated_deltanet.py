@@ -26,6 +26,9 @@ from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import GatedDeltaNetConfig
 from marconi_ray.engine.parallel import Segment, TPGroup, local_size
 
+MIN_CHUNK = 16
+"""Shortest chunk a prefill uses (the Triton kernel's smallest tile)."""
+
 Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """(qkv [..., conv_local], z [..., Hv', dv], b [..., Hv'], a [..., Hv'])."""
 
@@ -137,6 +140,13 @@ class GatedDeltaNetMixer(nn.Module):
         y = self.norm(o, z)
         return self.out_proj(y.reshape(*y.shape[:-2], self.value_local))
 
+    def _chunk(self, n: int) -> int:
+        """The chunk length for an n-token prefill: `cfg.chunk_size`, or the power of two
+        (at least `MIN_CHUNK`) that covers a shorter prefill, so a short turn does not pay
+        for a padded full chunk (the result is the same up to rounding)."""
+        fit = max(MIN_CHUNK, 1 << max(0, n - 1).bit_length())
+        return min(self.cfg.chunk_size, fit)
+
     def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero conv [conv_local, d_conv] and ssm [Hv', dk, dv] (float32) states."""
         conv = torch.zeros(
@@ -186,7 +196,7 @@ class GatedDeltaNetMixer(nn.Module):
             v[None],
             g[None],
             beta[None],
-            chunk_size=self.cfg.chunk_size,
+            chunk_size=self._chunk(x.shape[0]),
             initial_state=None if ssm is None else ssm[None],
             emit_at=emit_at,
             use_qk_l2norm=True,
