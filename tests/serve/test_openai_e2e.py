@@ -14,12 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from serve_helpers import local_ray
 
+from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.serve.app import build_app, shutdown_app, start_actors
+from marconi_ray.serve.model_source import resolve_model
 from marconi_ray.serve.settings import ServeSettings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 PORT = 8123
+QWEN = "tiny:qwen3_5"
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -38,21 +41,34 @@ def services(tmp_path_factory):
     vanilla = ServeSettings(
         model_dir=model_dir, model_name="tiny", system="vanilla", port=PORT, app_name="vanilla"
     )
+    # `serve --model tiny:qwen3_5`: the preset resolved (built) as the CLI does, 2 shards
+    qwen_dir = resolve_model(QWEN, root=tmp_path_factory.mktemp("presets"))
+    qwen = ServeSettings(
+        model_dir=str(qwen_dir),
+        model_name=QWEN,
+        tp=2,
+        cache_bytes=10**8,
+        port=PORT,
+        app_name="qwen",
+    )
+    apps = ((marconi, "/"), (vanilla, "/vanilla"), (qwen, "/qwen"))
     with local_ray(num_cpus=16):
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        for settings, prefix in ((marconi, "/"), (vanilla, "/vanilla")):
+        for settings, prefix in apps:
             start_actors(settings)
             serve.run(build_app(settings), name=settings.app_name, route_prefix=prefix)
         yield {
             "marconi": OpenAI(base_url=f"{BASE}/v1", api_key="unused", max_retries=0),
             "vanilla": OpenAI(base_url=f"{BASE}/vanilla/v1", api_key="unused", max_retries=0),
+            "qwen": OpenAI(base_url=f"{BASE}/qwen/v1", api_key="unused", max_retries=0),
+            "qwen_dir": qwen_dir,
         }
-        for settings in (marconi, vanilla):
+        for settings, _ in apps:
             shutdown_app(settings)
 
 
-def _chat(client, messages, stream=False):
-    kwargs = dict(model="tiny", messages=messages, max_tokens=8, temperature=0.0)
+def _chat(client, messages, stream=False, model="tiny"):
+    kwargs = dict(model=model, messages=messages, max_tokens=8, temperature=0.0)
     if not stream:
         reply = client.chat.completions.create(**kwargs)
         return reply.choices[0].message.content, reply.usage
@@ -82,6 +98,39 @@ def test_multi_turn_chat_hits_and_matches_vanilla(services):
         if turn:
             assert usage.prompt_tokens_details.cached_tokens > 0
         messages.append({"role": "assistant", "content": text})
+
+
+def test_qwen3_5_preset_over_http_hits_and_matches_the_engine(services):
+    """The multimodal Qwen3.5 preset (Gated DeltaNet, tp 2) behind the OpenAI API: later
+    chat turns hit the cache, streamed equals whole, and a completion's tokens equal the
+    in-process vanilla engine's on the same prompt ids."""
+    client = services["qwen"]
+    messages = []
+    for turn, user in enumerate(["Hello there!", "Tell me more."]):
+        messages.append({"role": "user", "content": user})
+        text, usage = _chat(client, messages, model=QWEN)
+        streamed, _ = _chat(client, messages, stream=True, model=QWEN)
+        assert streamed == text and usage.completion_tokens == 8
+        if turn:
+            assert usage.prompt_tokens_details.cached_tokens > 0
+        messages.append({"role": "assistant", "content": text})
+    prompt = list(range(40, 90))
+    reply = client.completions.create(
+        model=QWEN,
+        prompt=prompt,
+        max_tokens=8,
+        temperature=0.0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    engine = Engine(services["qwen_dir"], system="vanilla")
+    want = engine.generate(prompt, _greedy(8)).tokens
+    assert list(reply.choices[0].token_ids) == list(want)
+
+
+def _greedy(n: int):
+    from marconi_ray.protocol.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
 def test_completions_and_models(services):
