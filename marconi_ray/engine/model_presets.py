@@ -271,8 +271,8 @@ def qwen_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
     in the pattern (at least one group), three Gated DeltaNet layers then one attention
     layer each. Gated DeltaNet: value heads and head widths of the preset's Mamba-2
     (Hv * dv = 2 * hidden), half as many key heads (two value heads per key head). MoE
-    families: `QWEN_EXPERTS` experts, top `QWEN_TOP_K`, each a quarter of the gated MLP
-    width, and a shared expert of half of it.
+    families: `QWEN_EXPERTS` experts, top `QWEN_TOP_K`, together as wide as the dense
+    gated MLP, and a shared expert of half its width.
     """
     layers = QWEN_ATTENTION_INTERVAL * max(1, len(p.mixers) // QWEN_ATTENTION_INTERVAL)
     out: dict[str, Any] = {
@@ -298,7 +298,7 @@ def qwen_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
         out.update(
             num_experts=QWEN_EXPERTS,
             num_experts_per_tok=QWEN_TOP_K,
-            moe_intermediate_size=p.gated_intermediate_size // 4,
+            moe_intermediate_size=p.gated_intermediate_size // QWEN_EXPERTS,
             shared_expert_intermediate_size=p.gated_intermediate_size // 2,
         )
     return out

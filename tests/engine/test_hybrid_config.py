@@ -15,6 +15,7 @@ from transformers import BambaConfig, JambaConfig, NemotronHConfig
 from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
 from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
 from marconi_ray.engine.loader import read_config
+from marconi_ray.engine.model_presets import QWEN_FAMILIES, preset_config
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "nemotron_h": NemotronHConfig(
@@ -29,6 +30,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         hidden_size=64, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
         num_attention_heads=4, num_key_value_heads=2, num_experts=1,
     ).to_dict(),
+    **{family: preset_config("tiny", family).to_dict() for family in QWEN_FAMILIES},
 }  # fmt: skip
 
 
@@ -40,7 +42,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     spec = spec_from_hf_config(raw)
     assert cfg.blocks == tuple(b.kind for b in arch.blocks)
     assert cfg.hf_layer == tuple(b.hf_layer for b in arch.blocks)
-    for kind in ("attention", "mlp", "mamba2", "mamba1"):
+    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe"):
         assert (getattr(cfg, kind),) == (arch.configs_of(kind) or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
         arch.vocab_size,
@@ -50,8 +52,8 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     assert cfg.max_position == arch.max_position == spec.max_position
     assert len(spec.layers) == len(cfg.blocks)
     assert spec.n_attention == cfg.blocks.count("attention")
-    assert spec.n_ssm == cfg.blocks.count("mamba2") + cfg.blocks.count("mamba1")
-    assert spec.n_mlp == cfg.blocks.count("mlp")
+    assert spec.n_ssm == sum(cfg.blocks.count(k) for k in ("mamba2", "mamba1", "gdn"))
+    assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe")
     if cfg.attention is not None:
         kv = spec.kv_bytes_per_token // spec.n_attention
         assert kv == 2 * cfg.attention.n_kv_heads * cfg.attention.head_dim * spec.dtype_bytes
@@ -78,6 +80,8 @@ def test_bamba_rope_and_dt_limits_reach_the_engine() -> None:
         ({"model_type": "falcon_h1"}, "the engine supports"),
         ({"model_type": "llama"}, "'llama'"),
         ({**CONFIGS["bamba"], "mamba_n_heads": "eight"}, "mamba_n_heads"),
+        ({**CONFIGS["qwen3_next"], "norm_topk_prob": False}, "renormalised softmax top-k"),
+        ({**CONFIGS["qwen3_5_text"], "linear_num_value_heads": 3}, "linear_num_key_heads=2"),
     ],
 )
 def test_what_the_engine_cannot_run_is_named(config: dict[str, Any], needle: str) -> None:
@@ -92,3 +96,13 @@ def test_read_config_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**raw, "hidden_size": None}))
     with pytest.raises(ValueError, match=r"config\.json.*hidden_size"):
         read_config(tmp_path)
+
+
+def test_tensor_parallel_sizes_of_gated_deltanet_are_checked() -> None:
+    """Key heads split across ranks: a world size that does not divide them is named."""
+    raw = {**CONFIGS["qwen3_next"], "num_attention_heads": 8, "num_key_value_heads": 4}
+    raw["head_dim"] = raw["hidden_size"] // 8
+    cfg = hybrid_config(raw)
+    cfg.check_tp(2)
+    with pytest.raises(ValueError, match=r"linear_num_key_heads=2 is not divisible by .* 4"):
+        cfg.check_tp(4)

@@ -106,7 +106,7 @@ def _replica(coordinator: GatedCoordinator) -> ModelReplica:
     replica.replica_id = "r0"
     replica.settings = ServeSettings(model_dir="unused", model_name="tiny", heartbeat_s=60.0)
     replica.generation = 0
-    replica._reconcile_due, replica._beat_task = False, None
+    replica._reconcile_due, replica._rebuild_due, replica._beat_task = False, False, None
     replica.shards = OneTokenShards()
     replica.coordinator = coordinator
     replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
