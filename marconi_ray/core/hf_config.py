@@ -122,11 +122,15 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
 
 
 def spec_from_architecture(
-    arch: HfArchitecture, dtype_bytes: int = 2, name: str | None = None
+    arch: HfArchitecture,
+    dtype_bytes: int = 2,
+    name: str | None = None,
+    state_dtype_bytes: int | None = None,
 ) -> ModelSpec:
     """The core's view of a parse: one layer spec per block, in order.
 
-    name defaults to the family. Raises ValueError naming an invalid size.
+    name defaults to the family; `state_dtype_bytes` prices the recurrent states apart
+    (see `ModelSpec`). Raises ValueError naming an invalid size.
     """
     specs: dict[BlockConfig, LayerSpec] = {}
     for block in arch.blocks:
@@ -138,11 +142,15 @@ def spec_from_architecture(
         dtype_bytes=dtype_bytes,
         vocab_size=arch.vocab_size,
         max_position=arch.max_position,
+        state_dtype_bytes=state_dtype_bytes,
     )
 
 
 def spec_from_hf_config(
-    config: Mapping[str, object], dtype_bytes: int = 2, name: str | None = None
+    config: Mapping[str, object],
+    dtype_bytes: int = 2,
+    name: str | None = None,
+    state_dtype_bytes: int | None = None,
 ) -> ModelSpec:
     """Parse a HF config dict into a `ModelSpec` (`parse_hf_config`, then
     `spec_from_architecture`).
@@ -151,6 +159,8 @@ def spec_from_hf_config(
         config: the parsed `config.json` or `PretrainedConfig.to_dict()`. Keys it lacks take
             the defaults of the family's transformers config class.
         dtype_bytes: bytes per element of the cached KV and SSM states (2 for fp16/bf16).
+        state_dtype_bytes: bytes per element of the recurrent states when they are kept
+            apart (4: fp32); None means dtype_bytes.
         name: spec name; defaults to the config's `_name_or_path`, else its model_type.
 
     Raises:
@@ -161,4 +171,4 @@ def spec_from_hf_config(
     if name is None:
         path = config.get("_name_or_path")
         name = path if isinstance(path, str) and path else arch.family
-    return spec_from_architecture(arch, dtype_bytes, name)
+    return spec_from_architecture(arch, dtype_bytes, name, state_dtype_bytes)

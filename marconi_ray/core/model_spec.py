@@ -37,6 +37,10 @@ class ModelSpec:
         name: human-readable model name (non-empty).
         layers: the layers in execution order (a list is converted to a tuple).
         dtype_bytes: bytes per element of cached KV and SSM states (2 for fp16/bf16).
+        state_dtype_bytes: bytes per element of the cached recurrent states when they
+            are kept at another precision than the rest (4: fp32, as the engine keeps
+            them, so a resumed state is exactly the one that was captured); None means
+            `dtype_bytes`. Conv states and KV stay at `dtype_bytes`.
         vocab_size: vocabulary size (0 when unknown); informational.
         max_position: context limit in tokens, None when unknown; informational.
     """
@@ -46,6 +50,7 @@ class ModelSpec:
     dtype_bytes: int = 2
     vocab_size: int = 0
     max_position: int | None = None
+    state_dtype_bytes: int | None = None
     _coeffs: tuple[float, float] = field(init=False, repr=False, compare=False)
     _coeffs_by_kind: tuple[tuple[str, float, float], ...] = field(
         init=False, repr=False, compare=False
@@ -66,6 +71,8 @@ class ModelSpec:
             if layer.kind not in LAYER_KINDS:
                 raise ValueError(f"layers[{i}] has unknown kind {layer.kind!r}")
         require_positive("dtype_bytes", self.dtype_bytes)
+        if self.state_dtype_bytes is not None:
+            require_positive("state_dtype_bytes", self.state_dtype_bytes)
         require_non_negative("vocab_size", self.vocab_size)
         if self.max_position is not None:
             require_positive("max_position", self.max_position)
@@ -84,7 +91,8 @@ class ModelSpec:
         )
         d = self.dtype_bytes
         sets(self, "_kv_bytes_per_token", sum(x.kv_bytes_per_token(d) for x in layers))
-        sets(self, "_ssm_recurrent_bytes", sum(x.state_bytes(d) for x in layers))
+        ds = d if self.state_dtype_bytes is None else self.state_dtype_bytes
+        sets(self, "_ssm_recurrent_bytes", sum(x.state_bytes(ds) for x in layers))
         sets(self, "_ssm_conv_bytes", sum(x.conv_bytes(d) for x in layers))
 
     # ---- FLOPs -------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from marconi_ray.core.tuner import BootstrapTuner, TunerConfig
 from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished
 from marconi_ray.protocol.planner import Planner
@@ -81,7 +82,9 @@ def build_planner(
     """A planner whose cache prices bytes as `worker`'s store holds them (this rank's
     shard: exactly `core.model_spec`'s figures at world size 1) and FLOPs from the spec."""
     elem = torch.empty((), dtype=worker.model.dtype).element_size()
-    spec = spec_from_hf_config(raw_config, dtype_bytes=elem)
+    spec = spec_from_hf_config(
+        raw_config, dtype_bytes=elem, state_dtype_bytes=STATE_DTYPE.itemsize
+    )
     store = worker.store
     return Planner.for_system(
         system,

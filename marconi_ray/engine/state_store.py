@@ -5,11 +5,15 @@
   which the radix tree slices on split and concatenates on merge. The pool grows by
   doubling; freed slots are reused.
 - SSM checkpoints live by state id: conv and recurrent state per SSM block, plus the
-  next-token logits at that depth (so a fully cached prompt needs no prefill).
+  next-token logits at that depth (so a fully cached prompt needs no prefill). Conv
+  states are kept in the store dtype, recurrent states (Mamba, Gated DeltaNet) in float32,
+  the precision the model runs them at: a resumed state is exactly the one captured, in
+  any dtype.
 
-Byte accounting (`bytes_used`) counts K+V of live slots and conv+recurrent of live states
-in the store dtype; it equals `core.model_spec`'s prediction for the same config (logits
-are bookkeeping, reported apart in `logits_bytes`).
+Byte accounting (`bytes_used`) counts K+V of live slots and conv (store dtype) +
+recurrent (float32) of live states; it equals `core.model_spec`'s prediction for the same
+config with `state_dtype_bytes=4` (logits are bookkeeping, reported apart in
+`logits_bytes`).
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
 
 Slots = npt.NDArray[np.int64]
+STATE_DTYPE = torch.float32
+"""The dtype of stored recurrent states (that of the running ones)."""
 
 
 class StateStore:
-    """KV slot pool + SSM checkpoints of one model rank, in `model.dtype`.
+    """KV slot pool + SSM checkpoints of one model rank (KV and conv states in
+    `model.dtype`, recurrent states in float32).
 
     Invariant: a KV slot is free or held, never both; freeing one that is not held (a
     second free would hand it out twice: two sequences writing one slot) is refused with
@@ -54,7 +61,7 @@ class StateStore:
             for i in model.attn_blocks
         )
         self.state_bytes = sum(
-            (c.numel() + s.numel()) * self._k_elem()
+            c.numel() * self._k_elem() + s.numel() * STATE_DTYPE.itemsize
             for c, s in (model.ssm(i).empty_state(self.device) for i in model.ssm_blocks)
         )
 
@@ -136,13 +143,14 @@ class StateStore:
 
     # ------------------------------------------------------------------ states
     def put_state(self, ckpt: StateCheckpoint) -> int:
-        """Store a copy of `ckpt` (in the store dtype); returns its new state id."""
+        """Store a copy of `ckpt` (conv in the store dtype, recurrent in float32); returns
+        its new state id."""
         sid = self._next_id
         self._next_id += 1
         self._states[sid] = StateCheckpoint(
             ckpt.depth,
             {i: t.to(self.dtype, copy=True) for i, t in ckpt.conv.items()},
-            {i: t.to(self.dtype, copy=True) for i, t in ckpt.ssm.items()},
+            {i: t.to(STATE_DTYPE, copy=True) for i, t in ckpt.ssm.items()},
             ckpt.logits.clone(),
         )
         return sid
@@ -171,5 +179,5 @@ class StateStore:
             state.kv[i] = KVBuffer(k, v)
         for i in self.model.ssm_blocks:
             state.conv[i] = ckpt.conv[i].to(self.model.dtype, copy=True)
-            state.ssm[i] = ckpt.ssm[i].to(torch.float32, copy=True)
+            state.ssm[i] = ckpt.ssm[i].clone()
         return state

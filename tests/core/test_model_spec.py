@@ -277,3 +277,16 @@ def test_bad_token_counts_raise(paper: ModelSpec, call: object, name: str) -> No
 def test_bad_specs_raise(make: object, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         make()  # type: ignore[operator]
+
+
+def test_recurrent_states_priced_at_their_own_dtype() -> None:
+    """`state_dtype_bytes` prices only the recurrent states apart (fp32 states beside a
+    bf16 cache); conv states and KV stay at `dtype_bytes`; a bad value is named."""
+    layers = (AttentionLayer(64, 4, 2, 16), Mamba2Layer(64, 4, 32, 2, 16, 4))
+    bf16 = ModelSpec("m", layers, dtype_bytes=2)
+    mixed = ModelSpec("m", layers, dtype_bytes=2, state_dtype_bytes=4)
+    assert mixed.ssm_recurrent_bytes == 2 * bf16.ssm_recurrent_bytes
+    assert mixed.ssm_conv_bytes == bf16.ssm_conv_bytes
+    assert mixed.kv_bytes_per_token == bf16.kv_bytes_per_token
+    with pytest.raises(ValueError, match="state_dtype_bytes"):
+        ModelSpec("m", layers, state_dtype_bytes=0)

@@ -23,7 +23,8 @@ def test_store_bytes_equal_model_spec(model_dirs, family, dtype):
     _, raw = read_config(model_dirs[family])
     model = load_model(model_dirs[family], dtype=dtype)
     store = StateStore(model)
-    spec = spec_from_hf_config(raw, dtype_bytes=torch.empty((), dtype=dtype).element_size())
+    elem = torch.empty((), dtype=dtype).element_size()
+    spec = spec_from_hf_config(raw, dtype_bytes=elem, state_dtype_bytes=4)
     assert store.kv_bytes_per_token == spec.kv_bytes_per_token
     assert store.state_bytes == spec.ssm_state_bytes
     # the tensors really stored have those sizes
