@@ -1,5 +1,6 @@
-"""Named model specs that need no config file: the Marconi paper's 7B hybrid and the
-published Qwen3.5 / Qwen3-Next hybrids (their config.json values in `preset_configs`)."""
+"""Named model specs that need no config file: the Marconi paper's 7B hybrid (fp16
+everywhere, the paper's convention) and the published Qwen3.5 / Qwen3-Next hybrids (their
+config.json values in `preset_configs`; bf16 KV and conv states, fp32 recurrent states)."""
 
 from __future__ import annotations
 
@@ -40,12 +41,17 @@ def paper_7b() -> ModelSpec:
 
 
 def _published(name: str, config: Mapping[str, object]) -> Callable[[], ModelSpec]:
-    """A factory of the bf16 spec of a published config.json."""
+    """A factory of the spec of a published config.json: KV and conv states in bf16, the
+    Gated DeltaNet recurrent states in fp32, as the models run them and the engine keeps
+    them."""
 
     def build() -> ModelSpec:
-        return spec_from_hf_config(config, dtype_bytes=2, name=name)
+        return spec_from_hf_config(config, dtype_bytes=2, name=name, state_dtype_bytes=4)
 
-    build.__doc__ = f"{name}: bf16 cost model of its published config.json (preset_configs)."
+    build.__doc__ = (
+        f"{name}: cost model of its published config.json (preset_configs); KV and conv "
+        "states in bf16, recurrent states in fp32."
+    )
     return build
 
 

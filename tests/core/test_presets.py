@@ -1,5 +1,6 @@
 """The named presets: each builds, and its per-state bytes and KV bytes per token equal a
-hand computation from the published shapes (bf16)."""
+hand computation from the published shapes (Qwen: bf16 KV and conv states, fp32 recurrent
+states; paper-7b: fp16 everywhere)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from marconi_ray.core.layers import AttentionLayer, GatedDeltaNetLayer, MoELayer
 from marconi_ray.core.presets import PRESETS, get_preset
 
 BF16 = 2
+FP32 = 4
 
 
 def gdn_state_bytes(hk: int, hv: int, dk: int, dv: int, kernel: int) -> int:
-    """One Gated DeltaNet layer: recurrent Hv x dk x dv plus conv (2*Hk*dk + Hv*dv) x kernel."""
-    return (hv * dk * dv + (2 * hk * dk + hv * dv) * kernel) * BF16
+    """One Gated DeltaNet layer: recurrent Hv x dk x dv in fp32 plus conv
+    (2*Hk*dk + Hv*dv) x kernel in bf16."""
+    return hv * dk * dv * FP32 + (2 * hk * dk + hv * dv) * kernel * BF16
 
 
 def kv_bytes(n_attention: int, kv_heads: int, head_dim: int) -> int:
@@ -45,6 +48,7 @@ def test_registry() -> None:
 def test_every_preset_builds(name: str) -> None:
     spec = get_preset(name)
     assert spec.name == name and spec.dtype_bytes == BF16
+    assert spec.state_dtype_bytes == (None if name == "paper-7b" else FP32)
     assert spec.ssm_state_bytes > 0 and spec.kv_bytes_per_token > 0
     linear, quadratic = spec.flops_coeffs()
     assert linear > 0 and quadratic > 0
@@ -57,6 +61,8 @@ def test_qwen_state_and_kv_bytes_by_hand(name: str) -> None:
     n_gdn = layers - attn
     assert (spec.n_attention, spec.n_ssm, spec.n_mlp) == (attn, n_gdn, layers)
     assert spec.ssm_state_bytes == n_gdn * gdn_state_bytes(hk, hv, dk, dv, kernel)
+    assert spec.ssm_recurrent_bytes == n_gdn * hv * dk * dv * FP32
+    assert spec.ssm_conv_bytes == n_gdn * (2 * hk * dk + hv * dv) * kernel * BF16
     assert spec.kv_bytes_per_token == kv_bytes(attn, kv_heads, head_dim)
     # every 4th layer is gated attention
     mixers = [x for x in spec.layers if isinstance(x, (AttentionLayer, GatedDeltaNetLayer))]
@@ -71,9 +77,9 @@ def test_published_numbers() -> None:
     tokens of KV one state costs."""
     figures = {n: get_preset(n) for n in SHAPES}
     assert {n: s.ssm_state_bytes for n, s in figures.items()} == {
-        "qwen3.5-27b": 79_429_632,
-        "qwen3.5-35b-a3b": 33_423_360,
-        "qwen3-next-80b-a3b": 40_108_032,
+        "qwen3.5-27b": 154_927_104,
+        "qwen3.5-35b-a3b": 64_880_640,
+        "qwen3-next-80b-a3b": 77_856_768,
     }
     assert {n: s.kv_bytes_per_token for n, s in figures.items()} == {
         "qwen3.5-27b": 65_536,
@@ -82,9 +88,9 @@ def test_published_numbers() -> None:
     }
     ratios = {n: s.ssm_state_bytes / s.kv_bytes_per_token for n, s in figures.items()}
     assert ratios == {
-        "qwen3.5-27b": 1212.0,
-        "qwen3.5-35b-a3b": 1632.0,
-        "qwen3-next-80b-a3b": 1632.0,
+        "qwen3.5-27b": 2364.0,
+        "qwen3.5-35b-a3b": 3168.0,
+        "qwen3-next-80b-a3b": 3168.0,
     }
 
 

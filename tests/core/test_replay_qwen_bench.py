@@ -37,7 +37,7 @@ def test_options() -> None:
 
 def test_model_row_is_the_state_to_kv_ratio() -> None:
     row = rq.model_row(get_preset("qwen3-next-80b-a3b"))
-    assert row["tokens_of_kv_per_state"] == 1632.0
+    assert row["tokens_of_kv_per_state"] == 3168.0
     assert row["state_bytes"] == row["recurrent_bytes"] + row["conv_bytes"]
 
 
@@ -57,5 +57,5 @@ def test_tiny_run_writes_tables_and_plot(tmp_path: Path) -> None:
     }
     assert all(r["peak_bytes"] <= r["cache_bytes"] == 2 * 10**8 for r in runs)
     text = (tmp_path / "replay_qwen.md").read_text()
-    assert "| qwen3.5-35b-a3b | 30 + 10 | 33.4 MB | 20 KiB | 1,632 |" in text
+    assert "| qwen3.5-35b-a3b | 30 + 10 | 64.9 MB | 20 KiB | 3,168 |" in text
     assert (tmp_path / "hit_rates.png").stat().st_size > 0
