@@ -18,7 +18,6 @@ import torch
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import (
-    FAMILIES,
     LIFT_CHANNEL,
     MAX_STRAY_PROB,
     MAX_TEMPERATURE,
@@ -34,6 +33,10 @@ from marconi_ray.engine.tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.serve.ingress.generation import REPLACEMENT, Detokenizer
 
+CHECKED = ("nemotron_h", "bamba", "qwen3_5", "qwen3_next")
+"""Families whose sampled text is checked: each way the logits are lifted (last MLP bias;
+last attention output bias, dense multimodal and fused MoE), not every Qwen variant,
+which share the Qwen lift (CI time)."""
 SEEDS = 64
 MAX_TOKENS = 64
 PRINTABLE = frozenset(PRINTABLE_IDS)
@@ -42,7 +45,7 @@ PRINTABLE = frozenset(PRINTABLE_IDS)
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("no_fffd")
-    return {fam: make_model("tiny", fam, root / fam) for fam in FAMILIES}
+    return {fam: make_model("tiny", fam, root / fam) for fam in CHECKED}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def _service_text(tokenizer: Any, ids: list[int]) -> str:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0, MAX_TEMPERATURE])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", CHECKED)
 def test_sampled_chat_replies_are_ascii_and_round_trip(
     engines: dict[str, Engine], family: str, temperature: float
 ) -> None:
@@ -93,7 +96,7 @@ def test_sampled_chat_replies_are_ascii_and_round_trip(
         assert len(replies) > SEEDS // 2  # sampling still varies with the seed
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", CHECKED)
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_non_printable_ids_negligible_at_max_temperature(preset: str, family: str) -> None:
     model = build_model(preset, family, seed=1)

@@ -41,12 +41,11 @@ def services(tmp_path_factory):
     vanilla = ServeSettings(
         model_dir=model_dir, model_name="tiny", system="vanilla", port=PORT, app_name="vanilla"
     )
-    # `serve --model tiny:qwen3_5`: the preset resolved (built) as the CLI does, 2 shards
+    # `serve --model tiny:qwen3_5`: the preset resolved (built) as the CLI does
     qwen_dir = resolve_model(QWEN, root=tmp_path_factory.mktemp("presets"))
     qwen = ServeSettings(
         model_dir=str(qwen_dir),
         model_name=QWEN,
-        tp=2,
         cache_bytes=10**8,
         port=PORT,
         app_name="qwen",
@@ -101,7 +100,7 @@ def test_multi_turn_chat_hits_and_matches_vanilla(services):
 
 
 def test_qwen3_5_preset_over_http_hits_and_matches_the_engine(services):
-    """The multimodal Qwen3.5 preset (Gated DeltaNet, tp 2) behind the OpenAI API: later
+    """The multimodal Qwen3.5 preset (Gated DeltaNet) behind the OpenAI API: later
     chat turns hit the cache, streamed equals whole, and a completion's tokens equal the
     in-process vanilla engine's on the same prompt ids."""
     client = services["qwen"]

@@ -1,6 +1,8 @@
 """Mixture-of-experts feed-forward block: a top-k softmax router, gated experts run
 grouped by expert, and an optional shared expert behind a sigmoid gate (Qwen3.5-MoE,
-Qwen3-Next; the router is one strategy, so other families' routers can sit beside it).
+Qwen3-Next). The router is a function of the logits (`softmax_topk`), so the other MoE
+hybrids' routers (sigmoid with a correction bias, un-renormalised softmax) can be added
+beside it without touching the expert computation.
 
 Tensor parallelism: every rank holds every expert, each with its slice of the
 intermediate width (gate/up split by rows, down by columns, as a dense MLP is split), so
