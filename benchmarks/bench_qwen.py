@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.factory import make_model, model_class, read_record
 from marconi_ray.engine.loader import load_model
 from marconi_ray.protocol.sampling import SamplingParams
 
@@ -32,10 +32,9 @@ FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
 
 def _hf(model_dir: Path) -> Any:
-    import transformers
-
-    arch = json.loads((model_dir / "config.json").read_text())["architectures"][0]
-    return getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).eval()
+    """transformers' implementation of a make-model folder, on the same weights."""
+    cls = model_class(read_record(model_dir)["family"])
+    return cls.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def _cache_of(out: Any) -> Any:

@@ -72,17 +72,18 @@ HF_NAMES = {
         {"mamba1": "mamba", "attention": "self_attn"},
         "feed_forward",
     ),
+    **dict.fromkeys(
+        ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
+        HFNames(
+            "embed_tokens.weight",
+            "norm.weight",
+            "input_layernorm",
+            "post_attention_layernorm",
+            {"gdn": "linear_attn", "attention": "self_attn"},
+            "mlp",
+        ),
+    ),
 }
-_QWEN = HFNames(
-    "embed_tokens.weight",
-    "norm.weight",
-    "input_layernorm",
-    "post_attention_layernorm",
-    {"gdn": "linear_attn", "attention": "self_attn"},
-    "mlp",
-)
-for _family in ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"):
-    HF_NAMES[_family] = _QWEN
 
 
 Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE

@@ -30,7 +30,6 @@ from marconi_ray.core.hf_arch import (
 __all__ = [
     "BLOCK_KINDS",
     "PATTERN_CHARS",
-    "RECURRENT_KINDS",
     "AttentionConfig",
     "GatedDeltaNetConfig",
     "HybridConfig",
@@ -41,8 +40,6 @@ __all__ = [
 ]
 
 BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe")
-RECURRENT_KINDS = ("mamba2", "mamba1", "gdn")
-"""Block kinds with a conv state and a recurrent state per sequence (cached by depth)."""
 PATTERN_CHARS = {
     "M": "mamba2",
     "S": "mamba1",
