@@ -26,6 +26,7 @@ KIND_MLP: Final = "mlp"
 KIND_MOE: Final = "moe"
 KIND_LINEAR: Final = "linear"
 KIND_GDN: Final = "gdn"
+ROUTER_SCORINGS: Final = ("softmax", "sigmoid")
 BLOCK_CONFIG_KINDS: Final = (
     KIND_ATTENTION,
     KIND_MAMBA2,
@@ -53,6 +54,8 @@ class AttentionConfig:
             channels, then head_dim gate channels); the attention output is multiplied by
             sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next).
         qk_norm: RMSNorm over head_dim on each query and key head, before RoPE.
+        scale: the softmax scale of the scores; None means head_dim**-0.5 (Granite 4.0-H's
+            `attention_multiplier` sets it).
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -66,9 +69,12 @@ class AttentionConfig:
     rope_type: str = "default"
     output_gate: bool = False
     qk_norm: bool = False
+    scale: float | None = None
 
     def __post_init__(self) -> None:
         require_non_negative("rotary_dim", self.rotary_dim)
+        if self.scale is not None and not self.scale > 0:
+            raise ValueError(f"attention scale must be > 0, got {self.scale}")
         if self.rotary_dim > self.head_dim:
             raise ValueError(f"rotary_dim={self.rotary_dim} exceeds head_dim={self.head_dim}")
 
@@ -91,11 +97,25 @@ class MoEConfig:
     `shared_intermediate_size` run beside them. With `latent_dim` (NemotronH) the routed
     experts run between projections D -> latent -> D.
 
+    The router: scores = `scoring`(x . W_router) over the experts ("softmax" or
+    "sigmoid"); experts are chosen by the `top_k` largest scores (plus a per-expert
+    correction bias when `selection_bias`, restricted to the best `topk_group` of `n_group`
+    expert groups when `n_group` > 1; a group's rank is the sum of its two best biased
+    scores); an expert's weight is its unbiased score, renormalised over the chosen when
+    `norm_topk`, times `routed_scale`.
+
     Attributes:
-        norm_topk: the router's softmax weights of the chosen `top_k` experts are
-            renormalised to sum to 1 (Qwen3.5-MoE always, Qwen3-Next `norm_topk_prob`).
+        norm_topk: the chosen experts' weights are renormalised to sum to 1 (Qwen3.5-MoE
+            always, Qwen3-Next / NemotronH / LFM2-MoE `norm_topk_prob`, Granite's softmax
+            over the top-k logits); Jamba leaves them unnormalised.
         shared_expert_gate: the shared expert's output is scaled by sigmoid(x . w_gate), a
             D -> 1 projection (Qwen3.5-MoE, Qwen3-Next).
+        scoring: "softmax" or "sigmoid".
+        selection_bias: a per-expert bias is added to the scores to choose the experts
+            only (NemotronH `e_score_correction_bias`, LFM2-MoE `expert_bias`).
+        n_group, topk_group: group-limited routing (NemotronH).
+        routed_scale: the routed experts' weights are multiplied by it
+            (`routed_scaling_factor`).
     """
 
     kind: ClassVar[str] = KIND_MOE
@@ -109,6 +129,23 @@ class MoEConfig:
     latent_dim: int | None = None
     norm_topk: bool = False
     shared_expert_gate: bool = False
+    scoring: str = "softmax"
+    selection_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ROUTER_SCORINGS:
+            raise ValueError(
+                f"unknown MoE router scoring {self.scoring!r}; known: {list(ROUTER_SCORINGS)}"
+            )
+        require_positive("n_group", self.n_group)
+        if self.n_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(
+                f"n_group={self.n_group} must divide n_experts={self.n_experts} and "
+                f"topk_group={self.topk_group} must be in [1, n_group]"
+            )
 
 
 @dataclass(frozen=True)
@@ -252,6 +289,26 @@ class Block:
         return self.config.kind
 
 
+@dataclass(frozen=True)
+class Scales:
+    """Scalar multipliers of muP-trained models (Granite 4.0-H, FalconH1); 1.0 is none.
+
+    Attributes:
+        embedding: the token embeddings are multiplied by it before the first block.
+        residual: every block's output is multiplied by it before the residual add.
+        logits: the LM head's logits are multiplied by it (Granite: 1 / logits_scaling).
+    """
+
+    embedding: float = 1.0
+    residual: float = 1.0
+    logits: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("embedding", "residual", "logits"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"scale {name} must be > 0, got {getattr(self, name)}")
+
+
 DEFAULT_CONTEXT_LIMIT: Final = 4096
 """Context limit of a model whose config sets no `max_position_embeddings`."""
 
@@ -279,6 +336,7 @@ class HfArchitecture:
             loader try the usual `model.` / `backbone.` / none.
         skipped_weights: checkpoint key prefixes the language model does not use (the
             vision tower of a multimodal checkpoint), skipped by the loader.
+        scales: the scalar multipliers of muP-trained models (all 1 for the others).
     """
 
     family: str
@@ -293,6 +351,7 @@ class HfArchitecture:
     unit_offset_norms: bool = False
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
+    scales: Scales = Scales()
 
     def __post_init__(self) -> None:
         if not self.blocks:

@@ -61,12 +61,10 @@ def _check(family: str, block: Block) -> None:
     """Raise ValueError when the engine cannot run `block`."""
     where = f"{family} layer {block.hf_layer}"
     cfg = block.config
-    if isinstance(cfg, MoEConfig) and (cfg.latent_dim is not None or not cfg.norm_topk):
-        cause = f"num_experts={cfg.n_experts}" if family == "jamba" else "layer type 'moe'"
+    if isinstance(cfg, MoEConfig) and (cfg.latent_dim is not None or not cfg.gated):
+        cause = "latent projections" if cfg.latent_dim is not None else "ungated experts"
         raise ValueError(
-            f"{where} is a mixture of {cfg.n_experts} experts ({cause}) whose router the "
-            "engine lacks: it runs renormalised softmax top-k routers only (Qwen3.5-MoE, "
-            "Qwen3-Next)"
+            f"{where} is a mixture of {cfg.n_experts} experts with {cause}, which the engine lacks"
         )
     if block.kind not in BLOCK_KINDS or block.shared:
         raise ValueError(f"{where} has a {block.kind!r} block, which the engine lacks")
@@ -118,4 +116,5 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         unit_offset_norms=arch.unit_offset_norms,
         weights_prefix=arch.weights_prefix,
         skipped_weights=arch.skipped_weights,
+        scales=arch.scales,
     )

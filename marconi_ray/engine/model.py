@@ -234,7 +234,20 @@ class HybridModel(nn.Module):
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         norm = self.final_norm
         h = rms_norm(hidden, norm.weight, norm.eps, norm.unit_offset)
-        return F.linear(h, self.lm_head).float()
+        logits = F.linear(h, self.lm_head).float()
+        scale = self.cfg.scales.logits
+        return logits if scale == 1.0 else logits * scale
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [L, D], times the embedding multiplier."""
+        x = F.embedding(ids.to(self.device), self.embed)
+        scale = self.cfg.scales.embedding
+        return x if scale == 1.0 else x * scale
+
+    def _residual(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x + h, the block output `h` times the residual multiplier."""
+        scale = self.cfg.scales.residual
+        return x + h if scale == 1.0 else x + h * scale
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -308,7 +321,7 @@ class HybridModel(nn.Module):
         """One decode step; `ssm_rows[i]` = (conv [B, C, K], ssm [B, ...]) of SSM block i,
         updated in place."""
         positions = torch.tensor([s.length for s in states], device=self.device)
-        x = F.embedding(ids.to(self.device), self.embed)
+        x = self._embed(ids)
         for i, block in enumerate(self.layers):
             h = block.norm(x)
             mixer = block.mixer
@@ -319,7 +332,7 @@ class HybridModel(nn.Module):
                 h = mixer.decode(h, conv, ssm)
             else:
                 h = mixer(h)
-            x = x + h
+            x = self._residual(x, h)
         logits = self._logits(x)
         for b, s in enumerate(states):
             s.length += 1
@@ -334,7 +347,7 @@ class HybridModel(nn.Module):
         and ssm states emitted at the relative positions `rel`."""
         start = state.length
         positions = torch.arange(start, start + ids.shape[0], device=self.device)
-        x = F.embedding(ids.to(self.device), self.embed)
+        x = self._embed(ids)
         conv_out: dict[int, torch.Tensor] = {}
         ssm_out: dict[int, torch.Tensor] = {}
         for i, block in enumerate(self.layers):
@@ -350,7 +363,7 @@ class HybridModel(nn.Module):
                 conv_out[i], ssm_out[i] = conv_e, ssm_e
             else:
                 h = mixer(h)
-            x = x + h
+            x = self._residual(x, h)
         return x, conv_out, ssm_out
 
     @torch.inference_mode()

@@ -16,7 +16,7 @@ derives a `HybridConfig` from that parse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marconi_ray.core.hf_arch import (
     AttentionConfig,
@@ -25,6 +25,7 @@ from marconi_ray.core.hf_arch import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    Scales,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Mamba1Config",
     "Mamba2Config",
     "MoEConfig",
+    "Scales",
 ]
 
 BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe")
@@ -63,6 +65,7 @@ class HybridConfig:
         unit_offset_norms: RMSNorm scales are (1 + weight) (Qwen3.5, Qwen3-Next).
         weights_prefix: checkpoint prefix of the language model ("" = the usual ones).
         skipped_weights: checkpoint key prefixes the engine does not load (vision).
+        scales: embedding, residual and logit multipliers (muP models; all 1 otherwise).
     """
 
     family: str
@@ -83,6 +86,7 @@ class HybridConfig:
     unit_offset_norms: bool = False
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
+    scales: Scales = field(default_factory=Scales)
 
     def __post_init__(self) -> None:
         for kind in self.blocks:

@@ -19,36 +19,35 @@ from marconi_ray.engine.model_config import AttentionConfig
 from marconi_ray.engine.parallel import Segment, TPGroup
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
     """Causal attention of the last Lq of Lk positions, without an O(Lq x Lk) mask.
 
     q [H, Lq, hd]; k, v [KV, Lk, hd] with Lq <= Lk and H % KV == 0. Query i sits at
-    position Lk - Lq + i (a prefill resumed after Lk - Lq cached tokens). Returns
-    [H, Lq, hd]. A fresh prefill (Lq == Lk) is SDPA's own causal case; a resumed one
-    uses the lower-right causal bias, which runs on flash / memory-efficient kernels on
-    GPU where an explicit boolean mask would fall back to the math kernel and
-    materialise Lq x Lk scores. Those kernels take equal head counts, so grouped KV heads
-    are expanded for that case only.
+    position Lk - Lq + i (a prefill resumed after Lk - Lq cached tokens). Scores are
+    scaled by `scale` (None: hd**-0.5). Returns [H, Lq, hd]. A fresh prefill (Lq == Lk)
+    is SDPA's own causal case; a resumed one uses the lower-right causal bias, which runs
+    on flash / memory-efficient kernels on GPU where an explicit boolean mask would fall
+    back to the math kernel and materialise Lq x Lk scores. Those kernels take equal head
+    counts, so grouped KV heads are expanded for that case only.
     """
     n_q, n_k = q.shape[1], k.shape[1]
     gqa = q.shape[0] != k.shape[0]
     if n_q == n_k or n_q == 1:
-        out = sdpa(
-            q[None], k[None], v[None], is_causal=n_q > 1, enable_gqa=gqa
-        )
+        out = sdpa(q[None], k[None], v[None], is_causal=n_q > 1, enable_gqa=gqa, scale=scale)
         return out[0]
     if gqa:
         group = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-    out = sdpa(
-        q[None], k[None], v[None], attn_mask=causal_lower_right(n_q, n_k)
-    )
+    out = sdpa(q[None], k[None], v[None], attn_mask=causal_lower_right(n_q, n_k), scale=scale)
     return out[0]
 
 
 class Attention(nn.Module):
     """q/k/v column-parallel by heads (n_heads/world and n_kv_heads/world per rank),
-    o row-parallel (one all-reduce). Scores are scaled by head_dim**-0.5.
+    o row-parallel (one all-reduce). Scores are scaled by `cfg.scale` (None:
+    head_dim**-0.5).
 
     With `cfg.output_gate` q_proj emits, per head, head_dim query channels then head_dim
     gate channels (so a rank's slice holds whole heads of both); the attention output is
@@ -129,7 +128,7 @@ class Attention(nn.Module):
         q, k, v, gate = self._qkv(x, positions)
         kv.append(k, v)
         keys, values = kv.view()
-        out = causal_attention(q, keys, values)
+        out = causal_attention(q, keys, values, self.cfg.scale)
         return self._out(out.transpose(0, 1).reshape(q.shape[1], -1), gate)
 
     def decode(
@@ -146,6 +145,7 @@ class Attention(nn.Module):
                 keys[None],
                 values[None],
                 enable_gqa=self.n_heads != self.n_kv,
+                scale=self.cfg.scale,
             )
             outs.append(o[0, :, 0])
         return self._out(torch.stack(outs).reshape(len(kvs), -1), gate)

@@ -1,8 +1,8 @@
-"""Mixture-of-experts feed-forward block: a top-k softmax router, gated experts run
-grouped by expert, and an optional shared expert behind a sigmoid gate (Qwen3.5-MoE,
-Qwen3-Next). The router is a function of the logits (`softmax_topk`), so the other MoE
-hybrids' routers (sigmoid with a correction bias, un-renormalised softmax) can be added
-beside it without touching the expert computation.
+"""Mixture-of-experts feed-forward block: a top-k router (`route`: softmax or sigmoid
+scores, an optional selection bias and expert groups, renormalised or not, scaled), gated
+experts run grouped by expert, and an optional shared expert behind a sigmoid gate
+(Qwen3.5-MoE, Qwen3-Next). The router is a function of the logits and the config, apart
+from the expert computation.
 
 Tensor parallelism: every rank holds every expert, each with its slice of the
 intermediate width (gate/up split by rows, down by columns, as a dense MLP is split), so
@@ -22,18 +22,37 @@ from marconi_ray.engine.model_config import MLPConfig, MoEConfig
 from marconi_ray.engine.parallel import Segment, TPGroup
 
 
-def softmax_topk(
-    logits: torch.Tensor, top_k: int, renormalise: bool
+def route(
+    logits: torch.Tensor, cfg: MoEConfig, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router weights and experts: softmax over the experts in float32, the `top_k`
-    largest per token (renormalised to sum to 1 when `renormalise`).
+    """Router weights and experts of `cfg`'s router (see `MoEConfig`), in float32.
+
+    Scores are `cfg.scoring` of the logits; the `top_k` experts are chosen by score plus
+    `bias` [E] (the selection bias; None: none) within the best `topk_group` of `n_group`
+    groups; their weights are the unbiased scores, renormalised when `cfg.norm_topk`,
+    times `cfg.routed_scale`.
 
     Shapes: logits [N, E] -> (weights [N, top_k] in logits' dtype, experts [N, top_k]).
     """
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
-    if renormalise:
+    logits32 = logits.float()
+    if cfg.scoring == "softmax":
+        scores = torch.softmax(logits32, dim=-1)
+    else:
+        scores = torch.sigmoid(logits32)
+    choice = scores if bias is None else scores + bias.float()
+    if cfg.n_group > 1:
+        n, e = choice.shape
+        grouped = choice.view(n, cfg.n_group, e // cfg.n_group)
+        group_score = grouped.topk(min(2, e // cfg.n_group), dim=-1).values.sum(dim=-1)
+        keep = torch.zeros_like(group_score, dtype=torch.bool)
+        keep.scatter_(1, group_score.topk(cfg.topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(e // cfg.n_group, dim=1), -torch.inf)
+    experts = choice.topk(cfg.top_k, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if cfg.norm_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if cfg.routed_scale != 1.0:
+        weights = weights * cfg.routed_scale
     return weights.to(logits.dtype), experts
 
 
@@ -60,6 +79,11 @@ class MoE(nn.Module):
         width = tp.local(cfg.intermediate_size)
         e = cfg.n_experts
         self.router = nn.Parameter(torch.empty(e, d_model, dtype=dtype), requires_grad=False)
+        self.selection_bias: nn.Parameter | None = None
+        if cfg.selection_bias:
+            self.selection_bias = nn.Parameter(
+                torch.empty(e, dtype=torch.float32), requires_grad=False
+            )
         self.w_gate = nn.Parameter(torch.empty(e, width, d_model, dtype=dtype), requires_grad=False)
         self.w_up = nn.Parameter(torch.empty(e, width, d_model, dtype=dtype), requires_grad=False)
         self.w_down = nn.Parameter(torch.empty(e, d_model, width, dtype=dtype), requires_grad=False)
@@ -76,7 +100,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        weights, experts = softmax_topk(F.linear(x, self.router), cfg.top_k, cfg.norm_topk)
+        weights, experts = route(F.linear(x, self.router), cfg, self.selection_bias)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=cfg.n_experts).tolist()
@@ -112,4 +136,6 @@ class MoE(nn.Module):
             out.update({f"shared.{k}": v for k, v in self.shared.weight_specs().items()})
         if self.shared_gate is not None:
             out["shared_gate"] = WeightSpec(f"{p}.shared_expert_gate.weight")
+        if self.selection_bias is not None:
+            out["selection_bias"] = WeightSpec(f"{p}.gate.e_score_correction_bias")
         return out
