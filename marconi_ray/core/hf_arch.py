@@ -14,6 +14,7 @@ dataclasses here check only what the cost model does not see (chunk size, rotary
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
@@ -27,6 +28,8 @@ KIND_MOE: Final = "moe"
 KIND_LINEAR: Final = "linear"
 KIND_GDN: Final = "gdn"
 ROUTER_SCORINGS: Final = ("softmax", "sigmoid")
+MAMBA2_IN_PROJ_SEGMENTS: Final = 5
+"""Mamba-2's in_proj output segments: z, x, B, C, dt."""
 BLOCK_CONFIG_KINDS: Final = (
     KIND_ATTENTION,
     KIND_MAMBA2,
@@ -36,6 +39,14 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_MOE,
     KIND_LINEAR,
 )
+
+
+def require_finite(config: object, *names: str) -> None:
+    """ValueError naming the first of the fields `names` of `config` that is not finite."""
+    for name in names:
+        value = getattr(config, name)
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,11 @@ class AttentionConfig:
             sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next).
         qk_norm: RMSNorm over head_dim on each query and key head, before RoPE.
         scale: the softmax scale of the scores; None means head_dim**-0.5 (Granite 4.0-H's
-            `attention_multiplier` sets it).
+            `attention_multiplier` sets it; FalconH1's `key_multiplier` times head_dim**-0.5).
+        input_scale: the q/k/v projections read the input times it (FalconH1
+            `attention_in_multiplier`; biases are not scaled).
+        output_scale: the o projection's output (bias included) is multiplied by it
+            (FalconH1 `attention_out_multiplier`).
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -70,9 +85,12 @@ class AttentionConfig:
     output_gate: bool = False
     qk_norm: bool = False
     scale: float | None = None
+    input_scale: float = 1.0
+    output_scale: float = 1.0
 
     def __post_init__(self) -> None:
         require_non_negative("rotary_dim", self.rotary_dim)
+        require_finite(self, "input_scale", "output_scale")
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"attention scale must be > 0, got {self.scale}")
         if self.rotary_dim > self.head_dim:
@@ -81,13 +99,25 @@ class AttentionConfig:
 
 @dataclass(frozen=True)
 class MLPConfig:
-    """`down(act(up(x)))`, or `down(act(gate(x)) * up(x))` when `gated`."""
+    """`down(act(up(x)))`, or `down(act(gate(x)) * up(x))` when `gated`.
+
+    Attributes:
+        gate_scale: the gate projection's output (bias included) is multiplied by it
+            before the activation (FalconH1 `mlp_multipliers[0]`).
+        down_scale: the down projection's output (bias included) is multiplied by it
+            (FalconH1 `mlp_multipliers[1]`).
+    """
 
     kind: ClassVar[str] = KIND_MLP
     intermediate_size: int
     activation: str
     gated: bool
     bias: bool = False
+    gate_scale: float = 1.0
+    down_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_finite(self, "gate_scale", "down_scale")
 
 
 @dataclass(frozen=True)
@@ -157,6 +187,17 @@ class Mamba2Config:
         conv_bias: the depthwise conv has a bias.
         proj_bias: in_proj and out_proj have biases.
         dt_min, dt_max: the clamp applied to dt after softplus.
+        gated_norm: the scan output goes through the gated group RMSNorm before out_proj;
+            without it the output is only gated, y * silu(z) (FalconH1 `mamba_rms_norm`).
+        norm_before_gate: the gated norm is weight * norm(y) * silu(z) instead of
+            weight * norm(y * silu(z)) (FalconH1 `mamba_norm_before_gate`).
+        conv_activation: the activation after the depthwise conv (FalconH1: `hidden_act`).
+        input_scale: in_proj reads the input times it (FalconH1 `ssm_in_multiplier`; the
+            bias is not scaled).
+        in_proj_scales: multipliers of in_proj's output segments (z, x, B, C, dt), bias
+            included (FalconH1 `ssm_multipliers`, its "mup vector").
+        output_scale: out_proj's output (bias included) is multiplied by it (FalconH1
+            `ssm_out_multiplier`).
     """
 
     kind: ClassVar[str] = KIND_MAMBA2
@@ -170,9 +211,24 @@ class Mamba2Config:
     proj_bias: bool = False
     dt_min: float = 0.0
     dt_max: float = float("inf")
+    gated_norm: bool = True
+    norm_before_gate: bool = False
+    conv_activation: str = "silu"
+    input_scale: float = 1.0
+    in_proj_scales: tuple[float, ...] = (1.0,) * MAMBA2_IN_PROJ_SEGMENTS
+    output_scale: float = 1.0
 
     def __post_init__(self) -> None:
         require_positive("chunk_size", self.chunk_size)
+        if len(self.in_proj_scales) != MAMBA2_IN_PROJ_SEGMENTS:
+            raise ValueError(
+                f"in_proj_scales needs {MAMBA2_IN_PROJ_SEGMENTS} multipliers (z, x, B, C, dt), "
+                f"got {self.in_proj_scales!r}"
+            )
+        require_finite(self, "input_scale", "output_scale")
+        for v in self.in_proj_scales:
+            if not math.isfinite(v):
+                raise ValueError(f"in_proj_scales must be finite, got {self.in_proj_scales!r}")
 
     @property
     def d_inner(self) -> int:

@@ -209,6 +209,18 @@ FALCON_H1: Final[Mapping[str, object]] = MappingProxyType(
         "mamba_conv_bias": True,
         "mamba_proj_bias": False,
         "time_step_limit": (0.0, float("inf")),
+        "mamba_rms_norm": False,
+        "mamba_norm_before_gate": True,
+        "projectors_bias": False,
+        "embedding_multiplier": 1.0,
+        "lm_head_multiplier": 1.0,
+        "key_multiplier": 1.0,
+        "attention_in_multiplier": 1.0,
+        "attention_out_multiplier": 1.0,
+        "ssm_in_multiplier": 1.0,
+        "ssm_out_multiplier": 1.0,
+        "ssm_multipliers": None,
+        "mlp_multipliers": None,
     }
 )
 

@@ -38,6 +38,7 @@ from marconi_ray.core.hf_blocks import (
     per_layer,
     rope,
 )
+from marconi_ray.core.hf_falcon import parse_falcon_h1 as parse_falcon_h1
 from marconi_ray.core.hf_reader import ConfigReader
 
 
@@ -231,22 +232,6 @@ def parse_zamba2(config: Mapping[str, object]) -> HfArchitecture:
     long_context = r.flag("use_long_context")
     max_position = defaults.ZAMBA2_LONG_CONTEXT_POSITIONS if long_context else None
     return architecture(r, blocks, max_position=max_position)
-
-
-def parse_falcon_h1(config: Mapping[str, object]) -> HfArchitecture:
-    """FalconH1: every layer runs attention (RoPE) and Mamba-2 in parallel on the same
-    input, then a gated MLP. Its muP multipliers are not described."""
-    r = ConfigReader(config, defaults.FALCON_H1, "falcon_h1")
-    d = r.req_int("hidden_size")
-    d_ssm = r.opt_int("mamba_d_ssm")
-    mamba = mamba2_auto(r, r.req_int("mamba_expand") * d if d_ssm is None else d_ssm)
-    attn = attention(r, d, with_rope=True, bias=r.flag("attention_bias"))
-    mlp = MLPConfig(
-        r.req_int("intermediate_size"), r.req_str("hidden_act"), True, r.flag("mlp_bias")
-    )
-    layer: list[BlockConfig] = [attn, mamba, mlp]
-    layers = [layer] * r.req_int("num_hidden_layers")
-    return architecture(r, per_layer(layers), parallel_mixers=True)
 
 
 def parse_granitemoehybrid(config: Mapping[str, object]) -> HfArchitecture:
