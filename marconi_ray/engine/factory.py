@@ -106,7 +106,11 @@ CALIBRATION_SEED: Final = 0
 PRINTABLE_IDS: Final = (BYTE_OFFSET + ord("\n"), *range(BYTE_OFFSET + 32, BYTE_OFFSET + 127))
 """The ids whose `lm_head` rows are random: newline and printable ASCII (0x20..0x7e)."""
 _MLP_PROJECTIONS: Final = ("gate_proj", "up_proj", "down_proj")
-_FINAL_NORM: Final = {"nemotron_h": "norm_f", "bamba": "final_layernorm"}
+_FINAL_NORM: Final = {
+    "nemotron_h": "norm_f",
+    "bamba": "final_layernorm",
+    "falcon_h1": "final_layernorm",
+}
 _MODEL_CLASSES: Final = {
     "nemotron_h": "NemotronHForCausalLM",
     "bamba": "BambaForCausalLM",
@@ -115,6 +119,7 @@ _MODEL_CLASSES: Final = {
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "qwen3_next": "Qwen3NextForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -248,6 +253,15 @@ def _final_residual_norm(model: Any) -> float:
     return float(seen[0][0].float().norm(dim=-1).median())
 
 
+def _output_multipliers(config: Any) -> tuple[float, float]:
+    """(logit multiplier, multiplier of the last MLP's down_proj output) of a muP model
+    (FalconH1's `lm_head_multiplier` and `mlp_multipliers[1]`); (1, 1) for the others.
+    The LM head and the lift bias are divided by them so the logits come out as planned."""
+    logits = float(getattr(config, "lm_head_multiplier", 1.0))
+    mlp = getattr(config, "mlp_multipliers", None)
+    return logits, float(mlp[1]) if mlp else 1.0
+
+
 def _separate_logits(model: Any, hidden_size: int) -> None:
     """Zero every non-printable `lm_head` row and lift the printable logits by ~LOGIT_LIFT
     through a constant channel written by the last MLP, or by the last attention layer for
@@ -266,9 +280,10 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     fresh[~keep] = 0.0
     fresh[keep] *= scale
     fresh[keep, LIFT_CHANNEL] = LOGIT_LIFT * scale / (LIFT_RATIO * math.sqrt(hidden_size))
+    logit_mult, down_mult = _output_multipliers(model.config)
     with torch.no_grad():
-        head.copy_(fresh.to(head.dtype))
-        down.bias[LIFT_CHANNEL] = bias
+        head.copy_((fresh / logit_mult).to(head.dtype))
+        down.bias[LIFT_CHANNEL] = bias / down_mult
 
 
 def check_logit_separation(model: Any) -> float:

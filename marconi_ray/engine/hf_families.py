@@ -35,8 +35,12 @@ FAMILIES: Final = (
     "qwen3_5_moe_text",
     "qwen3_5_moe",
     "qwen3_next",
+    "falcon_h1",
 )
 """The model_types whose weights the engine can load (see `model.HF_NAMES`)."""
+
+PARALLEL_KINDS: Final = ("attention", "mamba2")
+"""Block kinds a residual group of parallel mixers may hold (see `model.Block`)."""
 
 _C = TypeVar(
     "_C", AttentionConfig, MLPConfig, Mamba2Config, Mamba1Config, GatedDeltaNetConfig, MoEConfig
@@ -73,6 +77,11 @@ def _check(family: str, block: Block) -> None:
             raise ValueError(f"{where}: attention over a {cfg.input_dim}-wide input")
         if cfg.rotary_dim and cfg.rope_type != "default":
             raise ValueError(f"{family} rope_type {cfg.rope_type!r} is not supported")
+    if isinstance(cfg, Mamba2Config) and cfg.conv_activation != "silu":
+        raise ValueError(
+            f"{where}: Mamba-2 conv activation {cfg.conv_activation!r} (hidden_act) is not "
+            "supported; the engine's conv applies 'silu'"
+        )
 
 
 def _one(arch: HfArchitecture, kind: str, cls: type[_C]) -> _C | None:
@@ -90,14 +99,13 @@ def _one(arch: HfArchitecture, kind: str, cls: type[_C]) -> _C | None:
 def from_architecture(arch: HfArchitecture) -> HybridConfig:
     """The engine's view of one parse: block kinds and owning HF layers in order, one
     config per mixer kind (None for a kind the model does not use), and a context limit
-    of 4096 when the config sets none."""
+    of 4096 when the config sets none. Parallel mixers (FalconH1) must be attention and
+    Mamba-2, the kinds whose output projection can defer its all-reduce to the group."""
     if arch.family not in FAMILIES:
         raise _unsupported(arch.family)
-    if arch.parallel_mixers:
-        raise ValueError(f"{arch.family}: parallel mixers are not supported")
     for block in arch.blocks:
         _check(arch.family, block)
-    return HybridConfig(
+    cfg = HybridConfig(
         family=arch.family,
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
@@ -117,4 +125,13 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         weights_prefix=arch.weights_prefix,
         skipped_weights=arch.skipped_weights,
         scales=arch.scales,
+        parallel_mixers=arch.parallel_mixers,
     )
+    for group in cfg.residual_groups:
+        kinds = [cfg.blocks[i] for i in group]
+        if len(group) > 1 and set(kinds) - set(PARALLEL_KINDS):
+            raise ValueError(
+                f"{arch.family} layer {cfg.hf_layer[group[0]]} runs {kinds} in parallel; "
+                f"the engine runs only {list(PARALLEL_KINDS)} in parallel"
+            )
+    return cfg

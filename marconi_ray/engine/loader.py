@@ -4,6 +4,8 @@
 Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
 or a checkpoint weight the model has no place for. Weights the config marks as not the
 language model's (a multimodal checkpoint's vision tower) are skipped, with a log line.
+The multipliers of muP models (`WeightSpec.scales`) are folded into the weights as they
+are copied, before they are split across ranks.
 """
 
 from __future__ import annotations
@@ -69,6 +71,26 @@ def _prefix(where: Mapping[str, str], anchor: str, preferred: str = "") -> str:
     raise ValueError(f"{files}: missing weight {anchor!r} (tried prefixes {tried})")
 
 
+def _fold(spec: WeightSpec, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` times `spec.scales` (whole, or per segment along `spec.dim`), computed in
+    float32 (muP multipliers folded into the weights); `tensor` itself when unscaled."""
+    if not spec.scales:
+        return tensor
+    if len(spec.scales) == 1:
+        return tensor.float() * spec.scales[0]
+    assert spec.dim is not None
+    sizes = [s.size for s in spec.segments]
+    per_row = torch.repeat_interleave(torch.tensor(spec.scales), torch.tensor(sizes))
+    if per_row.numel() != tensor.shape[spec.dim]:
+        raise ValueError(
+            f"weight {spec.key!r} of shape {tuple(tensor.shape)}: its multipliers cover "
+            f"{per_row.numel()} rows of dim {spec.dim}"
+        )
+    shape = [1] * tensor.ndim
+    shape[spec.dim] = -1
+    return tensor.float() * per_row.view(shape)
+
+
 def _load_tensor(
     model: HybridModel,
     spec: WeightSpec,
@@ -80,7 +102,7 @@ def _load_tensor(
     if key not in where:
         files = sorted(set(where.values()))
         raise ValueError(f"{files}: missing weight {key!r}")
-    tensor = get(key)
+    tensor = _fold(spec, get(key))
     if spec.dim is None:
         return tensor
     segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
@@ -165,9 +187,7 @@ def _copy_weights(
             ", ".join(f"{p}*" for p in model.cfg.skipped_weights),
         )
     extra = sorted(
-        k
-        for k in where
-        if k not in used and not k.endswith(_IGNORED_SUFFIXES) and k not in skipped
+        k for k in where if k not in used and not k.endswith(_IGNORED_SUFFIXES) and k not in skipped
     )
     if extra:
         raise ValueError(

@@ -1,7 +1,16 @@
 """`HybridModel`: the engine's tensor-parallel-ready hybrid decoder (one rank's shard).
 
-Blocks follow `HybridConfig.blocks`; each is `x + mixer(norm(x))`. Embedding, final norm
-and LM head are replicated on every rank; mixers are sharded (see `layers/`).
+Blocks follow `HybridConfig.blocks`; each is `x + mixer(norm(x))`, except that the blocks
+of one residual group (`HybridConfig.residual_groups`: FalconH1's parallel attention and
+Mamba-2) read one normed input and add the sum of their outputs, `x + sum_i mixer_i(norm(x))`;
+under tensor parallelism the group's partial sums take one all-reduce. Each block keeps
+its own states (KV for attention, conv + SSM for Mamba) under its own index. Embedding,
+final norm and LM head are replicated on every rank; mixers are sharded (see `layers/`).
+
+muP multipliers: embedding, residual and logit scales are applied in the forward
+(`HybridConfig.scales`: the embedding table may be tied to the LM head, so neither can
+absorb them); every other multiplier sits on a linear layer's input or output and is
+folded into its weights at load (`ParallelLinear`), exact and free at run time.
 
 Contracts:
 - `prefill(ids, state, emit_at)` consumes L tokens after `state.length` and returns the
@@ -13,7 +22,7 @@ Both update the given `SeqState`s in place (KV appended, SSM states replaced).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +39,7 @@ from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import HybridConfig
+from marconi_ray.engine.model_config import FEED_FORWARD_KINDS, HybridConfig
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
 
@@ -83,34 +92,57 @@ HF_NAMES = {
             "mlp",
         ),
     ),
+    "falcon_h1": HFNames(
+        "embed_tokens.weight",
+        "final_layernorm.weight",
+        "input_layernorm",
+        "pre_ff_layernorm",
+        {"mamba2": "mamba", "attention": "self_attn"},
+        "feed_forward",
+    ),
 }
 
 
 Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
 SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
-FEED_FORWARD = ("mlp", "moe")
-
-
 class Block(nn.Module):
-    """`x + mixer(norm(x))` for one block kind."""
+    """One block's mixer and, when it leads its residual group, the group's norm.
+
+    `parallel`: the block is in a residual group of several blocks, so its output
+    projection leaves the all-reduce to the model (attention and Mamba-2 only).
+    """
 
     mixer: Mixer
+    norm: RMSNorm | None
 
     def __init__(
-        self, cfg: HybridConfig, index: int, tp: TPGroup, dtype: torch.dtype, kernels: KernelSet
+        self,
+        cfg: HybridConfig,
+        index: int,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        kernels: KernelSet,
+        leads: bool = True,
+        parallel: bool = False,
     ) -> None:
         super().__init__()
         self.kind = cfg.blocks[index]
         names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
-        norm_key = names.mlp_norm if self.kind in FEED_FORWARD else names.mixer_norm
-        self.norm = RMSNorm(
-            cfg.hidden_size,
-            cfg.norm_eps,
-            f"{layer}.{norm_key}.weight",
-            dtype,
-            cfg.unit_offset_norms,
+        norm_key = names.mlp_norm if self.kind in FEED_FORWARD_KINDS else names.mixer_norm
+        self.norm = (
+            RMSNorm(
+                cfg.hidden_size,
+                cfg.norm_eps,
+                f"{layer}.{norm_key}.weight",
+                dtype,
+                cfg.unit_offset_norms,
+            )
+            if leads
+            else None
         )
+        assert not parallel or self.kind in ("attention", "mamba2"), self.kind
+        reduce = not parallel
         d = cfg.hidden_size
         mixer: Mixer
         if self.kind == "mlp":
@@ -129,6 +161,7 @@ class Block(nn.Module):
                 dtype,
                 cfg.norm_eps,
                 cfg.unit_offset_norms,
+                reduce,
             )
         elif self.kind == "gdn":
             assert cfg.gdn is not None
@@ -138,7 +171,14 @@ class Block(nn.Module):
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
-                d, cfg.mamba2, cfg.norm_eps, f"{layer}.{names.mixer['mamba2']}", tp, dtype, kernels
+                d,
+                cfg.mamba2,
+                cfg.norm_eps,
+                f"{layer}.{names.mixer['mamba2']}",
+                tp,
+                dtype,
+                kernels,
+                reduce,
             )
         else:
             assert cfg.mamba1 is not None
@@ -148,7 +188,8 @@ class Block(nn.Module):
         self.mixer = mixer
 
     def weight_specs(self) -> dict[str, WeightSpec]:
-        out = {f"norm.{k}": v for k, v in self.norm.weight_specs().items()}
+        out = {} if self.norm is None else self.norm.weight_specs()
+        out = {f"norm.{k}": v for k, v in out.items()}
         out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})
         return out
 
@@ -180,8 +221,11 @@ class HybridModel(nn.Module):
             self.embed = nn.Parameter(
                 torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype), requires_grad=False
             )
+            self.groups = cfg.residual_groups
             self.blocks = nn.ModuleList(
-                Block(cfg, i, self.tp, dtype, self.kernels) for i in range(len(cfg.blocks))
+                Block(cfg, i, self.tp, dtype, self.kernels, i == g[0], len(g) > 1)
+                for g in self.groups
+                for i in g
             )
             self.final_norm = RMSNorm(
                 cfg.hidden_size,
@@ -248,6 +292,25 @@ class HybridModel(nn.Module):
         """x + h, the block output `h` times the residual multiplier."""
         scale = self.cfg.scales.residual
         return x + h if scale == 1.0 else x + h * scale
+
+    def _run_groups(
+        self, x: torch.Tensor, run: Callable[[int, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The residual stream x [L, D] through every residual group: x + the sum over
+        the group's blocks i of `run(i, norm(x))` (the block's mixer output, states
+        updated by `run`), all-reduced once for a group of several blocks, whose output
+        projections leave it to this sum."""
+        for group in self.groups:
+            norm = self.layers[group[0]].norm
+            assert norm is not None
+            h = norm(x)
+            out = run(group[0], h)
+            for i in group[1:]:
+                out = out + run(i, h)
+            if len(group) > 1:
+                out = self.tp.all_reduce(out)
+            x = self._residual(x, out)
+        return x
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -321,18 +384,17 @@ class HybridModel(nn.Module):
         """One decode step; `ssm_rows[i]` = (conv [B, C, K], ssm [B, ...]) of SSM block i,
         updated in place."""
         positions = torch.tensor([s.length for s in states], device=self.device)
-        x = self._embed(ids)
-        for i, block in enumerate(self.layers):
-            h = block.norm(x)
-            mixer = block.mixer
+
+        def run(i: int, h: torch.Tensor) -> torch.Tensor:
+            mixer = self.layers[i].mixer
             if isinstance(mixer, Attention):
-                h = mixer.decode(h, positions, [s.kv[i] for s in states])
-            elif isinstance(mixer, SSMMixer):
+                return mixer.decode(h, positions, [s.kv[i] for s in states])
+            if isinstance(mixer, SSMMixer):
                 conv, ssm = ssm_rows[i]
-                h = mixer.decode(h, conv, ssm)
-            else:
-                h = mixer(h)
-            x = self._residual(x, h)
+                return mixer.decode(h, conv, ssm)
+            return mixer(h)
+
+        x = self._run_groups(self._embed(ids), run)
         logits = self._logits(x)
         for b, s in enumerate(states):
             s.length += 1
@@ -347,23 +409,23 @@ class HybridModel(nn.Module):
         and ssm states emitted at the relative positions `rel`."""
         start = state.length
         positions = torch.arange(start, start + ids.shape[0], device=self.device)
-        x = self._embed(ids)
         conv_out: dict[int, torch.Tensor] = {}
         ssm_out: dict[int, torch.Tensor] = {}
-        for i, block in enumerate(self.layers):
-            h = block.norm(x)
-            mixer = block.mixer
+
+        def run(i: int, h: torch.Tensor) -> torch.Tensor:
+            mixer = self.layers[i].mixer
             if isinstance(mixer, Attention):
-                h = mixer.prefill(h, positions, state.kv[i])
-            elif isinstance(mixer, SSMMixer):
-                h, conv, ssm, conv_e, ssm_e = mixer.prefill(
+                return mixer.prefill(h, positions, state.kv[i])
+            if isinstance(mixer, SSMMixer):
+                y, conv, ssm, conv_e, ssm_e = mixer.prefill(
                     h, state.conv.get(i), state.ssm.get(i), rel
                 )
                 state.conv[i], state.ssm[i] = conv, ssm
                 conv_out[i], ssm_out[i] = conv_e, ssm_e
-            else:
-                h = mixer(h)
-            x = self._residual(x, h)
+                return y
+            return mixer(h)
+
+        x = self._run_groups(self._embed(ids), run)
         return x, conv_out, ssm_out
 
     @torch.inference_mode()

@@ -5,7 +5,10 @@ mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `m
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
 Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
 `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
-`post_attention_layernorm`).
+`post_attention_layernorm`). FalconH1 maps each layer to three blocks (attention, then
+Mamba-2, then the gated MLP) with `parallel_mixers`: its attention and Mamba-2 blocks form
+one residual group (`residual_groups`) that reads one normed input and adds the sum of
+both outputs to the residual stream.
 
 The per-mixer configs (`AttentionConfig`, `MLPConfig`, `MoEConfig`, `Mamba2Config`,
 `Mamba1Config`, `GatedDeltaNetConfig`)
@@ -30,6 +33,7 @@ from marconi_ray.core.hf_arch import (
 
 __all__ = [
     "BLOCK_KINDS",
+    "FEED_FORWARD_KINDS",
     "PATTERN_CHARS",
     "AttentionConfig",
     "GatedDeltaNetConfig",
@@ -42,6 +46,7 @@ __all__ = [
 ]
 
 BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe")
+FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
     "M": "mamba2",
     "S": "mamba1",
@@ -66,6 +71,9 @@ class HybridConfig:
         weights_prefix: checkpoint prefix of the language model ("" = the usual ones).
         skipped_weights: checkpoint key prefixes the engine does not load (vision).
         scales: embedding, residual and logit multipliers (muP models; all 1 otherwise).
+        parallel_mixers: consecutive mixer blocks (not mlp / moe) of one HF layer read
+            the same normed input and their outputs are summed (FalconH1); see
+            `residual_groups`.
     """
 
     family: str
@@ -87,6 +95,7 @@ class HybridConfig:
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
     scales: Scales = field(default_factory=Scales)
+    parallel_mixers: bool = False
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -112,6 +121,28 @@ class HybridConfig:
         `E` mixture of experts)."""
         char = {v: k for k, v in PATTERN_CHARS.items()}
         return "".join(char[k] for k in self.blocks)
+
+    @property
+    def residual_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Block indices, in order, grouped by residual update: a group's first block
+        owns the norm, every block of the group reads that normed input, and the sum of
+        their outputs is added to the residual stream. Each block is its own group,
+        unless `parallel_mixers`: then consecutive mixer blocks of one HF layer share a
+        group (FalconH1: (attention, mamba2), then (mlp,) per layer)."""
+        groups: list[list[int]] = []
+        for i, kind in enumerate(self.blocks):
+            joins = (
+                self.parallel_mixers
+                and i > 0
+                and kind not in FEED_FORWARD_KINDS
+                and self.blocks[i - 1] not in FEED_FORWARD_KINDS
+                and self.hf_layer[i] == self.hf_layer[i - 1]
+            )
+            if joins:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return tuple(tuple(g) for g in groups)
 
     def layers_of(self, kind: str) -> list[int]:
         """Block indices of one kind, in order."""

@@ -11,6 +11,10 @@ keep the parameter count about the same.
 Every MLP has biases (`mlp_bias`): `factory.make_model` uses the last one to lift the
 printable logits (all the others stay 0).
 
+FalconH1 (`falcon_kwargs`) has one layer per `M` of the pattern, each running attention and
+Mamba-2 in parallel, then Bamba's gated MLP, with the muP multipliers `FALCON_MULTIPLIERS`
+(none is 1, so the tests exercise each).
+
 The Gated DeltaNet families (`QWEN_FAMILIES`: Qwen3.5 dense and MoE, text-only or with a
 tiny vision tower, and Qwen3-Next) take the preset's widths with their own layer mix (see
 `qwen_kwargs`): their MLPs have no biases, so the last layer's attention output bias
@@ -18,11 +22,11 @@ lifts the logits instead (`attention_bias`, all zero but that one channel).
 
 Exact parameter counts (from `count_parameters`, meta device):
 
-| preset          | nemotron_h    | bamba         |
-|-----------------|---------------|---------------|
-| tiny            | 230,500       | 305,380       |
-| small           | 48,416,640    | 48,426,880    |
-| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 |
+| preset          | nemotron_h    | bamba         | falcon_h1     |
+|-----------------|---------------|---------------|---------------|
+| tiny            | 230,500       | 305,380       | 267,236       |
+| small           | 48,416,640    | 48,426,880    | 46,834,560    |
+| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 | 7,128,184,832 |
 """
 
 from __future__ import annotations
@@ -44,13 +48,29 @@ preset folders are rebuilt."""
 
 QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 """The Gated DeltaNet families (see `qwen_kwargs`)."""
-FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES)
+FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, "falcon_h1")
 """Model families a preset can be built as (transformers `model_type` names)."""
 QWEN_ATTENTION_INTERVAL: Final = 4
 """Qwen presets: three Gated DeltaNet layers then one attention layer, repeated (the
 released models' `full_attention_interval`), so the last layer is attention."""
 QWEN_EXPERTS: Final = 8
 QWEN_TOP_K: Final = 2
+
+FALCON_MULTIPLIERS: Final[Mapping[str, Any]] = MappingProxyType(
+    {
+        "embedding_multiplier": 2.0,
+        "lm_head_multiplier": 0.5,
+        "key_multiplier": 0.75,
+        "attention_in_multiplier": 1.25,
+        "attention_out_multiplier": 0.8,
+        "ssm_in_multiplier": 1.5,
+        "ssm_out_multiplier": 0.6,
+        "ssm_multipliers": (0.75, 1.25, 0.5, 1.5, 0.9),
+        "mlp_multipliers": (0.9, 0.7),
+    }
+)
+"""The muP multipliers of every FalconH1 preset (about the spread of the released
+models' values, none 1)."""
 
 DTYPE_NAMES: Final = ("float32", "bfloat16", "float16")
 """Weight dtypes a preset can be materialised in (torch dtype names)."""
@@ -304,6 +324,28 @@ def qwen_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
     return out
 
 
+def falcon_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, Any]:
+    """Keyword arguments of `transformers.FalconH1Config` for preset `p`: one layer per
+    Mamba-2 (`M`) of the pattern, each with attention (full RoPE), the Mamba-2 and Bamba's
+    gated MLP; Mamba-2 as wide as the preset's (d_ssm = 2 * hidden), no gated norm (the
+    transformers default), and the multipliers `FALCON_MULTIPLIERS`."""
+    return {
+        **_common(p, initializer_range),
+        "num_hidden_layers": p.pattern.count("M"),
+        "intermediate_size": p.gated_intermediate_size,
+        "hidden_act": "silu",
+        "mamba_d_ssm": p.mamba_num_heads * p.mamba_head_dim,
+        "mamba_n_heads": p.mamba_num_heads,
+        "mamba_d_head": p.mamba_head_dim,
+        "mamba_n_groups": p.n_groups,
+        "mamba_d_state": p.ssm_state_size,
+        "mamba_d_conv": p.conv_kernel,
+        "mamba_chunk_size": p.chunk_size,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in FALCON_MULTIPLIERS.items()},
+    }
+
+
 def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
     """The smallest vision tower of a multimodal Qwen3.5 checkpoint (its weights are saved
     and skipped by the engine, which serves text)."""
@@ -329,6 +371,8 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return transformers.NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
     if family == "bamba":
         return transformers.BambaConfig(**bamba_kwargs(p, initializer_range))
+    if family == "falcon_h1":
+        return transformers.FalconH1Config(**falcon_kwargs(p, initializer_range))
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

@@ -30,7 +30,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         hidden_size=64, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
         num_attention_heads=4, num_key_value_heads=2, num_experts=1,
     ).to_dict(),
-    **{family: preset_config("tiny", family).to_dict() for family in QWEN_FAMILIES},
+    **{family: preset_config("tiny", family).to_dict() for family in (*QWEN_FAMILIES, "falcon_h1")},
 }  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def test_bamba_rope_and_dt_limits_reach_the_engine() -> None:
             "rope_type 'yarn'",
         ),
         ({"model_type": "zamba2"}, "'zamba2'"),
-        ({"model_type": "falcon_h1"}, "the engine supports"),
+        ({**CONFIGS["falcon_h1"], "hidden_act": "gelu"}, "conv activation 'gelu' .hidden_act"),
         ({"model_type": "llama"}, "'llama'"),
         ({**CONFIGS["bamba"], "mamba_n_heads": "eight"}, "mamba_n_heads"),
         ({**CONFIGS["qwen3_5_text"], "linear_num_value_heads": 3}, "linear_num_key_heads=2"),

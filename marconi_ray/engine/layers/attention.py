@@ -46,8 +46,9 @@ def causal_attention(
 
 class Attention(nn.Module):
     """q/k/v column-parallel by heads (n_heads/world and n_kv_heads/world per rank),
-    o row-parallel (one all-reduce). Scores are scaled by `cfg.scale` (None:
-    head_dim**-0.5).
+    o row-parallel (one all-reduce; with `reduce=False` the caller all-reduces, see
+    `ParallelLinear`). Scores are scaled by `cfg.scale` (None: head_dim**-0.5).
+    `cfg.input_scale` and `cfg.output_scale` are folded into the q/k/v and o weights.
 
     With `cfg.output_gate` q_proj emits, per head, head_dim query channels then head_dim
     gate channels (so a rank's slice holds whole heads of both); the attention output is
@@ -66,6 +67,7 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         eps: float = 1e-6,
         unit_offset_norms: bool = False,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -74,10 +76,11 @@ class Attention(nn.Module):
         hd = cfg.head_dim
         q, kv = (Segment(cfg.n_heads * hd),), (Segment(cfg.n_kv_heads * hd),)
         q_out = (Segment(cfg.n_heads * hd * 2),) if cfg.output_gate else q
-        self.q = column(d_model, q_out, cfg.bias, f"{prefix}.q_proj", tp, dtype)
-        self.k = column(d_model, kv, cfg.bias, f"{prefix}.k_proj", tp, dtype)
-        self.v = column(d_model, kv, cfg.bias, f"{prefix}.v_proj", tp, dtype)
-        self.o = row(q, d_model, cfg.bias, f"{prefix}.o_proj", tp, dtype)
+        scale = cfg.input_scale
+        self.q = column(d_model, q_out, cfg.bias, f"{prefix}.q_proj", tp, dtype, scale)
+        self.k = column(d_model, kv, cfg.bias, f"{prefix}.k_proj", tp, dtype, scale)
+        self.v = column(d_model, kv, cfg.bias, f"{prefix}.v_proj", tp, dtype, scale)
+        self.o = row(q, d_model, cfg.bias, f"{prefix}.o_proj", tp, dtype, reduce, cfg.output_scale)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             off = unit_offset_norms

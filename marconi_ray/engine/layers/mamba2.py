@@ -1,5 +1,7 @@
 """Mamba-2 mixer: in_proj -> causal conv1d over (x, B, C) -> chunked SSD scan -> gated
-grouped RMSNorm -> out_proj, split across ranks by heads (and by groups when they divide).
+grouped RMSNorm (or, without `cfg.gated_norm`, the gate alone: y * silu(z)) -> out_proj,
+split across ranks by heads (and by groups when they divide). The muP multipliers of
+`cfg` (input, per in_proj segment, output) are folded into in_proj and out_proj at load.
 
 States per sequence (this rank's shard):
 - conv [conv_local, d_conv] in the model dtype (the last d_conv inputs of the conv),
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from marconi_kernels import KernelSet
 from marconi_ray.engine.layers.linear import column, row
@@ -22,7 +25,9 @@ from marconi_ray.engine.parallel import Segment, TPGroup, local_size
 
 
 class Mamba2Mixer(nn.Module):
-    """One Mamba-2 layer's shard. `prefix` is the HF sub-module (`mixer` or `mamba`)."""
+    """One Mamba-2 layer's shard. `prefix` is the HF sub-module (`mixer` or `mamba`).
+    With `reduce=False` out_proj leaves its all-reduce to the caller (see
+    `ParallelLinear`)."""
 
     head_group: torch.Tensor
 
@@ -35,6 +40,7 @@ class Mamba2Mixer(nn.Module):
         tp: TPGroup,
         dtype: torch.dtype,
         kernels: KernelSet,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -60,6 +66,8 @@ class Mamba2Mixer(nn.Module):
             f"{prefix}.in_proj",
             tp,
             dtype,
+            cfg.input_scale,
+            cfg.in_proj_scales,
         )
         self.conv_weight = nn.Parameter(
             torch.empty(self.conv_dim, 1, cfg.d_conv, dtype=dtype), requires_grad=False
@@ -72,9 +80,20 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(self.heads, dtype=dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(self.heads, dtype=dtype), requires_grad=False)
         self.D = nn.Parameter(torch.ones(self.heads, dtype=dtype), requires_grad=False)
-        self.norm = GatedGroupRMSNorm(cfg.d_inner, cfg.n_groups, eps, tp, dtype)
+        self.norm = (
+            GatedGroupRMSNorm(cfg.d_inner, cfg.n_groups, eps, tp, dtype, cfg.norm_before_gate)
+            if cfg.gated_norm
+            else None
+        )
         self.out_proj = row(
-            (Segment(cfg.d_inner),), d_model, cfg.proj_bias, f"{prefix}.out_proj", tp, dtype
+            (Segment(cfg.d_inner),),
+            d_model,
+            cfg.proj_bias,
+            f"{prefix}.out_proj",
+            tp,
+            dtype,
+            reduce,
+            cfg.output_scale,
         )
         head0, _ = tp.part(cfg.n_heads)
         per_group = cfg.n_heads // cfg.n_groups
@@ -103,6 +122,12 @@ class Mamba2Mixer(nn.Module):
             b = b.index_select(-2, self.head_group)
             c = c.index_select(-2, self.head_group)
         return x, b, c
+
+    def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Scan output y [B, d_inner_local] gated by z: the gated norm, or y * silu(z)."""
+        if self.norm is not None:
+            return self.norm(y, z)
+        return (y.float() * F.silu(z.float())).to(y.dtype)
 
     def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero conv [conv_local, d_conv] and ssm [heads_local, head_dim, d_state] states."""
@@ -157,7 +182,7 @@ class Mamba2Mixer(nn.Module):
             initial_state=None if ssm is None else ssm[None],
             emit_at=emit_at,
         )
-        out = self.out_proj(self.norm(y.reshape(seq, self.d_inner), z))
+        out = self.out_proj(self._gate(y.reshape(seq, self.d_inner), z))
         return out, conv_f[0], ssm_f[0], conv_e[:, 0], ssm_e[:, 0]
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
@@ -181,7 +206,7 @@ class Mamba2Mixer(nn.Module):
             dt_softplus=True,
             dt_limit=self.dt_limit,
         )
-        return self.out_proj(self.norm(y.reshape(x.shape[0], self.d_inner), z))
+        return self.out_proj(self._gate(y.reshape(x.shape[0], self.d_inner), z))
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         p = self.prefix
@@ -193,5 +218,6 @@ class Mamba2Mixer(nn.Module):
             out["conv_bias"] = WeightSpec(f"{p}.conv1d.bias", 0, self.conv_segments)
         for name in ("dt_bias", "A_log", "D"):
             out[name] = WeightSpec(f"{p}.{name}", 0, heads)
-        out["norm.weight"] = WeightSpec(f"{p}.norm.weight", 0, (Segment(self.cfg.d_inner),))
+        if self.norm is not None:
+            out["norm.weight"] = WeightSpec(f"{p}.norm.weight", 0, (Segment(self.cfg.d_inner),))
         return out

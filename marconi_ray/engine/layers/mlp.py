@@ -38,7 +38,8 @@ class MLP(nn.Module):
 
     `prefix` is the HF sub-module name (`mixer` for NemotronH, `feed_forward` for Bamba).
     `reduce=False` leaves the down projection's all-reduce to the caller (a MoE's shared
-    expert, summed with the routed experts first).
+    expert, summed with the routed experts first). `cfg.gate_scale` and `cfg.down_scale`
+    are folded into the gate and down weights.
     Shapes: x [..., d_model] -> [..., d_model].
     """
 
@@ -55,10 +56,15 @@ class MLP(nn.Module):
         self.act = activation(cfg.activation)
         ff = (Segment(cfg.intermediate_size),)
         self.up = column(d_model, ff, cfg.bias, f"{prefix}.up_proj", tp, dtype)
+        gate = (cfg.gate_scale,)
         self.gate = (
-            column(d_model, ff, cfg.bias, f"{prefix}.gate_proj", tp, dtype) if cfg.gated else None
+            column(d_model, ff, cfg.bias, f"{prefix}.gate_proj", tp, dtype, out_scales=gate)
+            if cfg.gated
+            else None
         )
-        self.down = row(ff, d_model, cfg.bias, f"{prefix}.down_proj", tp, dtype, reduce)
+        self.down = row(
+            ff, d_model, cfg.bias, f"{prefix}.down_proj", tp, dtype, reduce, cfg.down_scale
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.up(x)) if self.gate is None else self.act(self.gate(x)) * self.up(x)

@@ -45,7 +45,8 @@ class RMSNorm(nn.Module):
 
 class GatedGroupRMSNorm(nn.Module):
     """`weight * rmsnorm_g(x * silu(gate))` where the RMS is taken per group of
-    `d_inner / n_groups` channels (Mamba-2's norm, `norm_before_gate=False`).
+    `d_inner / n_groups` channels (Mamba-2's norm, `norm_before_gate=False`); with
+    `norm_before_gate`, `weight * rmsnorm_g(x) * silu(gate)` (a FalconH1 option).
 
     Channels are split across ranks by heads. When a rank holds whole groups the norm is
     local; when a group spans ranks (n_groups % world != 0) the sum of squares of each
@@ -53,11 +54,18 @@ class GatedGroupRMSNorm(nn.Module):
     """
 
     def __init__(
-        self, d_inner: int, n_groups: int, eps: float, tp: TPGroup, dtype: torch.dtype
+        self,
+        d_inner: int,
+        n_groups: int,
+        eps: float,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        norm_before_gate: bool = False,
     ) -> None:
         super().__init__()
         self.tp = tp
         self.eps = eps
+        self.norm_before_gate = norm_before_gate
         self.d_inner = d_inner
         self.local = tp.local(d_inner)
         self.group_size = d_inner // n_groups
@@ -65,13 +73,15 @@ class GatedGroupRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(self.local, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        h = x.float() * F.silu(gate.float())
+        h = x.float() if self.norm_before_gate else x.float() * F.silu(gate.float())
         if self.groups_local:
             g = h.view(*h.shape[:-1], -1, self.group_size)
             g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
             h = g.view_as(h)
         else:
             h = self._spanning(h)
+        if self.norm_before_gate:
+            return (self.weight.float() * h * F.silu(gate.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
     def _spanning(self, h: torch.Tensor) -> torch.Tensor:

@@ -19,12 +19,23 @@ class WeightSpec:
         stack: when > 0, the parameter stacks `stack` checkpoint tensors along a new
             first dim: `key` has an `{e}` field, filled with 0..stack-1 (one key per
             expert), and `dim` / `segments` split each of them.
+        scales: multipliers folded into the checkpoint tensor at load, before it is split
+            (muP models): none when empty, one value for the whole tensor, else one per
+            segment of `segments`, along `dim`.
     """
 
     key: str
     dim: int | None = None
     segments: Sequence[Segment] = ()
     stack: int = 0
+    scales: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.scales) > 1 and (self.dim is None or len(self.scales) != len(self.segments)):
+            raise ValueError(
+                f"{self.key}: {len(self.scales)} multipliers need as many segments along a "
+                f"split dim, got dim={self.dim} and {len(self.segments)} segments"
+            )
 
     def checkpoint_keys(self) -> tuple[str, ...]:
         """The checkpoint keys this parameter reads (relative to the model prefix)."""
