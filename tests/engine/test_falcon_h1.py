@@ -1,0 +1,194 @@
+"""FalconH1 (attention and Mamba-2 in parallel in every layer, muP multipliers): the engine
+against transformers on the same random fp32 weights, through the real serving path
+(`Engine` with the Marconi cache), resumption from states at any depth, batched decode,
+and the Mamba-2 norm and bias options a FalconH1 config may set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import hf_logits, hf_model, prompts
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model_presets import FALCON_MULTIPLIERS
+from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.protocol.sampling import SamplingParams
+
+PROMPT_LEN = 300
+NEW_TOKENS = 32
+DEPTHS = (1, 15, 16, 17, 63, 64, 65, 300)
+"""Around the tiny preset's Mamba-2 chunk (16), the Triton kernels' block edges, and the
+whole prompt."""
+MULTIPLIERS = {k: list(v) if isinstance(v, tuple) else v for k, v in FALCON_MULTIPLIERS.items()}
+"""The preset's multipliers as config keyword arguments (lists, not tuples)."""
+
+
+def _hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+        )
+    return list(out[0, len(ids) :].tolist())
+
+
+def test_tiny_preset_runs_parallel_groups_with_multipliers(model_dirs):
+    """Each layer is one (attention, Mamba-2) group led by the input norm, then the MLP;
+    the preset's multipliers reach the configs and the weights they are folded into."""
+    model = load_model(model_dirs["falcon_h1"])
+    cfg = model.cfg
+    assert cfg.blocks[:3] == ("attention", "mamba2", "mlp") and cfg.parallel_mixers
+    assert model.groups[:2] == ((0, 1), (2,)) and len(model.groups) == 2 * cfg.hf_layer[-1] + 2
+    assert model.layers[1].norm is None and model.layers[0].norm is not None
+    assert cfg.mamba2 is not None and cfg.mamba2.in_proj_scales == tuple(
+        FALCON_MULTIPLIERS["ssm_multipliers"]
+    )
+    assert cfg.scales.embedding == FALCON_MULTIPLIERS["embedding_multiplier"]
+    specs = model.weight_specs()
+    assert specs["blocks.1.mixer.in_proj.weight"].scales == tuple(
+        FALCON_MULTIPLIERS["ssm_in_multiplier"] * m for m in FALCON_MULTIPLIERS["ssm_multipliers"]
+    )
+    assert specs["blocks.0.mixer.o.weight"].scales == (
+        FALCON_MULTIPLIERS["attention_out_multiplier"],
+    )
+    assert specs["blocks.2.mixer.up.weight"].scales == ()
+
+
+def test_greedy_and_cached_second_turn_equal_transformers(model_dirs):
+    """32 greedy tokens after a 300-token prompt equal transformers' generate; a second
+    turn extending the first is served from the cache (cached tokens reported) and still
+    equals transformers on the whole conversation; the store holds exactly the bytes the
+    cache accounts for."""
+    ref = hf_model(model_dirs["falcon_h1"])
+    engine = Engine(model_dirs["falcon_h1"], system="marconi", cache_bytes=10**8)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    vocab = engine.config.vocab_size
+    first = prompts(31, 1, PROMPT_LEN, vocab)[0]
+    out = engine.generate(first, params)
+    assert list(out.tokens) == _hf_greedy(ref, first, NEW_TOKENS)
+    assert out.usage.cached_tokens == 0
+    assert engine.store.bytes_used == engine.cache.bytes_used > 0
+    second = first + list(out.tokens) + prompts(32, 1, 40, vocab)[0]
+    again = engine.generate(second, params)
+    assert again.usage.cached_tokens == len(first) + NEW_TOKENS
+    assert list(again.tokens) == _hf_greedy(ref, second, NEW_TOKENS)
+    assert engine.store.bytes_used == engine.cache.bytes_used
+
+
+def test_resume_from_states_at_any_depth_equals_uncached(model_dirs):
+    """States emitted at 1, 15, 16, 17, 63, 64, 65 and 300 in one prefill: resuming from
+    each (KV slice + conv and SSM states of every layer), prefilling the rest and
+    decoding gives the uncached run's logits and tokens."""
+    model = load_model(model_dirs["falcon_h1"])
+    ids = prompts(33, 1, PROMPT_LEN, model.cfg.vocab_size)[0]
+    state = model.new_state()
+    ckpts = model.prefill(torch.tensor(ids), state, list(DEPTHS))
+    scratch = model.new_state()
+    model.prefill(torch.tensor(ids), scratch)
+    assert scratch.logits is not None
+    want_logits = scratch.logits.clone()
+    want = model.greedy(scratch, 8)
+    for ck in ckpts:
+        assert set(ck.conv) == set(model.ssm_blocks) and len(model.attn_blocks) > 0
+        resumed = SeqState.resumed(ck, state)
+        if ck.depth < PROMPT_LEN:
+            model.prefill(torch.tensor(ids[ck.depth :]), resumed)
+        assert resumed.logits is not None
+        assert (resumed.logits - want_logits).abs().max().item() <= 1e-4, ck.depth
+        assert model.greedy(resumed, 8) == want, ck.depth
+
+
+def test_batched_decode_equals_one_by_one(model_dirs):
+    """Three sequences of different lengths decoded as one batch (persistent decode
+    batch) give each sequence's own decode logits."""
+    model = load_model(model_dirs["falcon_h1"])
+    rng = np.random.default_rng(4)
+    alone, batched = [], []
+    for n in (9, 21, 40):
+        ids = torch.tensor(rng.integers(3, 259, n).tolist())
+        for group in (alone, batched):
+            st = model.new_state()
+            model.prefill(ids, st)
+            group.append(st)
+    batch = model.new_decode_batch(4)
+    for st in batched:
+        batch.join(st)
+    for _ in range(3):
+        ids = torch.tensor([int(st.logits.argmax()) for st in alone])
+        one = torch.stack([model.decode(ids[b : b + 1], [st])[0] for b, st in enumerate(alone)])
+        torch.testing.assert_close(model.decode_batch(ids, batch), one, atol=1e-4, rtol=0)
+
+
+def _falcon_dir(out: Path, **options: Any) -> Path:
+    """A 2-layer FalconH1 with the preset's multipliers, `options`, and random (non-zero,
+    non-one) biases and norm weights, saved with transformers."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    cfg = FalconH1Config(
+        vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=96, mamba_d_ssm=128, mamba_n_heads=4,
+        mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
+        initializer_range=0.2, **MULTIPLIERS, **options,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = FalconH1ForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0.0, 0.3)
+                elif "norm" in name:
+                    p.uniform_(0.5, 1.5)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mamba_rms_norm": True, "mamba_norm_before_gate": False},
+        {
+            "mamba_rms_norm": True,
+            "mamba_norm_before_gate": True,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "mamba_proj_bias": True,
+            "projectors_bias": True,
+        },
+    ],
+    ids=["gated-norm", "norm-before-gate-and-biases"],
+)
+def test_mamba_norm_options_and_biases_equal_transformers(tmp_path, options):
+    """The gated RMSNorm (after or before the gate) and biases on every projection, with
+    the multipliers folded into them: prefill logits equal transformers'."""
+    model_dir = _falcon_dir(tmp_path, **options)
+    ids = prompts(34, 1, 40, 300)[0]
+    ref = hf_logits(hf_model(model_dir), ids)
+    got = load_model(model_dir).forward_logits(torch.tensor(ids))
+    assert ref.std() > 0.1
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_multipliers_change_the_output(tmp_path):
+    """The same weights with every multiplier set to 1 give other logits, so the
+    comparisons above check them."""
+    model_dir = _falcon_dir(tmp_path)
+    ids = torch.tensor(prompts(35, 1, 20, 300)[0])
+    with_mup = load_model(model_dir).forward_logits(ids)
+    path = model_dir / "config.json"
+    raw = json.loads(path.read_text())
+    for key, value in MULTIPLIERS.items():
+        assert raw[key] == value
+        raw[key] = [1.0] * len(value) if isinstance(value, list) else 1.0
+    path.write_text(json.dumps(raw))
+    without = load_model(model_dir).forward_logits(ids)
+    assert (with_mup - without).abs().max().item() > 0.1
