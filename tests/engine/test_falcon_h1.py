@@ -15,8 +15,11 @@ import torch
 from engine_helpers import hf_logits, hf_model, prompts
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.layers.linear import row
+from marconi_ray.engine.loader import load_model, read_config
+from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_presets import FALCON_MULTIPLIERS
+from marconi_ray.engine.parallel import Segment, TPGroup, shard
 from marconi_ray.engine.seq_state import SeqState
 from marconi_ray.protocol.sampling import SamplingParams
 
@@ -192,3 +195,43 @@ def test_multipliers_change_the_output(tmp_path):
     path.write_text(json.dumps(raw))
     without = load_model(model_dir).forward_logits(ids)
     assert (with_mup - without).abs().max().item() > 0.1
+
+
+def test_tensor_parallel_group_takes_one_all_reduce(model_dirs, monkeypatch):
+    """A rank of 2 all-reduces once per (attention, Mamba-2) group and once per MLP: the
+    two mixers' partial outputs are summed before the all-reduce."""
+    cfg = read_config(model_dirs["falcon_h1"])[0]
+    calls: list[tuple[int, ...]] = []
+
+    def count(self: TPGroup, x: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(x.shape))
+        return x
+
+    monkeypatch.setattr(TPGroup, "all_reduce", count)
+    shard = HybridModel(cfg, TPGroup(0, 2))  # only the collectives matter, not the values
+    with torch.no_grad():
+        for p in shard.parameters():
+            p.normal_(0.0, 0.02)
+    shard.forward_logits(torch.arange(3, 10))
+    assert calls == [(7, cfg.hidden_size)] * 2 * (cfg.hf_layer[-1] + 1)
+
+
+def test_row_parallel_partial_sums_carry_the_bias_once():
+    """reduce=False: rank 0's partial product has the bias, rank 1's not, so the sum the
+    caller all-reduces equals the full layer (folded output multiplier included)."""
+    torch.manual_seed(0)
+    full = torch.randn(6, 8)
+    bias = torch.randn(6)
+    x = torch.randn(3, 8)
+    parts = []
+    for rank in range(2):
+        tp = TPGroup(rank, 2)
+        layer = row((Segment(8),), 6, True, "o_proj", tp, torch.float32, False, 0.5)
+        specs = layer.weight_specs()
+        assert specs["weight"].scales == specs["bias"].scales == (0.5,)
+        with torch.no_grad():
+            layer.weight.copy_(shard(full * 0.5, 1, (Segment(8),), tp))
+            layer.bias.copy_(bias * 0.5)
+        parts.append(layer(x[:, 4 * rank : 4 * rank + 4]))  # this rank's input slice
+    torch.testing.assert_close(parts[0] + parts[1], (x @ full.T + bias) * 0.5)
+    torch.testing.assert_close(parts[1], x[:, 4:] @ full[:, 4:].T * 0.5)
