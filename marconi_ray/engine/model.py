@@ -392,7 +392,8 @@ class HybridModel(nn.Module):
             if isinstance(mixer, SSMMixer):
                 conv, ssm = ssm_rows[i]
                 return mixer.decode(h, conv, ssm)
-            return mixer(h)
+            out: torch.Tensor = mixer(h)  # an MLP or MoE
+            return out
 
         x = self._run_groups(self._embed(ids), run)
         logits = self._logits(x)
@@ -423,7 +424,8 @@ class HybridModel(nn.Module):
                 state.conv[i], state.ssm[i] = conv, ssm
                 conv_out[i], ssm_out[i] = conv_e, ssm_e
                 return y
-            return mixer(h)
+            out: torch.Tensor = mixer(h)  # an MLP or MoE
+            return out
 
         x = self._run_groups(self._embed(ids), run)
         return x, conv_out, ssm_out

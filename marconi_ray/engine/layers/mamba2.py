@@ -126,7 +126,8 @@ class Mamba2Mixer(nn.Module):
     def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Scan output y [B, d_inner_local] gated by z: the gated norm, or y * silu(z)."""
         if self.norm is not None:
-            return self.norm(y, z)
+            normed: torch.Tensor = self.norm(y, z)
+            return normed
         return (y.float() * F.silu(z.float())).to(y.dtype)
 
     def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
