@@ -105,6 +105,8 @@ HF_NAMES = {
 
 Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
 SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
+
+
 class Block(nn.Module):
     """One block's mixer and, when it leads its residual group, the group's norm.
 
