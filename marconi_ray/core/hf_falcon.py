@@ -3,22 +3,27 @@
 Every FalconH1 layer runs attention (RoPE) and Mamba-2 side by side on the same normed
 input, sums their outputs into the residual stream, then runs a gated MLP
 (`HfArchitecture.parallel_mixers`). The multipliers of its muP training become fields of
-the block configs (the cost model ignores them; the engine folds most into the weights):
+the block configs; the cost model ignores them. How the engine applies each:
 
-| config key                  | where it goes                                         |
-|-----------------------------|-------------------------------------------------------|
-| embedding_multiplier        | `Scales.embedding`                                    |
-| lm_head_multiplier          | `Scales.logits`                                       |
-| key_multiplier              | `AttentionConfig.scale` (times head_dim**-0.5)        |
-| attention_in_multiplier     | `AttentionConfig.input_scale`                         |
-| attention_out_multiplier    | `AttentionConfig.output_scale`                        |
-| ssm_in_multiplier           | `Mamba2Config.input_scale`                            |
-| ssm_multipliers (z,x,B,C,dt)| `Mamba2Config.in_proj_scales`                         |
-| ssm_out_multiplier          | `Mamba2Config.output_scale`                           |
-| mlp_multipliers (gate, down)| `MLPConfig.gate_scale`, `MLPConfig.down_scale`        |
-| mamba_rms_norm              | `Mamba2Config.gated_norm`                             |
-| mamba_norm_before_gate      | `Mamba2Config.norm_before_gate`                       |
-| hidden_act                  | the MLP's and the Mamba-2 conv's activation           |
+| config key                   | field                          | engine                   |
+|------------------------------|--------------------------------|--------------------------|
+| embedding_multiplier         | `Scales.embedding`             | forward (table may be    |
+| lm_head_multiplier           | `Scales.logits`                | tied: cannot absorb it)  |
+| key_multiplier               | `AttentionConfig.scale` (times | the softmax scale, free  |
+|                              | head_dim**-0.5)                |                          |
+| attention_in_multiplier      | `AttentionConfig.input_scale`  | folded: q/k/v weights    |
+| attention_out_multiplier     | `AttentionConfig.output_scale` | folded: o weight, bias   |
+| ssm_in_multiplier            | `Mamba2Config.input_scale`     | folded: in_proj weight   |
+| ssm_multipliers (z,x,B,C,dt) | `Mamba2Config.in_proj_scales`  | folded: in_proj rows     |
+| ssm_out_multiplier           | `Mamba2Config.output_scale`    | folded: out_proj         |
+| mlp_multipliers (gate, down) | `MLPConfig.gate/down_scale`    | folded: gate, down       |
+| mamba_rms_norm               | `Mamba2Config.gated_norm`      | gated norm or gate only  |
+| mamba_norm_before_gate       | `Mamba2Config.norm_before_gate`| norm, then gate          |
+| hidden_act                   | MLP and Mamba-2 conv activation| conv: only "silu" runs   |
+
+Folding scales the whole checkpoint tensor before it is split across ranks, so every
+rank holds its slice of the folded tensor; the result equals transformers' up to float
+rounding (see `engine.layers.linear.ParallelLinear`).
 
 A multiplier that is null, not a number or not finite, a `key_multiplier`,
 `embedding_multiplier` or `lm_head_multiplier` that is not > 0, a multiplier list of the

@@ -10,7 +10,7 @@ final norm and LM head are replicated on every rank; mixers are sharded (see `la
 muP multipliers: embedding, residual and logit scales are applied in the forward
 (`HybridConfig.scales`: the embedding table may be tied to the LM head, so neither can
 absorb them); every other multiplier sits on a linear layer's input or output and is
-folded into its weights at load (`ParallelLinear`), exact and free at run time.
+folded into its weights at load (`ParallelLinear`), free at run time.
 
 Contracts:
 - `prefill(ids, state, emit_at)` consumes L tokens after `state.length` and returns the

@@ -25,8 +25,8 @@ class ParallelLinear(nn.Module):
 
     Multipliers (muP models): the layer computes `(W (in_scale * x) + b) * out_scale`,
     `out_scales` giving one multiplier per output segment (a row-parallel layer has one
-    output segment). They are folded into W and b at load (see `weight_specs`), exact and
-    free at run time; the forward is the plain `x @ W.T + b`.
+    output segment). They are folded into W and b at load (see `weight_specs`): the same
+    function up to float rounding, free at run time; the forward is the plain `x @ W.T + b`.
 
     Shapes: x [..., in_local] -> y [..., out_local].
     """
