@@ -6,6 +6,7 @@ missing, null or ill-typed key is a ValueError naming the family and the key. Ev
 parser has the signature `(config) -> HfArchitecture`; keys of a layer type the model does
 not use are not read. This is the only place a family's config keys are interpreted: the
 core's `ModelSpec` and the engine's `HybridConfig` both derive from what these return.
+FalconH1's parser, with its muP multipliers, lives in `hf_falcon` (re-exported here).
 """
 
 from __future__ import annotations
