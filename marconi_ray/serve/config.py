@@ -28,7 +28,7 @@ from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS, check_routing
-from marconi_ray.serve.model_source import default_model_name, resolve_model
+from marconi_ray.serve.model_source import default_model_name, hub_source, resolve_model
 from marconi_ray.serve.placement import check_placement, check_resource_name
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
@@ -106,13 +106,15 @@ class ServeConfig(BaseModel):
     model: str = Field(
         default="tiny",
         min_length=1,
-        description="A model folder (with config.json) or a preset: tiny, small, "
-        "optionally preset:family (e.g. tiny:bamba), built on first use.",
+        description="A model folder (with config.json), a preset: tiny, small, "
+        "optionally preset:family (e.g. tiny:bamba), built on first use, or a Hugging Face "
+        "id ORG/NAME[@REVISION], read from the Hugging Face cache of each node that loads "
+        "it (downloaded there unless HF_HUB_OFFLINE=1).",
     )
     model_name: str = Field(
         default="",
-        description="The name clients pass as `model` (default: the preset spec as written, "
-        "or the model folder's name).",
+        description="The name clients pass as `model` (default: the preset spec or the "
+        "Hugging Face id as written, or the model folder's name).",
     )
     tp: int = Field(default=1, ge=1, description="Tensor-parallel ranks per replica.")
     replicas: int = Field(default=1, ge=1, description="Model replicas.")
@@ -381,12 +383,14 @@ class ServeConfig(BaseModel):
         return float(value)
 
     def to_settings(self, models_root: Path | None = None) -> ServeSettings:
-        """Resolve the model (building a preset under `models_root` if needed, see
-        `model_source.resolve_model`) and return the frozen `ServeSettings`;
+        """Resolve the model (building a preset under `models_root` if needed, fetching a
+        Hugging Face id into this node's cache; see `model_source.resolve_model`) and return
+        the frozen `ServeSettings`;
         alpha 'auto' becomes None (tune it)."""
         model_dir = resolve_model(self.model, models_root)
         return ServeSettings(
             model_dir=str(model_dir),
+            hub_model=hub_source(self.model, model_dir),
             model_name=self.model_name,
             tp=self.tp,
             replicas=self.replicas,
