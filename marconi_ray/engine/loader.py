@@ -21,13 +21,8 @@ from marconi_ray.engine.hf_families import hybrid_config
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_config import HybridConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
-from marconi_ray.engine.weight_source import (
-    SafetensorsSource,
-    StateDictSource,
-    WeightSource,
-    rank_ranges,
-)
+from marconi_ray.engine.parallel import Segment, TPGroup, rank_ranges
+from marconi_ray.engine.weight_source import SafetensorsSource, StateDictSource, WeightSource
 from marconi_ray.protocol.model_files import read_config_json
 
 log = logging.getLogger(__name__)

@@ -18,30 +18,7 @@ from typing import Any, Final
 import torch
 from safetensors import safe_open
 
-from marconi_ray.engine.parallel import Segment, TPGroup
-
 INDEX_FILE: Final = "model.safetensors.index.json"
-
-
-def rank_ranges(size: int, segments: Sequence[Segment], tp: TPGroup) -> list[tuple[int, int]]:
-    """The [start, stop) row ranges of this rank along a dimension of `size` rows made of
-    `segments` (its share of each split segment, the whole of each replicated one);
-    adjacent ranges are merged. ValueError when the segments do not add up to `size` or a
-    split segment does not divide by the tensor-parallel size."""
-    total = sum(s.size for s in segments)
-    if size != total:
-        raise ValueError(f"weight dim has size {size}, segments expect {total}")
-    ranges: list[tuple[int, int]] = []
-    offset = 0
-    for s in segments:
-        start, stop = tp.part(s.size) if s.split else (0, s.size)
-        begin, end = offset + start, offset + stop
-        if ranges and ranges[-1][1] == begin:
-            ranges[-1] = (ranges[-1][0], end)
-        elif end > begin:
-            ranges.append((begin, end))
-        offset += s.size
-    return ranges
 
 
 class WeightSource:
