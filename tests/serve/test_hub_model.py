@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 from marconi_ray.cli.main import main
 from marconi_ray.engine.engine import Engine
 from marconi_ray.protocol.generation_defaults import read_generation_defaults
+from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.app import build_app, shutdown_app, start_actors
 from marconi_ray.serve.config import config_from_mapping
@@ -146,6 +147,19 @@ def test_cached_id_resolves_offline_and_a_folder_still_wins(
     local.mkdir(parents=True)
     (local / "config.json").write_text((snapshot / "config.json").read_text())
     assert resolve_model(REPO) == local.resolve()
+
+
+def test_dtype_auto_is_the_checkpoints(checkpoint: dict[str, Any], tmp_path: Path) -> None:
+    """A bfloat16 checkpoint runs in bfloat16 with `dtype: auto` (float32 by default)."""
+    folder = str(checkpoint["snapshot"])
+    assert config_from_mapping({"model": folder, "dtype": "auto"}).to_settings().dtype == (
+        "bfloat16"
+    )
+    assert config_from_mapping({"model": folder}).to_settings().dtype == "float32"
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert checkpoint_dtype(tmp_path) == "float16"
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float8_e4m3fn"}))
+    assert checkpoint_dtype(tmp_path) == "float32"
 
 
 def test_service_prompt_and_defaults_come_from_the_checkpoint(
