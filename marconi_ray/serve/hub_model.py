@@ -26,6 +26,7 @@ DEFAULT_REVISION: Final = "main"
 _TRUE: Final = frozenset({"1", "ON", "YES", "TRUE"})
 _HUB_ID: Final = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[^@\s]+))?$")
 _COMMIT: Final = re.compile(r"^[0-9a-f]{40}$")
+_REASON_CHARS: Final = 300
 
 
 def hub_offline() -> bool:
@@ -93,7 +94,7 @@ class HubModel:
                     allow_patterns=list(HUB_FILES),
                 )
             )
-        except Exception as exc:  # huggingface_hub's HTTP, cache and validation errors
+        except (OSError, ValueError) as exc:  # huggingface_hub's HTTP, cache, id errors
             raise ValueError(self._unavailable(cache, offline, exc)) from None
         if not (folder / "config.json").is_file():
             raise ValueError(
@@ -106,7 +107,9 @@ class HubModel:
         where = f"not in the Hugging Face cache {str(cache)!r}"
         if offline:
             return f"model {self.spec!r} is {where}, and HF_HUB_OFFLINE=1 forbids downloading it"
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if len(reason) > _REASON_CHARS:
+            reason = reason[: _REASON_CHARS - 3] + "..."
         return f"model {self.spec!r} is {where} and could not be downloaded: {reason}"
 
 
