@@ -121,8 +121,8 @@ def resolve_model(spec: str, root: Path | None = None) -> Path:
 
 
 def _is_hub_spec(spec: str) -> bool:
-    """Whether `resolve_model` reads `spec` as a Hugging Face id (no folder of that name
-    holds a `config.json`, and it has the id's shape)."""
+    """Whether `resolve_model` reads `spec` as a Hugging Face id: it has the id's shape
+    and no folder of that name exists."""
     try:
         hub = parse_hub_id(spec)
     except ValueError:
