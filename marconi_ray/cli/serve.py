@@ -53,8 +53,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--model",
         metavar="M",
-        help="model folder (with config.json) or preset: tiny, small, or preset:family "
-        "such as tiny:bamba, built on first use (default: tiny)",
+        help="model folder (with config.json), preset: tiny, small, or preset:family "
+        "such as tiny:bamba, built on first use (default: tiny), or Hugging Face id "
+        "ORG/NAME[@REVISION] (from the Hugging Face cache; downloaded unless HF_HUB_OFFLINE=1)",
     )
     p.add_argument("--port", type=int, metavar="P", help="HTTP port (default: 8000)")
     p.add_argument("--host", metavar="H", help="HTTP bind address (default: 127.0.0.1)")

@@ -1,5 +1,7 @@
-"""Load a Hugging Face checkpoint directory (`config.json` + safetensors) into a
-`HybridModel` rank: parse the config, build the shard, copy each weight's slice.
+"""Load a Hugging Face checkpoint directory (`config.json` + safetensors, one file or
+sharded with `model.safetensors.index.json`) into a `HybridModel` rank: parse the config,
+build the shard, copy each weight's slice. A rank reads only its own slice of each split
+weight (see `engine.weight_source`), never the whole tensor.
 
 Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
 or a checkpoint weight the model has no place for. Weights the config marks as not the
@@ -10,21 +12,19 @@ are copied, before they are split across ranks.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from marconi_kernels import KernelSet
 from marconi_ray.engine.hf_families import hybrid_config
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_config import HybridConfig
-from marconi_ray.engine.parallel import Segment, TPGroup, shard
+from marconi_ray.engine.parallel import Segment, TPGroup, rank_ranges
+from marconi_ray.engine.weight_source import SafetensorsSource, StateDictSource, WeightSource
 from marconi_ray.protocol.model_files import read_config_json
 
 log = logging.getLogger(__name__)
@@ -42,26 +42,6 @@ def read_config(model_dir: str | Path) -> tuple[HybridConfig, dict[str, object]]
         raise ValueError(f"{Path(model_dir) / 'config.json'}: {exc}") from None
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / n for n in names]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {str(model_dir)!r}")
-    return files
-
-
-def _key_index(files: list[Path]) -> dict[str, Path]:
-    where: dict[str, Path] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
-                where[key] = f
-    return where
-
-
 def _prefix(where: Mapping[str, str], anchor: str, preferred: str = "") -> str:
     tried = ([preferred] if preferred else []) + list(_PREFIXES)
     for p in tried:
@@ -71,9 +51,13 @@ def _prefix(where: Mapping[str, str], anchor: str, preferred: str = "") -> str:
     raise ValueError(f"{files}: missing weight {anchor!r} (tried prefixes {tried})")
 
 
-def _fold(spec: WeightSpec, tensor: torch.Tensor) -> torch.Tensor:
+def _fold(
+    spec: WeightSpec, tensor: torch.Tensor, ranges: Sequence[tuple[int, int]] = ()
+) -> torch.Tensor:
     """`tensor` times `spec.scales` (whole, or per segment along `spec.dim`), computed in
-    float32 (muP multipliers folded into the weights); `tensor` itself when unscaled."""
+    float32 (muP multipliers folded into the weights); `tensor` itself when unscaled.
+    `tensor` holds the rows `ranges` of the checkpoint weight along `spec.dim` (all of
+    them when empty)."""
     if not spec.scales:
         return tensor
     if len(spec.scales) == 1:
@@ -81,6 +65,8 @@ def _fold(spec: WeightSpec, tensor: torch.Tensor) -> torch.Tensor:
     assert spec.dim is not None
     sizes = [s.size for s in spec.segments]
     per_row = torch.repeat_interleave(torch.tensor(spec.scales), torch.tensor(sizes))
+    if ranges:
+        per_row = torch.cat([per_row[a:b] for a, b in ranges])
     if per_row.numel() != tensor.shape[spec.dim]:
         raise ValueError(
             f"weight {spec.key!r} of shape {tuple(tensor.shape)}: its multipliers cover "
@@ -92,26 +78,25 @@ def _fold(spec: WeightSpec, tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _load_tensor(
-    model: HybridModel,
-    spec: WeightSpec,
-    key: str,
-    where: Mapping[str, str],
-    get: Callable[[str], torch.Tensor],
+    model: HybridModel, spec: WeightSpec, key: str, source: WeightSource
 ) -> torch.Tensor:
-    """Checkpoint tensor `key`, this rank's slice when `spec` splits it."""
-    if key not in where:
-        files = sorted(set(where.values()))
+    """Checkpoint tensor `key`, only this rank's slice when `spec` splits it, with its
+    multipliers folded in."""
+    if key not in source.where:
+        files = sorted(set(source.where.values()))
         raise ValueError(f"{files}: missing weight {key!r}")
-    tensor = _fold(spec, get(key))
     if spec.dim is None:
-        return tensor
-    segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
+        return _fold(spec, source.read(key))
+    shape = source.shape(key)
+    size = shape[spec.dim] if spec.dim < len(shape) else 0
+    segments = spec.segments or (Segment(size),)
     try:
-        return shard(tensor, spec.dim, segments, model.tp)
+        ranges = rank_ranges(size, segments, model.tp)
     except ValueError as exc:
         raise ValueError(
-            f"{where[key]}: weight {key!r} of shape {tuple(tensor.shape)}: {exc}"
+            f"{source.where[key]}: weight {key!r} of shape {shape}: dim {spec.dim}: {exc}"
         ) from None
+    return _fold(spec, source.read(key, spec.dim, ranges), ranges)
 
 
 def load_model(
@@ -131,42 +116,33 @@ def load_model(
     """
     cfg, _ = read_config(model_dir)
     model = HybridModel(cfg, tp, dtype, device, kernels)
-    if weights is None:
-        load_weights(model, model_dir)
-    else:
-        _copy_weights(model, dict.fromkeys(weights, "state dict"), weights.__getitem__, model_dir)
+    source = SafetensorsSource(model_dir) if weights is None else StateDictSource(weights)
+    copy_weights(model, source, model_dir)
     return model.eval()
 
 
-def load_weights(model: HybridModel, model_dir: str | Path) -> None:
-    """Copy every local parameter's slice from the checkpoint in `model_dir`."""
-    files = _weight_files(Path(model_dir))
-    where = {k: str(f) for k, f in _key_index(files).items()}
-    handles = {str(f): safe_open(str(f), framework="pt", device="cpu") for f in files}
-
-    def get(key: str) -> torch.Tensor:
-        handle: Any = handles[where[key]]
-        tensor: torch.Tensor = handle.get_tensor(key)
-        return tensor
-
-    _copy_weights(model, where, get, model_dir)
+def load_weights(model: HybridModel, model_dir: str | Path) -> int:
+    """Copy every local parameter's slice from the checkpoint in `model_dir` (one
+    safetensors file or a sharded set with `model.safetensors.index.json`), reading only
+    this rank's slice of each split weight; returns the bytes read (see `copy_weights`)."""
+    return copy_weights(model, SafetensorsSource(model_dir), model_dir)
 
 
-def _copy_weights(
-    model: HybridModel,
-    where: Mapping[str, str],
-    get: Callable[[str], torch.Tensor],
-    model_dir: str | Path,
-) -> None:
-    """Copy each local parameter's slice of tensor `get(key)`; `where[key]` names its
-    origin (a file) for error messages. Every checkpoint key must be used."""
+def copy_weights(model: HybridModel, source: WeightSource, model_dir: str | Path) -> int:
+    """Copy each local parameter's slice from `source` into `model`; returns the bytes
+    `source` read: this rank's slice of every split weight plus every replicated one, in
+    the checkpoint's dtype (each parameter then converts once to its own dtype).
+    ValueError naming the origin and the key of a missing or mis-shaped weight, or of a
+    checkpoint weight that no parameter uses."""
+    where = source.where
+    start = source.bytes_read
     specs = model.weight_specs()
     prefix = _prefix(where, specs["embed"].key, model.cfg.weights_prefix)
     params = dict(model.named_parameters(remove_duplicate=False))
     used: set[str] = set()
     for name, spec in specs.items():
         keys = [k if k == "lm_head.weight" else prefix + k for k in spec.checkpoint_keys()]
-        parts = [_load_tensor(model, spec, key, where, get) for key in keys]
+        parts = [_load_tensor(model, spec, key, source) for key in keys]
         tensor = torch.stack(parts) if spec.stack else parts[0]
         target = params[name]
         if tensor.shape != target.shape:
@@ -176,7 +152,7 @@ def _copy_weights(
                 f"sharding, the model expects {tuple(target.shape)} for {name}"
             )
         with torch.no_grad():
-            target.copy_(tensor.to(target.dtype))
+            target.copy_(tensor)
         used.update(keys)
     skipped = {k for k in where if k.startswith(model.cfg.skipped_weights)}
     if skipped:
@@ -194,3 +170,6 @@ def _copy_weights(
             f"{str(model_dir)!r}: checkpoint has weights the {model.cfg.family} engine model "
             f"does not use: {extra[:5]}{' ...' if len(extra) > 5 else ''}"
         )
+    read = source.bytes_read - start
+    log.debug("%s: rank %d read %d bytes of weights", model_dir, model.tp.rank, read)
+    return read

@@ -62,21 +62,26 @@ class Segment:
     split: bool = True
 
 
-def shard(weight: torch.Tensor, dim: int, segments: Sequence[Segment], tp: TPGroup) -> torch.Tensor:
-    """This rank's slice of `weight` along `dim`, segment by segment.
-
-    `sum(s.size for s in segments)` must equal `weight.shape[dim]`.
+def rank_ranges(size: int, segments: Sequence[Segment], tp: TPGroup) -> list[tuple[int, int]]:
+    """The [start, stop) ranges of this rank's rows along a weight dimension of `size`
+    rows made of `segments` (its share of each split segment, the whole of each
+    replicated one), in order, adjacent ranges merged. ValueError when the segments do
+    not add up to `size` or a split segment does not divide by the tensor-parallel size.
     """
     total = sum(s.size for s in segments)
-    if weight.shape[dim] != total:
-        raise ValueError(f"weight dim {dim} has size {weight.shape[dim]}, segments expect {total}")
-    parts = []
+    if size != total:
+        raise ValueError(f"weight dim has size {size}, segments expect {total}")
+    ranges: list[tuple[int, int]] = []
     offset = 0
     for s in segments:
         start, stop = tp.part(s.size) if s.split else (0, s.size)
-        parts.append(weight.narrow(dim, offset + start, stop - start))
+        begin, end = offset + start, offset + stop
+        if ranges and ranges[-1][1] == begin:
+            ranges[-1] = (ranges[-1][0], end)
+        elif end > begin:
+            ranges.append((begin, end))
         offset += s.size
-    return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
+    return ranges
 
 
 def local_size(segments: Sequence[Segment], tp: TPGroup) -> int:

@@ -1,5 +1,6 @@
 """What the control plane reads of a model folder, without torch: its `config.json` as a
-dict, its tokenizer, and the byte size of each dtype a deployment may run in."""
+dict, its weights' dtype, its tokenizer, and the byte size of each dtype a deployment may
+run in."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ def read_config_json(model_dir: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return raw
+
+
+def checkpoint_dtype(model_dir: str | Path) -> str:
+    """The dtype a checkpoint's weights are stored in: `config.json`'s `dtype` (or the
+    older `torch_dtype`) when it is one of `DTYPE_BYTES`, else `float32`."""
+    raw = read_config_json(model_dir)
+    value = raw.get("dtype", raw.get("torch_dtype"))
+    name = str(value).removeprefix("torch.")
+    return name if name in DTYPE_BYTES else "float32"
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
+from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS, check_routing
-from marconi_ray.serve.model_source import default_model_name, resolve_model
+from marconi_ray.serve.model_source import default_model_name, hub_source, resolve_model
 from marconi_ray.serve.placement import check_placement, check_resource_name
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
@@ -106,13 +107,15 @@ class ServeConfig(BaseModel):
     model: str = Field(
         default="tiny",
         min_length=1,
-        description="A model folder (with config.json) or a preset: tiny, small, "
-        "optionally preset:family (e.g. tiny:bamba), built on first use.",
+        description="A model folder (with config.json), a preset: tiny, small, "
+        "optionally preset:family (e.g. tiny:bamba), built on first use, or a Hugging Face "
+        "id ORG/NAME[@REVISION], read from the Hugging Face cache of each node that loads "
+        "it (downloaded there unless HF_HUB_OFFLINE=1).",
     )
     model_name: str = Field(
         default="",
-        description="The name clients pass as `model` (default: the preset spec as written, "
-        "or the model folder's name).",
+        description="The name clients pass as `model` (default: the preset spec or the "
+        "Hugging Face id as written, or the model folder's name).",
     )
     tp: int = Field(default=1, ge=1, description="Tensor-parallel ranks per replica.")
     replicas: int = Field(default=1, ge=1, description="Model replicas.")
@@ -133,8 +136,10 @@ class ServeConfig(BaseModel):
     )
     host: str = Field(default="127.0.0.1", min_length=1, description="HTTP bind address.")
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Weight and activation dtype."
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        default="float32",
+        description="Weight and activation dtype; 'auto': the checkpoint's (config.json "
+        "dtype / torch_dtype; float32 when it names none of the others).",
     )
     device: Literal["cpu", "cuda"] = Field(
         default="cpu", description="Where shards run (cuda: one GPU per shard)."
@@ -381,12 +386,14 @@ class ServeConfig(BaseModel):
         return float(value)
 
     def to_settings(self, models_root: Path | None = None) -> ServeSettings:
-        """Resolve the model (building a preset under `models_root` if needed, see
-        `model_source.resolve_model`) and return the frozen `ServeSettings`;
+        """Resolve the model (building a preset under `models_root` if needed, fetching a
+        Hugging Face id into this node's cache; see `model_source.resolve_model`) and return
+        the frozen `ServeSettings`; dtype 'auto' becomes the checkpoint's;
         alpha 'auto' becomes None (tune it)."""
         model_dir = resolve_model(self.model, models_root)
         return ServeSettings(
             model_dir=str(model_dir),
+            hub_model=hub_source(self.model, model_dir),
             model_name=self.model_name,
             tp=self.tp,
             replicas=self.replicas,
@@ -395,7 +402,7 @@ class ServeConfig(BaseModel):
             alpha=None if self.alpha == AUTO else float(self.alpha),
             host=self.host,
             port=self.port,
-            dtype=self.dtype,
+            dtype=checkpoint_dtype(model_dir) if self.dtype == AUTO else self.dtype,
             device=self.device,
             kernels=self.kernels,
             max_batch=self.max_batch,

@@ -1,13 +1,19 @@
-"""Where a deployment's model comes from: a model folder, or a preset built on first use.
+"""Where a deployment's model comes from: a model folder, a preset built on first use, or
+a Hugging Face model id.
 
-A model spec is either
-- a folder holding `config.json` (a checkpoint, e.g. one written by `make-model`), or
+A model spec is, in this order of precedence,
+- a folder holding `config.json` (a checkpoint, e.g. one written by `make-model`),
 - a preset name, optionally with a family: `tiny`, `small`, `tiny:bamba`
-  (family default `nemotron_h`). A preset resolves to `<root>/<preset>-<family>`, built
-  with `engine.factory.make_model` the first time (seed 0, float32). A folder whose
-  `marconi.json` (written last by `make_model`) is missing or names another preset is
-  rebuilt; a complete one is reused untouched. Builds go to a temporary sibling folder
-  that is renamed into place, so a crash never leaves a folder that looks complete.
+  (family default `nemotron_h`), or
+- a Hugging Face id `ORG/NAME[@REVISION]` (see `serve.hub_model`): the snapshot folder in
+  the Hugging Face cache, downloaded first where the network allows; every node that loads
+  the model resolves it again through its own cache (`hub_source`).
+
+A preset resolves to `<root>/<preset>-<family>`, built with `engine.factory.make_model`
+the first time (seed 0, float32). A folder whose `marconi.json` (written last by
+`make_model`) is missing or names another preset is rebuilt; a complete one is reused
+untouched. Builds go to a temporary sibling folder that is renamed into place, so a crash
+never leaves a folder that looks complete.
 
 The root is `MARCONI_MODELS_DIR` when set, else `~/.cache/marconi_ray/models`.
 """
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from marconi_ray.engine.model_presets import BUILD_VERSION, FAMILIES, PRESETS
+from marconi_ray.serve.hub_model import HubModel, parse_hub_id
 
 MODELS_DIR_ENV: Final = "MARCONI_MODELS_DIR"
 """Environment variable overriding the folder presets are built in."""
@@ -67,9 +74,10 @@ def parse_preset_spec(spec: str) -> tuple[str, str] | None:
 
 def default_model_name(spec: str) -> str:
     """The name clients pass as `model` by default: the preset spec as written
-    (`tiny`, `tiny:bamba`), or the model folder's name."""
+    (`tiny`, `tiny:bamba`), the Hugging Face id as written (`ORG/NAME[@REVISION]`), or
+    the model folder's name."""
     name, _, _ = spec.partition(":")
-    if name in PRESETS:
+    if name in PRESETS or _is_hub_spec(spec):
         return spec
     return Path(spec).expanduser().resolve().name or spec
 
@@ -78,18 +86,22 @@ def resolve_model(spec: str, root: Path | None = None) -> Path:
     """The model folder of `spec` (see the module docstring), building a preset if needed.
 
     Args:
-        spec: a folder with `config.json`, or `preset[:family]`.
+        spec: a folder with `config.json`, `preset[:family]`, or `ORG/NAME[@REVISION]`.
         root: where presets are built (default `default_models_root()`).
 
     Returns:
-        An absolute folder path holding `config.json`.
+        An absolute folder path holding `config.json` (for a Hugging Face id, its snapshot
+        in this node's Hugging Face cache).
 
     Raises:
-        ValueError: naming `spec` when it is neither (listing the presets), when a folder
-            lacks `config.json`, or when the preset is too large / the family unknown.
+        ValueError: naming `spec` when it is none of these (listing the presets), when a
+            folder lacks `config.json`, when the preset is too large / the family unknown,
+            or, in one line, when a Hugging Face id is neither cached nor downloadable.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"model must be a folder or a preset name, got {spec!r}")
+        raise ValueError(
+            f"model must be a folder, a preset name or a Hugging Face id, got {spec!r}"
+        )
     path = Path(spec).expanduser()
     if (path / _CONFIG_FILE).is_file():
         return path.resolve()
@@ -98,11 +110,35 @@ def resolve_model(spec: str, root: Path | None = None) -> Path:
         return _ensure_preset(*preset, root if root is not None else default_models_root())
     if path.is_dir():
         raise ValueError(f"model folder {str(path)!r} has no {_CONFIG_FILE}")
+    hub = parse_hub_id(spec)
+    if hub is not None:
+        return hub.local_dir()
     raise ValueError(
-        f"model {spec!r} is neither a model folder (with {_CONFIG_FILE}) nor a preset; "
-        f"presets: {buildable_presets()} (optionally 'preset:family', families: "
-        f"{list(FAMILIES)})"
+        f"model {spec!r} is neither a model folder (with {_CONFIG_FILE}), a preset nor a "
+        f"Hugging Face id (ORG/NAME[@REVISION]); presets: {buildable_presets()} "
+        f"(optionally 'preset:family', families: {list(FAMILIES)})"
     )
+
+
+def _is_hub_spec(spec: str) -> bool:
+    """Whether `resolve_model` reads `spec` as a Hugging Face id: it has the id's shape
+    and no folder of that name exists."""
+    try:
+        hub = parse_hub_id(spec)
+    except ValueError:
+        return False
+    path = Path(spec).expanduser()
+    return hub is not None and not path.is_dir()
+
+
+def hub_source(spec: str, model_dir: Path) -> HubModel | None:
+    """The Hugging Face model `spec` names, pinned to the commit of `model_dir` (what
+    `resolve_model(spec)` returned), or None when `spec` is a folder or a preset: the
+    nodes that load the model resolve it through their own cache (`HubModel.local_dir`)."""
+    if not _is_hub_spec(spec):
+        return None
+    hub = parse_hub_id(spec)
+    return None if hub is None else hub.pinned(Path(model_dir))
 
 
 def _is_complete(folder: Path, preset: str, family: str) -> bool:

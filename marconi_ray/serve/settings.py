@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from marconi_ray.core.tuner import TunerConfig
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
+from marconi_ray.serve.hub_model import HubModel
 from marconi_ray.serve.placement import check_placement
 
 COORDINATOR_NAME = "marconi-coordinator"
@@ -40,7 +41,11 @@ class ServeSettings:
     """One deployment.
 
     Attributes:
-        model_dir: resolved model folder (config.json, safetensors, tokenizer).
+        model_dir: resolved model folder (config.json, safetensors, tokenizer) on the node
+            that validated the config.
+        hub_model: the Hugging Face model (pinned to a commit) when the model was given by
+            its id, else None; every node then reads its own cache's snapshot
+            (`local_model_dir`), not `model_dir`.
         model_name: the name clients pass as `model` (and `/v1/models` lists).
         tp: tensor-parallel ranks per replica; replicas: model replicas.
         cache_bytes: prefix cache budget per replica, per device (KV + SSM bytes).
@@ -91,6 +96,7 @@ class ServeSettings:
 
     model_dir: str
     model_name: str
+    hub_model: HubModel | None = None
     tp: int = 1
     replicas: int = 1
     cache_bytes: int = 1 << 30
@@ -122,6 +128,12 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         check_placement(self.control_resource, self.model_resource)
+
+    def local_model_dir(self) -> str:
+        """The model folder on this node: `model_dir`, or for a Hugging Face model its
+        snapshot in this node's cache (downloaded first where allowed; ValueError naming
+        the model when it cannot be)."""
+        return self.model_dir if self.hub_model is None else str(self.hub_model.local_dir())
 
     @property
     def coordinator_name(self) -> str:

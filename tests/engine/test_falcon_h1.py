@@ -20,7 +20,7 @@ from marconi_ray.engine.layers.linear import row
 from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_presets import FALCON_MULTIPLIERS
-from marconi_ray.engine.parallel import Segment, TPGroup, shard
+from marconi_ray.engine.parallel import Segment, TPGroup
 from marconi_ray.engine.seq_state import SeqState
 from marconi_ray.engine.tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
 from marconi_ray.protocol.sampling import SamplingParams
@@ -232,7 +232,7 @@ def test_row_parallel_partial_sums_carry_the_bias_once():
         specs = layer.weight_specs()
         assert specs["weight"].scales == specs["bias"].scales == (0.5,)
         with torch.no_grad():
-            layer.weight.copy_(shard(full * 0.5, 1, (Segment(8),), tp))
+            layer.weight.copy_(full[:, 4 * rank : 4 * rank + 4] * 0.5)
             layer.bias.copy_(bias * 0.5)
         parts.append(layer(x[:, 4 * rank : 4 * rank + 4]))  # this rank's input slice
     torch.testing.assert_close(parts[0] + parts[1], (x @ full.T + bias) * 0.5)

@@ -100,7 +100,7 @@ class CacheCoordinator:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
-        arch = parse_hf_config(read_config_json(settings.model_dir))
+        arch = parse_hf_config(read_config_json(settings.local_model_dir()))
         spec = spec_from_architecture(arch, DTYPE_BYTES[settings.dtype])
         self.clock = clock
         self.state = CacheState(

@@ -329,8 +329,8 @@ class IngressServer:
     """The HTTP ingress replica (deployed as `OpenAIIngress`).
 
     The app is built at replica start (`__serve_build_asgi_app__`, awaited by Serve): it
-    waits for the coordinator, loads the tokenizer and model config from
-    `settings.model_dir`, and serves `build_app` over a `RayBackend`.
+    waits for the coordinator, loads the tokenizer and model config from the model folder
+    on this node (`settings.local_model_dir()`), and serves `build_app` over a `RayBackend`.
     """
 
     def __init__(self, settings: ServeSettings, replicas: DeploymentHandle[Any]) -> None:
@@ -339,7 +339,7 @@ class IngressServer:
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         coordinator = await find_coordinator(self.settings.coordinator_name)
-        model = ServedModel.load(self.settings.model_dir, self.settings.model_name)
+        model = ServedModel.load(self.settings.local_model_dir(), self.settings.model_name)
         return build_app(
             RayBackend(coordinator, self.replicas),
             model,

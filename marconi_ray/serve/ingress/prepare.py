@@ -7,14 +7,15 @@ turn a decoded JSON body into prompt token ids and `SamplingParams`, or raise `A
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core.hf_config import parse_hf_config
+from marconi_ray.protocol.generation_defaults import GenerationDefaults, read_generation_defaults
 from marconi_ray.protocol.model_files import load_tokenizer, read_config_json
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.validation import validate_prompt
@@ -34,11 +35,16 @@ END_OF_TURN = "<|end|>"
 
 @dataclass(frozen=True)
 class ServedModel:
-    """What the ingress knows of the model: its name, tokenizer and limits.
+    """What the ingress knows of the model: its name, tokenizer, limits and generation
+    defaults.
 
     Attributes:
         chat_stop_ids: token ids that end an assistant turn (`<|end|>` when the tokenizer
             has it); chat requests stop at them unless `ignore_eos`.
+        defaults: the checkpoint's generation defaults (`generation_config.json`, see
+            `protocol.generation_defaults`): the sampling settings and output budget of a
+            request that sets none, and the end-of-sequence ids every request stops at
+            unless `ignore_eos`.
         created: Unix time shown in `/v1/models`.
         max_piece_chars: characters of the longest vocabulary entry (special ones too):
             no token stands for more characters of text, which bounds a text's token
@@ -52,17 +58,29 @@ class ServedModel:
     chat_stop_ids: tuple[int, ...]
     created: int
     max_piece_chars: int = 0
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     @classmethod
     def load(cls, model_dir: str | Path, name: str) -> ServedModel:
-        """Read the config and tokenizer of `model_dir` (offline)."""
+        """Read the config, generation config, tokenizer and chat template of `model_dir`
+        (offline)."""
         arch = parse_hf_config(read_config_json(model_dir))
+        defaults = read_generation_defaults(model_dir, arch.vocab_size)
         tokenizer = load_tokenizer(model_dir)
         vocab = tokenizer.get_vocab()
         stops = (int(vocab[END_OF_TURN]),) if END_OF_TURN in vocab else ()
         longest = max((len(piece) for piece in vocab), default=1)
         created = int(time.time())
-        return cls(name, tokenizer, arch.vocab_size, arch.context_limit, stops, created, longest)
+        return cls(
+            name,
+            tokenizer,
+            arch.vocab_size,
+            arch.context_limit,
+            stops,
+            created,
+            longest,
+            defaults,
+        )
 
     def min_tokens(self, texts: list[str]) -> int:
         """A lower bound of the tokens `texts` encode to, in O(characters) C-speed work:
@@ -130,6 +148,20 @@ def _check_text(text: str, param: str) -> None:
         ) from None
 
 
+R = TypeVar("R", bound=SamplingRequest)
+
+
+def _with_defaults(req: R, model: ServedModel) -> R:
+    """`req` with the checkpoint's sampling defaults in the fields it does not set."""
+    update = {k: v for k, v in model.defaults.sampling().items() if k not in req.model_fields_set}
+    return req.model_copy(update=update) if update else req
+
+
+def _stop_ids(req: SamplingRequest, extra: tuple[int, ...], model: ServedModel) -> tuple[int, ...]:
+    """`extra` and the end-of-sequence ids, unless `ignore_eos`."""
+    return () if req.ignore_eos else extra + model.defaults.eos_token_ids
+
+
 def _params(
     req: SamplingRequest, max_tokens: int, model: ServedModel, extra: tuple[int, ...]
 ) -> SamplingParams:
@@ -144,8 +176,9 @@ def _params(
 
 
 def prepare_completion(body: object, model: ServedModel) -> Prepared:
-    """Validate a `/v1/completions` body (APIError naming the bad value)."""
-    req = parse_request(CompletionRequest, body)
+    """Validate a `/v1/completions` body (APIError naming the bad value); settings it
+    leaves out take the checkpoint's generation defaults (`ServedModel.defaults`)."""
+    req = _with_defaults(parse_request(CompletionRequest, body), model)
     _check_model(req.model, model)
     if isinstance(req.prompt, str):
         _check_size([req.prompt], model, "prompt")
@@ -153,8 +186,10 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
     ids = req.prompt if isinstance(req.prompt, list) else model.tokenizer.encode(req.prompt)
     prompt = _check_prompt(ids, model, "prompt")
     limit = model.max_position
-    max_tokens = resolve_max_tokens(req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, limit)
-    return Prepared(prompt, _params(req, max_tokens, model, ()), req)
+    requested = req.max_tokens if "max_tokens" in req.model_fields_set else None
+    default = model.defaults.budget(DEFAULT_COMPLETION_MAX_TOKENS)
+    max_tokens = resolve_max_tokens(requested, default, limit)
+    return Prepared(prompt, _params(req, max_tokens, model, _stop_ids(req, (), model)), req)
 
 
 def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:
@@ -176,13 +211,15 @@ def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:
 
 def prepare_chat(body: object, model: ServedModel) -> Prepared:
     """Validate a `/v1/chat/completions` body; chat stops at the end-of-turn token unless
-    `ignore_eos` (APIError naming the bad value)."""
-    req = parse_request(ChatCompletionRequest, body)
+    `ignore_eos` (APIError naming the bad value); settings it leaves out take the
+    checkpoint's generation defaults (`ServedModel.defaults`)."""
+    req = _with_defaults(parse_request(ChatCompletionRequest, body), model)
     _check_model(req.model, model)
     prompt = _check_prompt(_render_chat(req, model), model, "messages")
     param = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
     requested = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
     limit = model.max_position
-    max_tokens = resolve_max_tokens(requested, limit - len(prompt), limit, param)
-    extra = () if req.ignore_eos else model.chat_stop_ids
+    default = model.defaults.budget(limit - len(prompt))
+    max_tokens = resolve_max_tokens(requested, default, limit, param)
+    extra = _stop_ids(req, model.chat_stop_ids, model)
     return Prepared(prompt, _params(req, max_tokens, model, extra), req)

@@ -32,6 +32,7 @@ from marconi_ray.protocol.orders import (
     StepInput,
     StepOutput,
 )
+from marconi_ray.serve.hub_model import HubModel
 
 DIST_TIMEOUT = timedelta(seconds=120)
 
@@ -85,11 +86,17 @@ class ShardActor:
         max_batch: int,
         kernels: str = "auto",
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        hub_model: HubModel | None = None,
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
         request); returns the store's per-token KV bytes and per-state bytes, the model's
-        limits, and the kernel set with the backend of each op."""
+        limits, and the kernel set with the backend of each op.
+
+        With `hub_model`, the model is that Hugging Face snapshot in this node's cache
+        (downloaded first where allowed), and `model_dir` (the driver's copy) is unused."""
+        if hub_model is not None:
+            model_dir = str(hub_model.local_dir())
         dev = self.device = bind_device(device)
         if self.world > 1:
             dist.init_process_group(

@@ -59,7 +59,16 @@ class ShardGroup(Protocol):
 
 def _setup_args(settings: ServeSettings, address: str) -> tuple[Any, ...]:
     s = settings
-    return (s.model_dir, address, s.dtype, s.device, s.max_batch, s.kernels, s.max_batch_tokens)
+    return (
+        s.model_dir,
+        address,
+        s.dtype,
+        s.device,
+        s.max_batch,
+        s.kernels,
+        s.max_batch_tokens,
+        s.hub_model,
+    )
 
 
 class LocalShard:
