@@ -1,7 +1,9 @@
 """`HybridModel`: the engine's tensor-parallel-ready hybrid decoder (one rank's shard).
 
-Blocks follow `HybridConfig.blocks`; each is `x + mixer(norm(x))`. Embedding, final norm
-and LM head are replicated on every rank; mixers are sharded (see `layers/`).
+Blocks follow `HybridConfig.blocks`; each is `x + mixer(norm(x))`, except Zamba2's
+`shared_transformer` blocks, whose output is added to the next block's input (see
+`layers/zamba_shared.py`; their shared weights are held once, in `HybridModel.shared`).
+Embedding, final norm and LM head are replicated on every rank; mixers are sharded.
 
 Contracts:
 - `prefill(ids, state, emit_at)` consumes L tokens after `state.length` and returns the
@@ -30,6 +32,7 @@ from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.layers.zamba_shared import SharedBlock, SharedWeights
 from marconi_ray.engine.model_config import HybridConfig
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
@@ -37,7 +40,12 @@ from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
 
 @dataclass(frozen=True)
 class HFNames:
-    """Checkpoint key layout of one family (keys below the model prefix)."""
+    """Checkpoint key layout of one family (keys below the model prefix).
+
+    `hybrid_sub`: the sub-module of a layer that also runs a shared block holding that
+    layer's own mixer and norm (Zamba2's `mamba_decoder`); `shared`: the sub-module
+    holding a copy of the shared block's weights (Zamba2's `shared_transformer`).
+    """
 
     embed: str
     final_norm: str
@@ -45,6 +53,8 @@ class HFNames:
     mlp_norm: str
     mixer: dict[str, str]
     mlp: str
+    hybrid_sub: str = ""
+    shared: str = ""
 
 
 HF_NAMES = {
@@ -83,16 +93,29 @@ HF_NAMES = {
             "mlp",
         ),
     ),
+    "zamba2": HFNames(
+        "embed_tokens.weight",
+        "final_layernorm.weight",
+        "input_layernorm",
+        "input_layernorm",
+        {"mamba2": "mamba"},
+        "",
+        hybrid_sub="mamba_decoder",
+        shared="shared_transformer",
+    ),
 }
 
 
-Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
+Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE | SharedBlock
 SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
+KVMixer = Attention | SharedBlock
+"""Mixers that keep a KV cache (one `KVBuffer` per sequence)."""
 FEED_FORWARD = ("mlp", "moe")
 
 
 class Block(nn.Module):
-    """`x + mixer(norm(x))` for one block kind."""
+    """`x + mixer(norm(x))` for one block kind; a `shared_transformer` block has no norm
+    (its mixer normalises its own 2*D input)."""
 
     mixer: Mixer
 
@@ -103,6 +126,25 @@ class Block(nn.Module):
         self.kind = cfg.blocks[index]
         names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
+        d = cfg.hidden_size
+        self.norm: RMSNorm | None = None
+        mixer: Mixer
+        if self.kind == "shared_transformer":
+            assert cfg.shared is not None
+            source = cfg.source_layer(index)
+            self.mixer = SharedBlock(
+                d,
+                cfg.shared,
+                cfg.hf_layer[index],
+                cfg.layers_of("shared_transformer").index(index),
+                cfg.shared_copies.index(source),
+                f"layers.{source}.{names.shared}",
+                tp,
+                dtype,
+            )
+            return
+        if cfg.hf_layer[index] in cfg.hybrid_layers:
+            layer = f"{layer}.{names.hybrid_sub}"
         norm_key = names.mlp_norm if self.kind in FEED_FORWARD else names.mixer_norm
         self.norm = RMSNorm(
             cfg.hidden_size,
@@ -111,8 +153,6 @@ class Block(nn.Module):
             dtype,
             cfg.unit_offset_norms,
         )
-        d = cfg.hidden_size
-        mixer: Mixer
         if self.kind == "mlp":
             assert cfg.mlp is not None
             mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
@@ -148,7 +188,8 @@ class Block(nn.Module):
         self.mixer = mixer
 
     def weight_specs(self) -> dict[str, WeightSpec]:
-        out = {f"norm.{k}": v for k, v in self.norm.weight_specs().items()}
+        out = {} if self.norm is None else self.norm.weight_specs()
+        out = {f"norm.{k}": v for k, v in out.items()}
         out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})
         return out
 
@@ -183,6 +224,19 @@ class HybridModel(nn.Module):
             self.blocks = nn.ModuleList(
                 Block(cfg, i, self.tp, dtype, self.kernels) for i in range(len(cfg.blocks))
             )
+            names = HF_NAMES[cfg.family]
+            self.shared = nn.ModuleList(
+                SharedWeights(
+                    cfg.hidden_size,
+                    cfg.shared,
+                    cfg.norm_eps,
+                    f"layers.{src}.{names.shared}",
+                    self.tp,
+                    dtype,
+                )
+                for src in cfg.shared_copies
+                if cfg.shared is not None
+            )
             self.final_norm = RMSNorm(
                 cfg.hidden_size,
                 cfg.norm_eps,
@@ -199,13 +253,19 @@ class HybridModel(nn.Module):
             )
         self.layers: list[Block] = list(self.blocks)  # type: ignore[arg-type]
         self.ssm_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, SSMMixer)]
-        self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, Attention)]
+        self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, KVMixer)]
 
-    def attention(self, i: int) -> Attention:
-        """The attention mixer of block `i`."""
+    def attention(self, i: int) -> KVMixer:
+        """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
         mixer = self.layers[i].mixer
-        assert isinstance(mixer, Attention)
+        assert isinstance(mixer, KVMixer)
         return mixer
+
+    def shared_weights(self, block: SharedBlock) -> SharedWeights:
+        """The copy of the shared block's weights that `block` runs with."""
+        weights = self.shared[block.copy]
+        assert isinstance(weights, SharedWeights)
+        return weights
 
     def ssm(self, i: int) -> SSMMixer:
         """The recurrent (Mamba or Gated DeltaNet) mixer of block `i`."""
@@ -221,6 +281,9 @@ class HybridModel(nn.Module):
             out["lm_head"] = WeightSpec("lm_head.weight")
         for i, block in enumerate(self.layers):
             out.update({f"blocks.{i}.{k}": v for k, v in block.weight_specs().items()})
+        for c, weights in enumerate(self.shared):
+            assert isinstance(weights, SharedWeights)
+            out.update({f"shared.{c}.{k}": v for k, v in weights.weight_specs().items()})
         return out
 
     # ------------------------------------------------------------------ states
@@ -321,10 +384,18 @@ class HybridModel(nn.Module):
         """One decode step; `ssm_rows[i]` = (conv [B, C, K], ssm [B, ...]) of SSM block i,
         updated in place."""
         positions = torch.tensor([s.length for s in states], device=self.device)
-        x = self._embed(ids)
+        x = emb = self._embed(ids)
+        extra: torch.Tensor | None = None
         for i, block in enumerate(self.layers):
-            h = block.norm(x)
             mixer = block.mixer
+            if isinstance(mixer, SharedBlock):
+                extra = mixer.decode(
+                    self.shared_weights(mixer), x, emb, positions, [s.kv[i] for s in states]
+                )
+                continue
+            assert block.norm is not None
+            h = block.norm(x if extra is None else x + extra)
+            extra = None
             if isinstance(mixer, Attention):
                 h = mixer.decode(h, positions, [s.kv[i] for s in states])
             elif isinstance(mixer, SSMMixer):
@@ -347,12 +418,18 @@ class HybridModel(nn.Module):
         and ssm states emitted at the relative positions `rel`."""
         start = state.length
         positions = torch.arange(start, start + ids.shape[0], device=self.device)
-        x = self._embed(ids)
+        x = emb = self._embed(ids)
         conv_out: dict[int, torch.Tensor] = {}
         ssm_out: dict[int, torch.Tensor] = {}
+        extra: torch.Tensor | None = None
         for i, block in enumerate(self.layers):
-            h = block.norm(x)
             mixer = block.mixer
+            if isinstance(mixer, SharedBlock):
+                extra = mixer.prefill(self.shared_weights(mixer), x, emb, positions, state.kv[i])
+                continue
+            assert block.norm is not None
+            h = block.norm(x if extra is None else x + extra)
+            extra = None
             if isinstance(mixer, Attention):
                 h = mixer.prefill(h, positions, state.kv[i])
             elif isinstance(mixer, SSMMixer):
