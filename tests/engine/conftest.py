@@ -16,9 +16,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """family -> a tiny checkpoint dir (nemotron_h, bamba and the Gated DeltaNet families
-    from the factory, jamba by hand: the factory does not make Mamba-1 models)."""
+    """family -> a tiny checkpoint dir (nemotron_h, bamba, the Gated DeltaNet families and
+    zamba2 from the factory, jamba by hand: the factory does not make Mamba-1 models)."""
     root = tmp_path_factory.mktemp("models")
-    out = {fam: make_model("tiny", fam, root / fam) for fam in ("nemotron_h", "bamba", *QWEN)}
+    families = ("nemotron_h", "bamba", *QWEN, "zamba2")
+    out = {fam: make_model("tiny", fam, root / fam) for fam in families}
     out["jamba"] = make_jamba(root / "jamba")
     return out
