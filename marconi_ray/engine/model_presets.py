@@ -26,11 +26,14 @@ the printable logits (all the others stay 0).
 
 Exact parameter counts (from `count_parameters`, meta device):
 
-| preset          | nemotron_h    | bamba         |
-|-----------------|---------------|---------------|
-| tiny            | 230,500       | 305,380       |
-| small           | 48,416,640    | 48,426,880    |
-| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 |
+| preset          | nemotron_h    | bamba         | zamba2        |
+|-----------------|---------------|---------------|---------------|
+| tiny            | 230,500       | 305,380       | 408,464       |
+| small           | 48,416,640    | 48,426,880    | 33,936,512    |
+| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 | 4,954,349,056 |
+
+(Zamba2 has no per-layer MLP: the two copies of its shared block hold its only MLP
+weights, so it is the lightest for one layer mix.)
 """
 
 from __future__ import annotations
