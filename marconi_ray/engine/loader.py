@@ -3,7 +3,9 @@
 
 Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
 or a checkpoint weight the model has no place for. Weights the config marks as not the
-language model's (a multimodal checkpoint's vision tower) are skipped, with a log line.
+language model's (a multimodal checkpoint's vision tower) are skipped, with a log line,
+and so are repeats of tied weights (a Zamba2 checkpoint may store its shared block again
+under every hybrid layer; the copy under the first layer using it is the one loaded).
 """
 
 from __future__ import annotations
@@ -164,10 +166,14 @@ def _copy_weights(
             len(skipped),
             ", ".join(f"{p}*" for p in model.cfg.skipped_weights),
         )
+    tied = tuple(prefix + p for p in model.tied_repeats())
     extra = sorted(
         k
         for k in where
-        if k not in used and not k.endswith(_IGNORED_SUFFIXES) and k not in skipped
+        if k not in used
+        and not k.endswith(_IGNORED_SUFFIXES)
+        and k not in skipped
+        and not k.startswith(tied)
     )
     if extra:
         raise ValueError(

@@ -286,6 +286,14 @@ class HybridModel(nn.Module):
             out.update({f"shared.{c}.{k}": v for k, v in weights.weight_specs().items()})
         return out
 
+    def tied_repeats(self) -> tuple[str, ...]:
+        """Checkpoint key prefixes (below the model prefix) that may repeat tied weights
+        the model loads from elsewhere: the shared block of each hybrid layer that is not
+        the first to use its copy."""
+        shared = HF_NAMES[self.cfg.family].shared
+        copies = set(self.cfg.shared_copies)
+        return tuple(f"layers.{h}.{shared}." for h in self.cfg.hybrid_layers if h not in copies)
+
     # ------------------------------------------------------------------ states
     def new_state(self) -> SeqState:
         """The empty state of a sequence that has consumed nothing."""

@@ -125,3 +125,27 @@ def test_shared_weights_are_held_once_per_copy(layout_dir):
     assert attn is not None
     per_layer = 2 * attn.attention.n_kv_heads * attn.attention.head_dim * 4
     assert store.kv_bytes_per_token == 5 * per_layer
+
+
+def test_repeated_tied_copies_in_a_checkpoint_are_skipped(layout_dir):
+    """A checkpoint that stores the shared block again under every hybrid layer (tied
+    repeats) loads the same model; a key that is no repeat is still refused by name."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(layout_dir / "model.safetensors"))
+    repeats = {  # hybrid layers 4 and 5 use the copies stored under layers 1 and 2
+        k.replace(f"layers.{src}.", f"layers.{dst}."): v
+        for src, dst in ((1, 4), (2, 5))
+        for k, v in weights.items()
+        if k.startswith(f"model.layers.{src}.shared_transformer.")
+    }
+    assert repeats
+    model = load_model(layout_dir, weights={**weights, **repeats})
+    ids = torch.tensor(prompts(35, 1, 20, model.cfg.vocab_size)[0])
+    assert torch.equal(model.forward_logits(ids), load_model(layout_dir).forward_logits(ids))
+    stray = {
+        **weights,
+        "model.layers.0.shared_transformer.linear.weight": weights["model.layers.1.linear.weight"],
+    }
+    with pytest.raises(ValueError, match=r"layers\.0\.shared_transformer\.linear"):
+        load_model(layout_dir, weights=stray)
