@@ -65,7 +65,6 @@ class SharedWeights(nn.Module):
         super().__init__()
         a, m = cfg.attention, cfg.mlp
         width = 2 * d_model if a.input_dim is None else a.input_dim
-        self.n_heads, self.n_kv = tp.local(a.n_heads), tp.local(a.n_kv_heads)
         q, kv = (Segment(a.n_heads * a.head_dim),), (Segment(a.n_kv_heads * a.head_dim),)
         attn = f"{prefix}.self_attn"
         self.input_norm = RMSNorm(width, eps, f"{prefix}.input_layernorm.weight", dtype)
@@ -157,6 +156,7 @@ class SharedBlock(nn.Module):
         r, k = cfg.adapter_rank, hybrid_index
         self.qkv_adapters: nn.ModuleList | None = None
         if cfg.qkv_adapters:
+            assert a.n_kv_heads == a.n_heads, "the k/v adapters are as wide as q's"
             heads = (Segment(a.n_heads * a.head_dim),)
             attn = f"{source}.self_attn"
             self.qkv_adapters = nn.ModuleList(
