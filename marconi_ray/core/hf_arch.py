@@ -331,14 +331,26 @@ class Block:
         hf_layer: index of the HF decoder layer that runs it (and holds its weights).
         shared: its weights are shared by several layers (Zamba2's shared transformer
             block, which every "hybrid" layer runs before its Mamba-2).
+        weights_layer: the HF decoder layer whose sub-module holds its weights when that
+            is not `hf_layer` (Zamba2: a hybrid layer's shared block, and the adapters
+            that live beside it, are stored under the first hybrid layer using the same
+            copy of the shared weights); None means `hf_layer`.
     """
 
     config: BlockConfig
     hf_layer: int
     shared: bool = False
+    weights_layer: int | None = None
 
     def __post_init__(self) -> None:
         require_non_negative("hf_layer", self.hf_layer)
+        if self.weights_layer is not None:
+            require_non_negative("weights_layer", self.weights_layer)
+
+    @property
+    def source_layer(self) -> int:
+        """The HF decoder layer holding this block's weights."""
+        return self.hf_layer if self.weights_layer is None else self.weights_layer
 
     @property
     def kind(self) -> str:

@@ -153,6 +153,7 @@ ZAMBA2: Final[Mapping[str, object]] = MappingProxyType(
         "num_key_value_heads": None,
         "use_shared_attention_adapter": False,
         "adapter_rank": 128,
+        "num_mem_blocks": 1,
         # details
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True,

@@ -174,9 +174,12 @@ def parse_zamba2(config: Mapping[str, object]) -> HfArchitecture:
     """Zamba2: every layer is a Mamba-2; a "hybrid" layer first runs the shared block.
 
     The shared block: attention over the 2*D concatenation of hidden state and embeddings
-    (head_dim = 2*D // heads; RoPE only with use_mem_rope), a gated MLP with a LoRA adapter
-    on its gate/up projection, optional LoRA adapters on q/k/v, and a D x D linear. Each
-    hybrid layer has its own KV, adapters and linear.
+    (head_dim = 2*D // heads, scores scaled by (head_dim / 2)**-0.5; RoPE only with
+    use_mem_rope), a gated MLP with a LoRA adapter on its gate/up projection, optional
+    LoRA adapters on q/k/v (which need num_key_value_heads == num_attention_heads), and a
+    D x D linear. Each hybrid layer has its own KV, adapters and linear. The k-th hybrid
+    layer uses copy k % num_mem_blocks of the shared weights, stored (with the adapters of
+    every layer using it) under the first hybrid layer using that copy (`weights_layer`).
     """
     r = ConfigReader(config, defaults.ZAMBA2, "zamba2", defaults.ZAMBA2_ALIASES)
     d = r.req_int("hidden_size")
@@ -187,6 +190,7 @@ def parse_zamba2(config: Mapping[str, object]) -> HfArchitecture:
         (MAMBA, "hybrid"),
     )
     heads = r.pos_int("n_mamba_heads")
+    bias = r.flag("add_bias_linear")
     mamba = Mamba2Config(
         n_heads=heads,
         head_dim=r.req_int("mamba_expand") * d // heads,
@@ -195,40 +199,50 @@ def parse_zamba2(config: Mapping[str, object]) -> HfArchitecture:
         d_conv=r.req_int("mamba_d_conv"),
         chunk_size=r.req_int("chunk_size"),
         conv_bias=r.flag("use_conv_bias"),
-        proj_bias=r.flag("add_bias_linear"),
+        proj_bias=bias,
         dt_min=r.req_float("time_step_min"),
     )
     shared: list[tuple[BlockConfig, bool]] = []
     if "hybrid" in types:
         attn_heads = r.pos_int("num_attention_heads")
-        kv = r.opt_int("num_key_value_heads")
+        kv_heads = r.opt_int("num_key_value_heads")
+        kv = attn_heads if kv_heads is None else kv_heads
         width = 2 * d
         head_dim = width // attn_heads
         rotary, theta, rope_type = rope(r, head_dim) if r.flag("use_mem_rope") else NO_ROPE
         attn = AttentionConfig(
             attn_heads,
-            attn_heads if kv is None else kv,
+            kv,
             head_dim,
             rotary,
             theta,
             input_dim=width,
             rope_type=rope_type,
+            scale=(head_dim / 2) ** -0.5,
         )
         shared.append((attn, True))
         rank = r.req_int("adapter_rank")
         if r.flag("use_shared_attention_adapter"):
+            if kv != attn_heads:
+                raise ValueError(
+                    f"zamba2 use_shared_attention_adapter needs num_key_value_heads={kv} "
+                    f"== num_attention_heads={attn_heads} (the k/v adapters are 2*D wide)"
+                )
             shared += [(LinearConfig(width, rank), False), (LinearConfig(rank, width), False)] * 3
         ff = r.opt_int("intermediate_size") or 4 * d
         shared += [
-            (MLPConfig(ff, r.req_str("hidden_act"), gated=True), True),
+            (MLPConfig(ff, r.req_str("hidden_act"), gated=True, bias=bias), True),
             (LinearConfig(d, rank), False),
             (LinearConfig(rank, 2 * ff), False),
-            (LinearConfig(d, d), False),
         ]
+    copies = r.pos_int("num_mem_blocks")
+    hybrid = [i for i, t in enumerate(types) if t == "hybrid"]
     blocks: list[Block] = []
     for i, t in enumerate(types):
         if t == "hybrid":
-            blocks += [Block(c, i, shared=s) for c, s in shared]
+            source = hybrid[hybrid.index(i) % copies]
+            blocks += [Block(c, i, shared=s, weights_layer=source) for c, s in shared]
+            blocks.append(Block(LinearConfig(d, d), i))
         blocks.append(Block(mamba, i))
     long_context = r.flag("use_long_context")
     max_position = defaults.ZAMBA2_LONG_CONTEXT_POSITIONS if long_context else None

@@ -16,7 +16,8 @@ ASCII bytes and newline (`PRINTABLE_IDS`) are random; every other row of the `lm
 zero, so its logit is exactly 0, and the printable logits are lifted `LOGIT_LIFT` above 0:
 
 - The lift comes from a constant channel: the last layer's MLP (`down_proj.bias`, the
-  presets have `mlp_bias` on, every other MLP bias is 0) adds `LIFT_RATIO` times the
+  presets have `mlp_bias` on, every other MLP bias is 0; Zamba2: the last Mamba-2's
+  `out_proj.bias`, with `add_bias_linear`) adds `LIFT_RATIO` times the
   median norm of the final residual stream (measured on a calibration prompt) to channel
   `LIFT_CHANNEL`, so after the final RMSNorm that channel is ~sqrt(hidden) at every
   position; the printable rows weigh it so that it adds ~`LOGIT_LIFT` to each of them.
@@ -110,7 +111,10 @@ _FINAL_NORM: Final = {
     "nemotron_h": "norm_f",
     "bamba": "final_layernorm",
     "falcon_h1": "final_layernorm",
+    "zamba2": "final_layernorm",
 }
+_BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
+"""The config flag of the biases the lift needs, where it is not `mlp_bias`."""
 _MODEL_CLASSES: Final = {
     "nemotron_h": "NemotronHForCausalLM",
     "bamba": "BambaForCausalLM",
@@ -120,6 +124,7 @@ _MODEL_CLASSES: Final = {
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "qwen3_next": "Qwen3NextForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
+    "zamba2": "Zamba2ForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -237,6 +242,31 @@ def _attention_lift(model: Any) -> Any:
     return attn.o_proj
 
 
+def _zero_bias(linear: torch.nn.Linear) -> None:
+    """Give `linear` a zero bias (in place, no RNG draw) unless it has one."""
+    if linear.bias is None:
+        weight = linear.weight
+        zeros = torch.zeros(linear.out_features, dtype=weight.dtype, device=weight.device)
+        linear.bias = torch.nn.Parameter(zeros, requires_grad=weight.requires_grad)
+
+
+def _mamba_lift(model: Any) -> Any:
+    """Zamba2 (no MLP writes the residual stream): give every linear layer that
+    `add_bias_linear` gives a bias (Mamba-2 in/out projections, the shared MLPs) a zero
+    one and return the last layer's Mamba-2 `out_proj`, whose bias carries the lift."""
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("MambaMixer"):
+            _zero_bias(module.in_proj)
+            _zero_bias(module.out_proj)
+        elif name.endswith("MLP"):
+            _zero_bias(module.gate_up_proj)
+            _zero_bias(module.down_proj)
+    model.config.add_bias_linear = True
+    last = _decoder(model).layers[-1]
+    return getattr(last, "mamba_decoder", last).mamba.out_proj
+
+
 def _final_residual_norm(model: Any) -> float:
     """Median over the positions of a calibration prompt of the final norm's input norm."""
     decoder = _decoder(model)
@@ -269,8 +299,13 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     head = model.get_output_embeddings().weight
     fresh = torch.randn(head.shape, dtype=torch.float32) * (LOGIT_STD / math.sqrt(hidden_size))
     bias = LIFT_RATIO * _final_residual_norm(model)
-    qwen = model.config.model_type in QWEN_FAMILIES
-    down = _attention_lift(model) if qwen else _attach_mlp_biases(model)
+    family = model.config.model_type
+    if family in QWEN_FAMILIES:
+        down = _attention_lift(model)
+    elif family == "zamba2":
+        down = _mamba_lift(model)
+    else:
+        down = _attach_mlp_biases(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
     # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
@@ -335,7 +370,8 @@ def build_model(
     )
     init_config = copy.deepcopy(config)
     if family not in QWEN_FAMILIES:
-        init_config.mlp_bias = False  # the biases are attached, zero, after the seeded init
+        # the biases are attached, zero, after the seeded init
+        setattr(init_config, _BIAS_FLAG.get(family, "mlp_bias"), False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):

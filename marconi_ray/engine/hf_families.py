@@ -5,15 +5,18 @@ a family's config keys are interpreted; the cost model's `ModelSpec` derives fro
 `HfArchitecture`) and converts the result with `from_architecture`. The engine runs the
 families in `FAMILIES` with one config per mixer kind; a config that needs something the
 engine lacks (a mixture of experts, a RoPE type other than "default", ...) is a
-ValueError naming the layer and the cause.
+ValueError naming the layer and the cause. Zamba2's shared-block group of one hybrid
+layer (the core lists its attention, adapters, MLP and linear as separate blocks, for
+the cost model) becomes one `shared_transformer` block (`SharedBlockConfig`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from marconi_ray.core.hf_arch import Block, HfArchitecture
+from marconi_ray.core.hf_arch import Block, HfArchitecture, LinearConfig
 from marconi_ray.core.hf_config import parse_hf_config
 from marconi_ray.engine.model_config import (
     BLOCK_KINDS,
@@ -24,6 +27,7 @@ from marconi_ray.engine.model_config import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    SharedBlockConfig,
 )
 
 FAMILIES: Final = (
@@ -36,6 +40,7 @@ FAMILIES: Final = (
     "qwen3_5_moe",
     "qwen3_next",
     "falcon_h1",
+    "zamba2",
 )
 """The model_types whose weights the engine can load (see `model.HF_NAMES`)."""
 
@@ -43,7 +48,14 @@ PARALLEL_KINDS: Final = ("attention", "mamba2")
 """Block kinds a residual group of parallel mixers may hold (see `model.Block`)."""
 
 _C = TypeVar(
-    "_C", AttentionConfig, MLPConfig, Mamba2Config, Mamba1Config, GatedDeltaNetConfig, MoEConfig
+    "_C",
+    AttentionConfig,
+    MLPConfig,
+    Mamba2Config,
+    Mamba1Config,
+    GatedDeltaNetConfig,
+    MoEConfig,
+    SharedBlockConfig,
 )
 
 
@@ -61,8 +73,60 @@ def hybrid_config(config: Mapping[str, object]) -> HybridConfig:
     return from_architecture(parse_hf_config(config))
 
 
-def _check(family: str, block: Block) -> None:
-    """Raise ValueError when the engine cannot run `block`."""
+@dataclass(frozen=True)
+class _EngineBlock:
+    """One block of the engine's view: its kind, the core block it comes from (the
+    shared attention of a collapsed shared-block group) and its config."""
+
+    kind: str
+    block: Block
+    config: object
+
+
+def _shared_group(family: str, group: list[Block]) -> SharedBlockConfig:
+    """The `SharedBlockConfig` of one hybrid layer's shared-block group: attention, the
+    q/k/v adapters (down, up) x 3 when present, MLP, its adapter (down, up), linear."""
+    attn, mlp, down = group[0].config, group[-4].config, group[-3].config
+    linears = group[1:-4] + group[-3:]
+    if (
+        len(group) not in (5, 11)
+        or not isinstance(attn, AttentionConfig)
+        or not isinstance(mlp, MLPConfig)
+        or not isinstance(down, LinearConfig)
+        or not all(isinstance(b.config, LinearConfig) for b in linears)
+    ):
+        raise ValueError(
+            f"{family} layer {group[0].hf_layer}: unexpected shared-block layout "
+            f"{[b.kind for b in group]}"
+        )
+    return SharedBlockConfig(attn, mlp, down.d_out, qkv_adapters=len(group) == 11)
+
+
+def _engine_blocks(arch: HfArchitecture) -> list[_EngineBlock]:
+    """The engine's blocks: each Zamba2 shared-block group (a shared attention block and
+    the adapters, MLP and linear of its HF layer that follow it) collapsed into one
+    `shared_transformer`; every other block as it is."""
+    out: list[_EngineBlock] = []
+    blocks = list(arch.blocks)
+    i = 0
+    while i < len(blocks):
+        b = blocks[i]
+        if not (b.shared and b.kind == "attention"):
+            out.append(_EngineBlock(b.kind, b, b.config))
+            i += 1
+            continue
+        j = i + 1
+        in_group = ("linear", "mlp")
+        while j < len(blocks) and blocks[j].hf_layer == b.hf_layer and blocks[j].kind in in_group:
+            j += 1
+        out.append(_EngineBlock("shared_transformer", b, _shared_group(arch.family, blocks[i:j])))
+        i = j
+    return out
+
+
+def _check(family: str, eb: _EngineBlock) -> None:
+    """Raise ValueError when the engine cannot run block `eb`."""
+    block = eb.block
     where = f"{family} layer {block.hf_layer}"
     cfg = block.config
     if isinstance(cfg, MoEConfig) and (cfg.latent_dim is not None or not cfg.gated):
@@ -70,10 +134,10 @@ def _check(family: str, block: Block) -> None:
         raise ValueError(
             f"{where} is a mixture of {cfg.n_experts} experts with {cause}, which the engine lacks"
         )
-    if block.kind not in BLOCK_KINDS or block.shared:
+    if eb.kind not in BLOCK_KINDS or (block.shared and eb.kind != "shared_transformer"):
         raise ValueError(f"{where} has a {block.kind!r} block, which the engine lacks")
     if isinstance(cfg, AttentionConfig):
-        if cfg.input_dim is not None:
+        if cfg.input_dim is not None and eb.kind != "shared_transformer":
             raise ValueError(f"{where}: attention over a {cfg.input_dim}-wide input")
         if cfg.rotary_dim and cfg.rope_type != "default":
             raise ValueError(f"{family} rope_type {cfg.rope_type!r} is not supported")
@@ -84,11 +148,11 @@ def _check(family: str, block: Block) -> None:
         )
 
 
-def _one(arch: HfArchitecture, kind: str, cls: type[_C]) -> _C | None:
+def _one(family: str, blocks: list[_EngineBlock], kind: str, cls: type[_C]) -> _C | None:
     """The single config of the `kind` blocks (None when there are none)."""
-    found = arch.configs_of(kind)
+    found = list(dict.fromkeys(b.config for b in blocks if b.kind == kind))
     if len(found) > 1:
-        raise ValueError(f"{arch.family} has {len(found)} different {kind} configs")
+        raise ValueError(f"{family} has {len(found)} different {kind} configs")
     if not found:
         return None
     config = found[0]
@@ -103,21 +167,24 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
     Mamba-2, the kinds whose output projection can defer its all-reduce to the group."""
     if arch.family not in FAMILIES:
         raise _unsupported(arch.family)
-    for block in arch.blocks:
-        _check(arch.family, block)
+    blocks = _engine_blocks(arch)
+    for eb in blocks:
+        _check(arch.family, eb)
+    fam = arch.family
+    shared = _one(fam, blocks, "shared_transformer", SharedBlockConfig)
     cfg = HybridConfig(
         family=arch.family,
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
-        blocks=tuple(b.kind for b in arch.blocks),
-        hf_layer=tuple(b.hf_layer for b in arch.blocks),
+        blocks=tuple(b.kind for b in blocks),
+        hf_layer=tuple(b.block.hf_layer for b in blocks),
         norm_eps=arch.norm_eps,
-        attention=_one(arch, "attention", AttentionConfig),
-        mlp=_one(arch, "mlp", MLPConfig),
-        mamba2=_one(arch, "mamba2", Mamba2Config),
-        mamba1=_one(arch, "mamba1", Mamba1Config),
-        gdn=_one(arch, "gdn", GatedDeltaNetConfig),
-        moe=_one(arch, "moe", MoEConfig),
+        attention=_one(fam, blocks, "attention", AttentionConfig),
+        mlp=_one(fam, blocks, "mlp", MLPConfig),
+        mamba2=_one(fam, blocks, "mamba2", Mamba2Config),
+        mamba1=_one(fam, blocks, "mamba1", Mamba1Config),
+        gdn=_one(fam, blocks, "gdn", GatedDeltaNetConfig),
+        moe=_one(fam, blocks, "moe", MoEConfig),
         tie_embeddings=arch.tie_embeddings,
         max_position=arch.context_limit,
         eos_token_ids=arch.eos_token_ids,
@@ -126,6 +193,8 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         skipped_weights=arch.skipped_weights,
         scales=arch.scales,
         parallel_mixers=arch.parallel_mixers,
+        shared=shared,
+        weights_layer=tuple(b.block.source_layer for b in blocks) if shared else (),
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

@@ -5,9 +5,11 @@ weight (see `engine.weight_source`), never the whole tensor.
 
 Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
 or a checkpoint weight the model has no place for. Weights the config marks as not the
-language model's (a multimodal checkpoint's vision tower) are skipped, with a log line.
-The multipliers of muP models (`WeightSpec.scales`) are folded into the weights as they
-are copied, before they are split across ranks.
+language model's (a multimodal checkpoint's vision tower) are skipped, with a log line,
+and so are repeats of tied weights (a Zamba2 checkpoint may store its shared block again
+under every hybrid layer; the copy under the first layer using it is the one loaded).
+The multipliers of muP models (`WeightSpec.scales`) are folded into the rank's slice of
+each weight as it is copied.
 """
 
 from __future__ import annotations
@@ -162,8 +164,14 @@ def copy_weights(model: HybridModel, source: WeightSource, model_dir: str | Path
             len(skipped),
             ", ".join(f"{p}*" for p in model.cfg.skipped_weights),
         )
+    tied = tuple(prefix + p for p in model.tied_repeats())
     extra = sorted(
-        k for k in where if k not in used and not k.endswith(_IGNORED_SUFFIXES) and k not in skipped
+        k
+        for k in where
+        if k not in used
+        and not k.endswith(_IGNORED_SUFFIXES)
+        and k not in skipped
+        and not k.startswith(tied)
     )
     if extra:
         raise ValueError(

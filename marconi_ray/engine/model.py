@@ -3,9 +3,12 @@
 Blocks follow `HybridConfig.blocks`; each is `x + mixer(norm(x))`, except that the blocks
 of one residual group (`HybridConfig.residual_groups`: FalconH1's parallel attention and
 Mamba-2) read one normed input and add the sum of their outputs, `x + sum_i mixer_i(norm(x))`;
-under tensor parallelism the group's partial sums take one all-reduce. Each block keeps
-its own states (KV for attention, conv + SSM for Mamba) under its own index. Embedding,
-final norm and LM head are replicated on every rank; mixers are sharded (see `layers/`).
+under tensor parallelism the group's partial sums take one all-reduce; and Zamba2's
+`shared_transformer` blocks, whose output is added to the next block's input (see
+`layers/zamba_shared.py`; their shared weights are held once, in `HybridModel.shared`).
+Each block keeps its own states (KV for attention, conv + SSM for Mamba) under its own
+index. Embedding, final norm and LM head are replicated on every rank; mixers are sharded
+(see `layers/`).
 
 muP multipliers: embedding, residual and logit scales are applied in the forward
 (`HybridConfig.scales`: the embedding table may be tied to the LM head, so neither can
@@ -39,6 +42,7 @@ from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.layers.zamba_shared import SharedBlock, SharedWeights
 from marconi_ray.engine.model_config import FEED_FORWARD_KINDS, HybridConfig
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
@@ -46,7 +50,12 @@ from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
 
 @dataclass(frozen=True)
 class HFNames:
-    """Checkpoint key layout of one family (keys below the model prefix)."""
+    """Checkpoint key layout of one family (keys below the model prefix).
+
+    `hybrid_sub`: the sub-module of a layer that also runs a shared block holding that
+    layer's own mixer and norm (Zamba2's `mamba_decoder`); `shared`: the sub-module
+    holding a copy of the shared block's weights (Zamba2's `shared_transformer`).
+    """
 
     embed: str
     final_norm: str
@@ -54,6 +63,8 @@ class HFNames:
     mlp_norm: str
     mixer: dict[str, str]
     mlp: str
+    hybrid_sub: str = ""
+    shared: str = ""
 
 
 HF_NAMES = {
@@ -100,15 +111,28 @@ HF_NAMES = {
         {"mamba2": "mamba", "attention": "self_attn"},
         "feed_forward",
     ),
+    "zamba2": HFNames(
+        "embed_tokens.weight",
+        "final_layernorm.weight",
+        "input_layernorm",
+        "input_layernorm",
+        {"mamba2": "mamba"},
+        "",
+        hybrid_sub="mamba_decoder",
+        shared="shared_transformer",
+    ),
 }
 
 
-Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
+Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE | SharedBlock
 SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
+KVMixer = Attention | SharedBlock
+"""Mixers that keep a KV cache (one `KVBuffer` per sequence)."""
 
 
 class Block(nn.Module):
-    """One block's mixer and, when it leads its residual group, the group's norm.
+    """One block's mixer and, when it leads its residual group, the group's norm; a
+    `shared_transformer` block has no norm (its mixer normalises its own 2*D input).
 
     `parallel`: the block is in a residual group of several blocks, so its output
     projection leaves the all-reduce to the model (attention and Mamba-2 only).
@@ -131,22 +155,36 @@ class Block(nn.Module):
         self.kind = cfg.blocks[index]
         names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
+        d = cfg.hidden_size
+        self.norm: RMSNorm | None = None
+        mixer: Mixer
+        if self.kind == "shared_transformer":
+            assert cfg.shared is not None
+            source = cfg.source_layer(index)
+            self.mixer = SharedBlock(
+                d,
+                cfg.shared,
+                cfg.hf_layer[index],
+                cfg.layers_of("shared_transformer").index(index),
+                cfg.shared_copies.index(source),
+                f"layers.{source}.{names.shared}",
+                tp,
+                dtype,
+            )
+            return
+        if cfg.hf_layer[index] in cfg.hybrid_layers:
+            layer = f"{layer}.{names.hybrid_sub}"
         norm_key = names.mlp_norm if self.kind in FEED_FORWARD_KINDS else names.mixer_norm
-        self.norm = (
-            RMSNorm(
+        if leads:
+            self.norm = RMSNorm(
                 cfg.hidden_size,
                 cfg.norm_eps,
                 f"{layer}.{norm_key}.weight",
                 dtype,
                 cfg.unit_offset_norms,
             )
-            if leads
-            else None
-        )
         assert not parallel or self.kind in ("attention", "mamba2"), self.kind
         reduce = not parallel
-        d = cfg.hidden_size
-        mixer: Mixer
         if self.kind == "mlp":
             assert cfg.mlp is not None
             mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
@@ -229,6 +267,19 @@ class HybridModel(nn.Module):
                 for g in self.groups
                 for i in g
             )
+            names = HF_NAMES[cfg.family]
+            self.shared = nn.ModuleList(
+                SharedWeights(
+                    cfg.hidden_size,
+                    cfg.shared,
+                    cfg.norm_eps,
+                    f"layers.{src}.{names.shared}",
+                    self.tp,
+                    dtype,
+                )
+                for src in cfg.shared_copies
+                if cfg.shared is not None
+            )
             self.final_norm = RMSNorm(
                 cfg.hidden_size,
                 cfg.norm_eps,
@@ -245,13 +296,19 @@ class HybridModel(nn.Module):
             )
         self.layers: list[Block] = list(self.blocks)  # type: ignore[arg-type]
         self.ssm_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, SSMMixer)]
-        self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, Attention)]
+        self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, KVMixer)]
 
-    def attention(self, i: int) -> Attention:
-        """The attention mixer of block `i`."""
+    def attention(self, i: int) -> KVMixer:
+        """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
         mixer = self.layers[i].mixer
-        assert isinstance(mixer, Attention)
+        assert isinstance(mixer, KVMixer)
         return mixer
+
+    def shared_weights(self, block: SharedBlock) -> SharedWeights:
+        """The copy of the shared block's weights that `block` runs with."""
+        weights = self.shared[block.copy]
+        assert isinstance(weights, SharedWeights)
+        return weights
 
     def ssm(self, i: int) -> SSMMixer:
         """The recurrent (Mamba or Gated DeltaNet) mixer of block `i`."""
@@ -267,7 +324,18 @@ class HybridModel(nn.Module):
             out["lm_head"] = WeightSpec("lm_head.weight")
         for i, block in enumerate(self.layers):
             out.update({f"blocks.{i}.{k}": v for k, v in block.weight_specs().items()})
+        for c, weights in enumerate(self.shared):
+            assert isinstance(weights, SharedWeights)
+            out.update({f"shared.{c}.{k}": v for k, v in weights.weight_specs().items()})
         return out
+
+    def tied_repeats(self) -> tuple[str, ...]:
+        """Checkpoint key prefixes (below the model prefix) that may repeat tied weights
+        the model loads from elsewhere: the shared block of each hybrid layer that is not
+        the first to use its copy."""
+        shared = HF_NAMES[self.cfg.family].shared
+        copies = set(self.cfg.shared_copies)
+        return tuple(f"layers.{h}.{shared}." for h in self.cfg.hybrid_layers if h not in copies)
 
     # ------------------------------------------------------------------ states
     def new_state(self) -> SeqState:
@@ -301,11 +369,18 @@ class HybridModel(nn.Module):
         """The residual stream x [L, D] through every residual group: x + the sum over
         the group's blocks i of `run(i, norm(x))` (the block's mixer output, states
         updated by `run`), all-reduced once for a group of several blocks, whose output
-        projections leave it to this sum."""
+        projections leave it to this sum. A Zamba2 shared block (a group of its own) is
+        `run(i, x)` on the stream itself; its output e joins the next group's input but
+        not the residual: x + sum_i run(i, norm(x + e))."""
+        extra: torch.Tensor | None = None
         for group in self.groups:
-            norm = self.layers[group[0]].norm
-            assert norm is not None
-            h = norm(x)
+            first = self.layers[group[0]]
+            if isinstance(first.mixer, SharedBlock):
+                extra = run(group[0], x)
+                continue
+            assert first.norm is not None
+            h = first.norm(x if extra is None else x + extra)
+            extra = None
             out = run(group[0], h)
             for i in group[1:]:
                 out = out + run(i, h)
@@ -386,9 +461,13 @@ class HybridModel(nn.Module):
         """One decode step; `ssm_rows[i]` = (conv [B, C, K], ssm [B, ...]) of SSM block i,
         updated in place."""
         positions = torch.tensor([s.length for s in states], device=self.device)
+        emb = self._embed(ids)
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
+            if isinstance(mixer, SharedBlock):
+                kvs = [s.kv[i] for s in states]
+                return mixer.decode(self.shared_weights(mixer), h, emb, positions, kvs)
             if isinstance(mixer, Attention):
                 return mixer.decode(h, positions, [s.kv[i] for s in states])
             if isinstance(mixer, SSMMixer):
@@ -397,7 +476,7 @@ class HybridModel(nn.Module):
             out: torch.Tensor = mixer(h)  # an MLP or MoE
             return out
 
-        x = self._run_groups(self._embed(ids), run)
+        x = self._run_groups(emb, run)
         logits = self._logits(x)
         for b, s in enumerate(states):
             s.length += 1
@@ -414,9 +493,12 @@ class HybridModel(nn.Module):
         positions = torch.arange(start, start + ids.shape[0], device=self.device)
         conv_out: dict[int, torch.Tensor] = {}
         ssm_out: dict[int, torch.Tensor] = {}
+        emb = self._embed(ids)
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
+            if isinstance(mixer, SharedBlock):
+                return mixer.prefill(self.shared_weights(mixer), h, emb, positions, state.kv[i])
             if isinstance(mixer, Attention):
                 return mixer.prefill(h, positions, state.kv[i])
             if isinstance(mixer, SSMMixer):
@@ -429,7 +511,7 @@ class HybridModel(nn.Module):
             out: torch.Tensor = mixer(h)  # an MLP or MoE
             return out
 
-        x = self._run_groups(self._embed(ids), run)
+        x = self._run_groups(emb, run)
         return x, conv_out, ssm_out
 
     @torch.inference_mode()

@@ -1,7 +1,9 @@
 """`HybridConfig`: the engine's view of a hybrid decoder, derived from one HF config parse.
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
-mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `moe`.
+mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `moe`,
+except `shared_transformer` (Zamba2's shared block, see `SharedBlockConfig`), whose output
+is added to the next block's input instead of the residual stream.
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
 Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
 `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
@@ -43,9 +45,10 @@ __all__ = [
     "Mamba2Config",
     "MoEConfig",
     "Scales",
+    "SharedBlockConfig",
 ]
 
-BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe")
+BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe", "shared_transformer")
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
     "M": "mamba2",
@@ -54,7 +57,27 @@ PATTERN_CHARS = {
     "*": "attention",
     "-": "mlp",
     "E": "moe",
+    "Z": "shared_transformer",
 }
+
+
+@dataclass(frozen=True)
+class SharedBlockConfig:
+    """Zamba2's shared transformer block, run by every hybrid layer before its Mamba-2.
+
+    With x the residual stream [L, D] and e the token embeddings [L, D]:
+    `h = RMSNorm_2D([x, e])`; `a = attention(h)` (q/k/v read the 2*D input, each plus its
+    per-layer LoRA adapter `B(A(h))` when `qkv_adapters`; o writes D); `m = down(act(g) *
+    u)` where `[g, u] = gate_up(n) + B(A(n))`, `n = RMSNorm_D(a)`; the block's output is
+    `linear(m)` (a per-layer D x D), added to the input of the layer's Mamba-2 (before its
+    norm), not to the residual stream. Attention, MLP and both norms are shared; the
+    adapters (rank `adapter_rank`) and the linear belong to each hybrid layer.
+    """
+
+    attention: AttentionConfig
+    mlp: MLPConfig
+    adapter_rank: int
+    qkv_adapters: bool
 
 
 @dataclass(frozen=True)
@@ -74,6 +97,9 @@ class HybridConfig:
         parallel_mixers: consecutive mixer blocks (not mlp / moe) of one HF layer read
             the same normed input and their outputs are summed (FalconH1); see
             `residual_groups`.
+        shared: the config of the `shared_transformer` blocks (Zamba2).
+        weights_layer: per block, the HF layer whose sub-module holds its weights (empty:
+            `hf_layer`); a shared block's is the first hybrid layer using its copy.
     """
 
     family: str
@@ -96,6 +122,8 @@ class HybridConfig:
     skipped_weights: tuple[str, ...] = ()
     scales: Scales = field(default_factory=Scales)
     parallel_mixers: bool = False
+    shared: SharedBlockConfig | None = None
+    weights_layer: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -103,6 +131,8 @@ class HybridConfig:
                 raise ValueError(f"unknown block kind {kind!r}; known: {BLOCK_KINDS}")
         if len(self.hf_layer) != len(self.blocks):
             raise ValueError("hf_layer must give one HF layer index per block")
+        if self.weights_layer and len(self.weights_layer) != len(self.blocks):
+            raise ValueError("weights_layer must give one HF layer index per block (or none)")
         needs = {
             "attention": self.attention,
             "mlp": self.mlp,
@@ -110,6 +140,7 @@ class HybridConfig:
             "mamba1": self.mamba1,
             "gdn": self.gdn,
             "moe": self.moe,
+            "shared_transformer": self.shared,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -143,6 +174,20 @@ class HybridConfig:
             else:
                 groups.append([i])
         return tuple(tuple(g) for g in groups)
+    def source_layer(self, index: int) -> int:
+        """The HF layer whose sub-module holds block `index`'s weights."""
+        return self.weights_layer[index] if self.weights_layer else self.hf_layer[index]
+
+    @property
+    def shared_copies(self) -> tuple[int, ...]:
+        """The source layers of the distinct copies of the shared block, in order of use."""
+        blocks = self.layers_of("shared_transformer")
+        return tuple(dict.fromkeys(self.source_layer(i) for i in blocks))
+
+    @property
+    def hybrid_layers(self) -> tuple[int, ...]:
+        """The HF layers that run a shared block (Zamba2's "hybrid" layers), in order."""
+        return tuple(self.hf_layer[i] for i in self.layers_of("shared_transformer"))
 
     def layers_of(self, kind: str) -> list[int]:
         """Block indices of one kind, in order."""
@@ -165,6 +210,10 @@ class HybridConfig:
         if self.gdn is not None and "gdn" in self.blocks:
             sizes["linear_num_key_heads"] = self.gdn.n_k_heads
             sizes["linear_num_value_heads"] = self.gdn.n_v_heads
+        if self.shared is not None and "shared_transformer" in self.blocks:
+            sizes["num_attention_heads"] = self.shared.attention.n_heads
+            sizes["num_key_value_heads"] = self.shared.attention.n_kv_heads
+            sizes["intermediate_size"] = self.shared.mlp.intermediate_size
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:

@@ -20,13 +20,24 @@ tiny vision tower, and Qwen3-Next) take the preset's widths with their own layer
 `qwen_kwargs`): their MLPs have no biases, so the last layer's attention output bias
 lifts the logits instead (`attention_bias`, all zero but that one channel).
 
+Zamba2 (see `zamba2_kwargs`) gets one layer per mixer of the pattern: `M` a Mamba-2
+layer, `*` a hybrid layer (the shared transformer block, then a Mamba-2), so it has one
+Mamba-2 more per attention than the other families. Its shared block is multi-head
+(the q/k/v adapters are 2*D wide), with RoPE, q/k/v adapters and `ZAMBA2_MEM_BLOCKS`
+copies of the shared weights used in turn, as in the released 2.7B and 7B models. Its
+linear layers have biases (`add_bias_linear`): the last Mamba-2's `out_proj` bias lifts
+the printable logits (all the others stay 0).
+
 Exact parameter counts (from `count_parameters`, meta device):
 
-| preset          | nemotron_h    | bamba         | falcon_h1     |
-|-----------------|---------------|---------------|---------------|
-| tiny            | 230,500       | 305,380       | 267,236       |
-| small           | 48,416,640    | 48,426,880    | 46,834,560    |
-| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 | 7,128,184,832 |
+| preset          | nemotron_h    | bamba         | falcon_h1     | zamba2        |
+|-----------------|---------------|---------------|---------------|---------------|
+| tiny            | 230,500       | 305,380       | 267,236       | 408,464       |
+| small           | 48,416,640    | 48,426,880    | 46,834,560    | 33,936,512    |
+| paper-7b-shape  | 6,820,082,688 | 6,827,576,832 | 7,128,184,832 | 4,954,349,056 |
+
+(Zamba2 has no per-layer MLP: the two copies of its shared block hold its only MLP
+weights, so it is the lightest for one layer mix.)
 """
 
 from __future__ import annotations
@@ -48,11 +59,13 @@ preset folders are rebuilt."""
 
 QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 """The Gated DeltaNet families (see `qwen_kwargs`)."""
-FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, "falcon_h1")
+FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, "falcon_h1", "zamba2")
 """Model families a preset can be built as (transformers `model_type` names)."""
 QWEN_ATTENTION_INTERVAL: Final = 4
 """Qwen presets: three Gated DeltaNet layers then one attention layer, repeated (the
 released models' `full_attention_interval`), so the last layer is attention."""
+ZAMBA2_MEM_BLOCKS: Final = 2
+"""Zamba2 presets: copies of the shared block's weights, used by hybrid layers in turn."""
 QWEN_EXPERTS: Final = 8
 QWEN_TOP_K: Final = 2
 
@@ -346,6 +359,35 @@ def falcon_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, 
     }
 
 
+def zamba2_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, Any]:
+    """Keyword arguments of `transformers.Zamba2Config` for preset `p` (see the module
+    docstring): a Mamba-2 layer per `M`, a hybrid layer per `*`; the shared block's MLP
+    is the gated width of Bamba's, its adapters of rank hidden/16 (8 to 128)."""
+    mixers = p.mixers
+    out: dict[str, Any] = {
+        **_common(p, initializer_range),
+        "num_hidden_layers": len(mixers),
+        "layers_block_type": ["hybrid" if c == "*" else "linear_attention" for c in mixers],
+        "num_key_value_heads": p.num_attention_heads,
+        "intermediate_size": p.gated_intermediate_size,
+        "hidden_act": "gelu",
+        "n_mamba_heads": p.mamba_num_heads,
+        "mamba_ngroups": p.n_groups,
+        "mamba_d_state": p.ssm_state_size,
+        "mamba_d_conv": p.conv_kernel,
+        "mamba_expand": 2,
+        "chunk_size": p.chunk_size,
+        "num_mem_blocks": ZAMBA2_MEM_BLOCKS,
+        "use_shared_attention_adapter": True,
+        "adapter_rank": min(128, max(8, p.hidden_size // 16)),
+        "use_mem_rope": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "add_bias_linear": True,  # zero, but the last Mamba-2's out_proj lifts the logits
+    }
+    del out["mlp_bias"]
+    return out
+
+
 def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
     """The smallest vision tower of a multimodal Qwen3.5 checkpoint (its weights are saved
     and skipped by the engine, which serves text)."""
@@ -373,12 +415,12 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return transformers.BambaConfig(**bamba_kwargs(p, initializer_range))
     if family == "falcon_h1":
         return transformers.FalconH1Config(**falcon_kwargs(p, initializer_range))
+    if family == "zamba2":
+        return transformers.Zamba2Config(**zamba2_kwargs(p, initializer_range))
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig
-        return outer(
-            text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False
-        )
+        return outer(text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False)
     classes = {
         "qwen3_5_text": transformers.Qwen3_5TextConfig,
         "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig,

@@ -132,12 +132,18 @@ def test_zamba2_shared_block_and_falcon_parallel_mixers() -> None:
     hybrid = [b for b in zamba.blocks if b.hf_layer == 1]
     assert [b.kind for b in hybrid] == ["attention", "mlp", "linear", "linear", "linear", "mamba2"]
     assert [b.shared for b in hybrid] == [True, True, False, False, False, False]
+    assert [b.source_layer for b in hybrid] == [1] * 6  # one hybrid layer: its own copy
     attn = hybrid[0].config
     assert isinstance(attn, AttentionConfig)
     assert (attn.input_dim, attn.head_dim, attn.rotary_dim) == (128, 32, 32)
+    assert attn.scale == 16**-0.5  # transformers scales by (head_dim / 2) ** -0.5
     assert hybrid[2].config == LinearConfig(64, 8)
     assert hybrid[1].config == MLPConfig(256, "gelu", gated=True)
     assert zamba.tie_embeddings and not zamba.parallel_mixers
+    two = parse_hf_config({**cfg, "num_hidden_layers": 4, "num_mem_blocks": 2,
+                           "layers_block_type": ["hybrid"] * 3 + ["mamba"]})  # fmt: skip
+    copies = [(b.hf_layer, b.weights_layer) for b in two.blocks if b.shared]
+    assert copies == [(0, 0), (0, 0), (1, 1), (1, 1), (2, 0), (2, 0)]
     falcon = parse_hf_config({"model_type": "falcon_h1", "num_hidden_layers": 2})
     assert falcon.parallel_mixers
     assert [b.kind for b in falcon.blocks[:3]] == ["attention", "mamba2", "mlp"]

@@ -47,8 +47,6 @@ def counting(ks: KernelSet, calls: Counter[str]) -> KernelSet:
     return dataclasses.replace(ks, **{op: wrap(op) for op in OPS})
 
 
-
-
 @pytest.mark.parametrize("family", sorted(FAMILY_OPS))
 def test_resume_from_every_checkpoint_equals_reference(model_dirs, family):
     calls: Counter[str] = Counter()

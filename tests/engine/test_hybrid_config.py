@@ -31,7 +31,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
         num_attention_heads=4, num_key_value_heads=2, num_experts=1,
     ).to_dict(),
     **{family: preset_config("tiny", family).to_dict() for family in (*QWEN_FAMILIES, "falcon_h1")},
+    "zamba2": preset_config("tiny", "zamba2").to_dict(),
 }  # fmt: skip
+
+
+def _engine_view(arch):
+    """(kind, hf_layer) of the engine's blocks as the core lists them: each Zamba2
+    shared-block group (shared attention, adapters, shared MLP, linear) is one
+    `shared_transformer` block."""
+    return tuple(
+        ("shared_transformer" if b.shared else b.kind, b.hf_layer)
+        for b in arch.blocks
+        if not (b.kind == "linear" or (b.shared and b.kind == "mlp"))
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -40,23 +52,25 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     arch = parse_hf_config(raw)
     cfg = hybrid_config(raw)
     spec = spec_from_hf_config(raw)
-    assert cfg.blocks == tuple(b.kind for b in arch.blocks)
-    assert cfg.hf_layer == tuple(b.hf_layer for b in arch.blocks)
+    assert tuple(zip(cfg.blocks, cfg.hf_layer, strict=True)) == _engine_view(arch)
     for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe"):
-        assert (getattr(cfg, kind),) == (arch.configs_of(kind) or (None,))
+        own = tuple(dict.fromkeys(b.config for b in arch.blocks if b.kind == kind and not b.shared))
+        assert (getattr(cfg, kind),) == (own or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
         arch.vocab_size,
         arch.hidden_size,
         arch.norm_eps,
     )
     assert cfg.max_position == arch.max_position == spec.max_position
-    assert len(spec.layers) == len(cfg.blocks)
-    assert spec.n_attention == cfg.blocks.count("attention")
+    assert len(spec.layers) == len(arch.blocks)
+    n_shared = cfg.blocks.count("shared_transformer")
+    assert spec.n_attention == cfg.blocks.count("attention") + n_shared
     assert spec.n_ssm == sum(cfg.blocks.count(k) for k in ("mamba2", "mamba1", "gdn"))
-    assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe")
-    if cfg.attention is not None:
+    assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe") + n_shared
+    attn = cfg.attention or (cfg.shared.attention if cfg.shared is not None else None)
+    if attn is not None:
         kv = spec.kv_bytes_per_token // spec.n_attention
-        assert kv == 2 * cfg.attention.n_kv_heads * cfg.attention.head_dim * spec.dtype_bytes
+        assert kv == 2 * attn.n_kv_heads * attn.head_dim * spec.dtype_bytes
 
 
 def test_bamba_rope_and_dt_limits_reach_the_engine() -> None:
@@ -75,8 +89,15 @@ def test_bamba_rope_and_dt_limits_reach_the_engine() -> None:
             {**CONFIGS["bamba"], "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
             "rope_type 'yarn'",
         ),
-        ({"model_type": "zamba2"}, "'zamba2'"),
         ({**CONFIGS["falcon_h1"], "hidden_act": "gelu"}, "conv activation 'gelu' .hidden_act"),
+        (
+            {**CONFIGS["zamba2"], "num_key_value_heads": 2},
+            r"use_shared_attention_adapter needs num_key_value_heads=2 == num_attention_heads=4",
+        ),
+        (
+            {**CONFIGS["zamba2"], "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+            "zamba2 rope_type 'yarn'",
+        ),
         ({"model_type": "llama"}, "'llama'"),
         ({**CONFIGS["bamba"], "mamba_n_heads": "eight"}, "mamba_n_heads"),
         ({**CONFIGS["qwen3_5_text"], "linear_num_value_heads": 3}, "linear_num_key_heads=2"),
@@ -104,3 +125,23 @@ def test_tensor_parallel_sizes_of_gated_deltanet_are_checked() -> None:
     cfg.check_tp(2)
     with pytest.raises(ValueError, match=r"linear_num_key_heads=2 is not divisible by .* 4"):
         cfg.check_tp(4)
+
+
+def test_zamba2_shared_block_reaches_the_engine() -> None:
+    """Transformers' default Zamba2 (the released 2.7B's shape) runs in the engine: one
+    shared block per hybrid layer, 2 copies used in turn (hybrid layer k stores its
+    weights under the first hybrid layer of copy k % 2), the score scale
+    (head_dim / 2)**-0.5 and the adapter rank."""
+    cfg = hybrid_config({"model_type": "zamba2", "num_mem_blocks": 2})
+    assert cfg.shared is not None and cfg.attention is None and cfg.mlp is None
+    assert cfg.blocks.count("shared_transformer") == 9 and cfg.blocks.count("mamba2") == 54
+    hybrid = cfg.hybrid_layers
+    assert hybrid[:3] == (6, 12, 18)
+    assert cfg.shared_copies == (6, 12)
+    sources = [cfg.source_layer(i) for i in cfg.layers_of("shared_transformer")]
+    assert sources == [6, 12] * 4 + [6]
+    a = cfg.shared.attention
+    assert (a.input_dim, a.head_dim, a.rotary_dim) == (5120, 160, 0)
+    assert a.scale == pytest.approx(80**-0.5)
+    assert (cfg.shared.adapter_rank, cfg.shared.qkv_adapters) == (128, False)
+    assert cfg.pattern.startswith("MMMMMMZM")

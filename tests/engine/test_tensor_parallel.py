@@ -56,6 +56,7 @@ LOGIT_MODELS = (
     "qwen3_5_moe_text",
     "qwen3_next",
     "falcon_h1",
+    "zamba2",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully
@@ -67,6 +68,7 @@ CACHE_BYTES = {
     "nemotron_h_g1": 130_000,
     "qwen3_next": 232_000,
     "falcon_h1": 180_000,
+    "zamba2": 354_000,
 }
 ENGINE_MODELS = tuple(CACHE_BYTES)
 
