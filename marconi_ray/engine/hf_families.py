@@ -24,6 +24,7 @@ from marconi_ray.engine.model_config import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    ShortConvConfig,
 )
 
 FAMILIES: Final = (
@@ -35,11 +36,20 @@ FAMILIES: Final = (
     "qwen3_5_moe_text",
     "qwen3_5_moe",
     "qwen3_next",
+    "lfm2",
+    "lfm2_moe",
 )
 """The model_types whose weights the engine can load (see `model.HF_NAMES`)."""
 
 _C = TypeVar(
-    "_C", AttentionConfig, MLPConfig, Mamba2Config, Mamba1Config, GatedDeltaNetConfig, MoEConfig
+    "_C",
+    AttentionConfig,
+    MLPConfig,
+    Mamba2Config,
+    Mamba1Config,
+    GatedDeltaNetConfig,
+    MoEConfig,
+    ShortConvConfig,
 )
 
 
@@ -110,6 +120,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         mamba1=_one(arch, "mamba1", Mamba1Config),
         gdn=_one(arch, "gdn", GatedDeltaNetConfig),
         moe=_one(arch, "moe", MoEConfig),
+        shortconv=_one(arch, "shortconv", ShortConvConfig),
         tie_embeddings=arch.tie_embeddings,
         max_position=arch.context_limit,
         eos_token_ids=arch.eos_token_ids,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
+from marconi_ray.engine.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import HybridConfig
 from marconi_ray.engine.parallel import TPGroup
@@ -37,7 +38,13 @@ from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
 
 @dataclass(frozen=True)
 class HFNames:
-    """Checkpoint key layout of one family (keys below the model prefix)."""
+    """Checkpoint key layout of one family (keys below the model prefix).
+
+    `renames`: (engine suffix, checkpoint suffix) pairs for a family whose layers name
+    their weights differently from the engine's layers (e.g. LFM2's `out_proj.weight` for
+    attention's `o_proj.weight`); a block weight key ending with the first is read from
+    the key ending with the second instead.
+    """
 
     embed: str
     final_norm: str
@@ -45,6 +52,14 @@ class HFNames:
     mlp_norm: str
     mixer: dict[str, str]
     mlp: str
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def checkpoint_key(self, key: str) -> str:
+        """`key` with its suffix renamed per `renames` (unchanged when none matches)."""
+        for engine, checkpoint in self.renames:
+            if key.endswith("." + engine):
+                return key[: -len(engine)] + checkpoint
+        return key
 
 
 HF_NAMES = {
@@ -83,11 +98,31 @@ HF_NAMES = {
             "mlp",
         ),
     ),
+    **dict.fromkeys(
+        ("lfm2", "lfm2_moe"),
+        HFNames(
+            "embed_tokens.weight",
+            "embedding_norm.weight",
+            "operator_norm",
+            "ffn_norm",
+            {"shortconv": "conv", "attention": "self_attn"},
+            "feed_forward",
+            (
+                ("o_proj.weight", "out_proj.weight"),
+                ("q_norm.weight", "q_layernorm.weight"),
+                ("k_norm.weight", "k_layernorm.weight"),
+                ("gate_proj.weight", "w1.weight"),
+                ("up_proj.weight", "w3.weight"),
+                ("down_proj.weight", "w2.weight"),
+                ("gate.e_score_correction_bias", "expert_bias"),
+            ),
+        ),
+    ),
 }
 
 
-Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
+Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | MLP | MoE
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer
 FEED_FORWARD = ("mlp", "moe")
 
 
@@ -101,7 +136,7 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         self.kind = cfg.blocks[index]
-        names = HF_NAMES[cfg.family]
+        self.names = names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
         norm_key = names.mlp_norm if self.kind in FEED_FORWARD else names.mixer_norm
         self.norm = RMSNorm(
@@ -135,6 +170,11 @@ class Block(nn.Module):
             mixer = GatedDeltaNetMixer(
                 d, cfg.gdn, cfg.norm_eps, f"{layer}.{names.mixer['gdn']}", tp, dtype, kernels
             )
+        elif self.kind == "shortconv":
+            assert cfg.shortconv is not None
+            mixer = ShortConvMixer(
+                d, cfg.shortconv, f"{layer}.{names.mixer['shortconv']}", tp, dtype, kernels
+            )
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -150,7 +190,7 @@ class Block(nn.Module):
     def weight_specs(self) -> dict[str, WeightSpec]:
         out = {f"norm.{k}": v for k, v in self.norm.weight_specs().items()}
         out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})
-        return out
+        return {k: replace(v, key=self.names.checkpoint_key(v.key)) for k, v in out.items()}
 
 
 WARM_UP_LENGTHS = (7, 32, 57, 140)
@@ -208,7 +248,7 @@ class HybridModel(nn.Module):
         return mixer
 
     def ssm(self, i: int) -> SSMMixer:
-        """The recurrent (Mamba or Gated DeltaNet) mixer of block `i`."""
+        """The recurrent (Mamba, Gated DeltaNet or short-conv) mixer of block `i`."""
         mixer = self.layers[i].mixer
         assert isinstance(mixer, SSMMixer)
         return mixer

@@ -1,7 +1,8 @@
 """`HybridConfig`: the engine's view of a hybrid decoder, derived from one HF config parse.
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
-mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `moe`.
+mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `shortconv` (LFM2's gated short
+conv), `attention`, `mlp` or `moe`.
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
 Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
 `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
@@ -26,6 +27,7 @@ from marconi_ray.core.hf_arch import (
     MLPConfig,
     MoEConfig,
     Scales,
+    ShortConvConfig,
 )
 
 __all__ = [
@@ -39,13 +41,15 @@ __all__ = [
     "Mamba2Config",
     "MoEConfig",
     "Scales",
+    "ShortConvConfig",
 ]
 
-BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe")
+BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "shortconv", "attention", "mlp", "moe")
 PATTERN_CHARS = {
     "M": "mamba2",
     "S": "mamba1",
     "G": "gdn",
+    "C": "shortconv",
     "*": "attention",
     "-": "mlp",
     "E": "moe",
@@ -80,6 +84,7 @@ class HybridConfig:
     mamba1: Mamba1Config | None
     gdn: GatedDeltaNetConfig | None = None
     moe: MoEConfig | None = None
+    shortconv: ShortConvConfig | None = None
     tie_embeddings: bool = False
     max_position: int = 4096
     eos_token_ids: tuple[int, ...] = ()
@@ -101,6 +106,7 @@ class HybridConfig:
             "mamba1": self.mamba1,
             "gdn": self.gdn,
             "moe": self.moe,
+            "shortconv": self.shortconv,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -109,7 +115,7 @@ class HybridConfig:
     @property
     def pattern(self) -> str:
         """The blocks as a NemotronH-style pattern string (`S` Mamba-1, `G` Gated DeltaNet,
-        `E` mixture of experts)."""
+        `C` short conv, `E` mixture of experts)."""
         char = {v: k for k, v in PATTERN_CHARS.items()}
         return "".join(char[k] for k in self.blocks)
 
@@ -134,6 +140,8 @@ class HybridConfig:
         if self.gdn is not None and "gdn" in self.blocks:
             sizes["linear_num_key_heads"] = self.gdn.n_k_heads
             sizes["linear_num_value_heads"] = self.gdn.n_v_heads
+        if self.shortconv is not None and "shortconv" in self.blocks:
+            sizes["hidden_size (short-conv channels)"] = self.hidden_size
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:
