@@ -15,7 +15,7 @@ from transformers import BambaConfig, JambaConfig, NemotronHConfig
 from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
 from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
 from marconi_ray.engine.loader import read_config
-from marconi_ray.engine.model_presets import QWEN_FAMILIES, preset_config
+from marconi_ray.engine.model_presets import LFM2_FAMILIES, QWEN_FAMILIES, preset_config
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "nemotron_h": NemotronHConfig(
@@ -30,7 +30,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
         hidden_size=64, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
         num_attention_heads=4, num_key_value_heads=2, num_experts=1,
     ).to_dict(),
-    **{family: preset_config("tiny", family).to_dict() for family in QWEN_FAMILIES},
+    **{
+        family: preset_config("tiny", family).to_dict()
+        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES)
+    },
 }  # fmt: skip
 
 
@@ -42,7 +45,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     spec = spec_from_hf_config(raw)
     assert cfg.blocks == tuple(b.kind for b in arch.blocks)
     assert cfg.hf_layer == tuple(b.hf_layer for b in arch.blocks)
-    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe"):
+    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv"):
         assert (getattr(cfg, kind),) == (arch.configs_of(kind) or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
         arch.vocab_size,
@@ -52,7 +55,8 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     assert cfg.max_position == arch.max_position == spec.max_position
     assert len(spec.layers) == len(cfg.blocks)
     assert spec.n_attention == cfg.blocks.count("attention")
-    assert spec.n_ssm == sum(cfg.blocks.count(k) for k in ("mamba2", "mamba1", "gdn"))
+    recurrent = ("mamba2", "mamba1", "gdn", "shortconv")
+    assert spec.n_ssm == sum(cfg.blocks.count(k) for k in recurrent)
     assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe")
     if cfg.attention is not None:
         kv = spec.kv_bytes_per_token // spec.n_attention
