@@ -12,7 +12,8 @@ cache prices a token's KV and a checkpoint's SSM states at what that rank's stor
 holds: `n_kv_heads / world` KV heads per attention block, and per Mamba-2 block
 `heads / world` recurrent states plus a conv state over
 `d_inner / world + 2 * (n_groups / world or n_groups) * d_state` channels (Mamba-1:
-`d_inner / world` channels of both). So on every rank `store.bytes_used ==
+`d_inner / world` channels of both; an LFM2 short conv: a conv window over
+`hidden_size / world` channels and no recurrent state). So on every rank `store.bytes_used ==
 cache.bytes_used <= cache_bytes` after every request; when everything splits evenly a
 rank's per-token and per-state bytes are exactly the whole model's / world, and with
 replicated B/C groups (n_groups % world != 0) a state costs
@@ -48,7 +49,16 @@ WORLD = 2
 TOL = 1e-4
 PROMPT_LEN = 45
 DEADLINE_S = 120.0
-LOGIT_MODELS = ("nemotron_h", "bamba", "jamba", "nemotron_h_g1", "qwen3_5_moe_text", "qwen3_next")
+LOGIT_MODELS = (
+    "nemotron_h",
+    "bamba",
+    "jamba",
+    "nemotron_h_g1",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "lfm2",
+    "lfm2_moe",
+)
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully
 # cached): about 3/4 to 9/10 of what one rank would hold with no eviction.
@@ -58,6 +68,7 @@ CACHE_BYTES = {
     "jamba": 80_000,
     "nemotron_h_g1": 130_000,
     "qwen3_next": 232_000,
+    "lfm2": 59_000,
 }
 ENGINE_MODELS = tuple(CACHE_BYTES)
 

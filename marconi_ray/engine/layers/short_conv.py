@@ -59,7 +59,7 @@ class ShortConvMixer(nn.Module):
 
     def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., D] -> (the conv input B * x, the output gate C), each [..., D_local]."""
-        b, c, h = self.in_proj(x).split(self.channels, dim=-1)
+        b, c, h = torch.split(self.in_proj(x), self.channels, dim=-1)
         return b * h, c
 
     def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
