@@ -22,6 +22,7 @@ replicated B/C groups (n_groups % world != 0) a state costs
 
 from __future__ import annotations
 
+import dataclasses
 import queue as queue_mod
 import socket
 import time
@@ -283,6 +284,24 @@ def test_tp2_mamba2_shard_layout(dirs, name, groups_split):
     assert mixer.conv_dim == m.d_inner // WORLD + 2 * groups * m.d_state
     assert mixer.heads == m.n_heads // WORLD
     assert mixer.norm.groups_local is groups_split
+
+
+def test_tp2_short_conv_shard_layout(dirs):
+    """A rank-0-of-2 LFM2 shard splits the short conv by channel: in_proj keeps its half of
+    each of B, C and x, the conv and its state half of the D channels; out_proj reads that
+    half (row-parallel). An odd width is refused by name."""
+    cfg = read_config(dirs["lfm2"])[0]
+    assert cfg.shortconv is not None
+    shard = HybridModel(cfg, TPGroup(0, WORLD))
+    mixer = shard.ssm(shard.ssm_blocks[0])
+    half = cfg.hidden_size // WORLD
+    assert mixer.in_proj.weight.shape == (3 * half, cfg.hidden_size)
+    assert mixer.out_proj.weight.shape == (cfg.hidden_size, half)
+    conv, ssm = mixer.empty_state(torch.device("cpu"))
+    assert conv.shape == (half, cfg.shortconv.d_conv) and ssm.numel() == 0
+    conv_only = dataclasses.replace(cfg, blocks=("shortconv",), hf_layer=(0,))
+    with pytest.raises(ValueError, match=r"hidden_size \(short-conv channels\)=64"):
+        conv_only.check_tp(3)
 
 
 @pytest.mark.parametrize("name", ENGINE_MODELS)
