@@ -58,6 +58,7 @@ from marconi_ray.engine.model_presets import (
     BUILD_VERSION,
     DTYPE_NAMES,
     FAMILIES,
+    LFM2_FAMILIES,
     PRESETS,
     QWEN_FAMILIES,
     ModelPreset,
@@ -101,6 +102,8 @@ MAX_TEMPERATURE: Final = 2.0
 """The highest temperature the OpenAI API accepts (`serve.ingress.openai_protocol`)."""
 MAX_STRAY_PROB: Final = 1e-6
 """Most probability per token that any non-printable id may get at `MAX_TEMPERATURE`."""
+EXPERT_BIAS_STD: Final = 0.02
+"""Std of LFM2-MoE's drawn `expert_bias` (the router scores spread about as much)."""
 CHECK_PROMPT_LEN: Final = 8
 CALIBRATION_LEN: Final = 32
 CALIBRATION_SEED: Final = 0
@@ -112,6 +115,8 @@ _FINAL_NORM: Final = {
     "bamba": "final_layernorm",
     "falcon_h1": "final_layernorm",
     "zamba2": "final_layernorm",
+    "lfm2": "embedding_norm",
+    "lfm2_moe": "embedding_norm",
 }
 _BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
 """The config flag of the biases the lift needs, where it is not `mlp_bias`."""
@@ -125,6 +130,8 @@ _MODEL_CLASSES: Final = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
     "zamba2": "Zamba2ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -267,6 +274,50 @@ def _mamba_lift(model: Any) -> Any:
     return getattr(last, "mamba_decoder", last).mamba.out_proj
 
 
+def _conv_lift(model: Any) -> Any:
+    """LFM2 families (no MLP or attention biases): zero every short-conv bias and return
+    the last layer's conv `out_proj`, whose bias carries the lift. That layer's
+    feed-forward must not read the lift channel: its pre-norm scale (plain RMSNorm
+    weights) is 0 on the channel and `sqrt(1 + LIFT_RATIO**2)` on the others (see
+    `_attention_lift`). ValueError when the last layer is not a short conv."""
+    last = _decoder(model).layers[-1]
+    conv = getattr(last, "conv", None)
+    if conv is None:
+        raise ValueError("the last layer of an LFM2 preset must be a short conv")
+    for module in model.modules():
+        if type(module).__name__.endswith("ShortConv"):
+            for part in (module.in_proj, module.conv, module.out_proj):
+                if part.bias is not None:
+                    torch.nn.init.zeros_(part.bias)
+    with torch.no_grad():
+        scale = last.ffn_norm.weight
+        scale.fill_(math.sqrt(1.0 + LIFT_RATIO**2))
+        scale[LIFT_CHANNEL] = 0.0
+    return conv.out_proj
+
+
+def _draw_expert_biases(model: Any) -> None:
+    """Draw LFM2-MoE's router selection biases (`expert_bias` buffers, zero after init)
+    from N(0, EXPERT_BIAS_STD), so a preset's experts are chosen with a bias that matters."""
+    for module in model.modules():
+        bias = getattr(module, "expert_bias", None)
+        if isinstance(bias, torch.Tensor):
+            with torch.no_grad():
+                bias.normal_(0.0, EXPERT_BIAS_STD)
+
+
+def _lift_projection(model: Any) -> Any:
+    """The linear layer whose bias carries the lift channel, its family's way."""
+    family = model.config.model_type
+    if family in QWEN_FAMILIES:
+        return _attention_lift(model)
+    if family in LFM2_FAMILIES:
+        return _conv_lift(model)
+    if family == "zamba2":
+        return _mamba_lift(model)
+    return _attach_mlp_biases(model)
+
+
 def _final_residual_norm(model: Any) -> float:
     """Median over the positions of a calibration prompt of the final norm's input norm."""
     decoder = _decoder(model)
@@ -294,18 +345,13 @@ def _output_multipliers(config: Any) -> tuple[float, float]:
 
 def _separate_logits(model: Any, hidden_size: int) -> None:
     """Zero every non-printable `lm_head` row and lift the printable logits by ~LOGIT_LIFT
-    through a constant channel written by the last MLP, or by the last attention layer for
-    the Qwen families (see the module docstring and `_attention_lift`)."""
+    through a constant channel written by the last MLP, by the last attention layer for
+    the Qwen families, or by the last short conv for the LFM2 families (see the module
+    docstring, `_attention_lift` and `_conv_lift`)."""
     head = model.get_output_embeddings().weight
     fresh = torch.randn(head.shape, dtype=torch.float32) * (LOGIT_STD / math.sqrt(hidden_size))
     bias = LIFT_RATIO * _final_residual_norm(model)
-    family = model.config.model_type
-    if family in QWEN_FAMILIES:
-        down = _attention_lift(model)
-    elif family == "zamba2":
-        down = _mamba_lift(model)
-    else:
-        down = _attach_mlp_biases(model)
+    down = _lift_projection(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
     # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
@@ -369,7 +415,7 @@ def build_model(
         else transformers.AutoModelForCausalLM
     )
     init_config = copy.deepcopy(config)
-    if family not in QWEN_FAMILIES:
+    if family not in (*QWEN_FAMILIES, *LFM2_FAMILIES):
         # the biases are attached, zero, after the seeded init
         setattr(init_config, _BIAS_FLAG.get(family, "mlp_bias"), False)
     with torch.random.fork_rng(devices=[]):
@@ -377,6 +423,7 @@ def build_model(
         with torch.device(device):
             model = auto.from_config(init_config, dtype=torch_dtype)
         model.eval()
+        _draw_expert_biases(model)
         _separate_logits(model, config.get_text_config().hidden_size)
         check_logit_separation(model)
     return model

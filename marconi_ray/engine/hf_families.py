@@ -28,6 +28,7 @@ from marconi_ray.engine.model_config import (
     MLPConfig,
     MoEConfig,
     SharedBlockConfig,
+    ShortConvConfig,
 )
 
 FAMILIES: Final = (
@@ -41,6 +42,8 @@ FAMILIES: Final = (
     "qwen3_next",
     "falcon_h1",
     "zamba2",
+    "lfm2",
+    "lfm2_moe",
 )
 """The model_types whose weights the engine can load (see `model.HF_NAMES`)."""
 
@@ -56,6 +59,7 @@ _C = TypeVar(
     GatedDeltaNetConfig,
     MoEConfig,
     SharedBlockConfig,
+    ShortConvConfig,
 )
 
 
@@ -185,6 +189,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         mamba1=_one(fam, blocks, "mamba1", Mamba1Config),
         gdn=_one(fam, blocks, "gdn", GatedDeltaNetConfig),
         moe=_one(fam, blocks, "moe", MoEConfig),
+        shortconv=_one(fam, blocks, "shortconv", ShortConvConfig),
         tie_embeddings=arch.tie_embeddings,
         max_position=arch.context_limit,
         eos_token_ids=arch.eos_token_ids,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
+from marconi_ray.engine.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.layers.zamba_shared import SharedBlock, SharedWeights
 from marconi_ray.engine.model_config import FEED_FORWARD_KINDS, HybridConfig
@@ -55,6 +56,10 @@ class HFNames:
     `hybrid_sub`: the sub-module of a layer that also runs a shared block holding that
     layer's own mixer and norm (Zamba2's `mamba_decoder`); `shared`: the sub-module
     holding a copy of the shared block's weights (Zamba2's `shared_transformer`).
+    `renames`: (engine suffix, checkpoint suffix) pairs for a family whose layers name
+    their weights differently from the engine's layers (e.g. LFM2's `out_proj.weight` for
+    attention's `o_proj.weight`); a block weight key ending with the first is read from
+    the key ending with the second instead.
     """
 
     embed: str
@@ -65,6 +70,14 @@ class HFNames:
     mlp: str
     hybrid_sub: str = ""
     shared: str = ""
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def checkpoint_key(self, key: str) -> str:
+        """`key` with its suffix renamed per `renames` (unchanged when none matches)."""
+        for engine, checkpoint in self.renames:
+            if key.endswith("." + engine):
+                return key[: -len(engine)] + checkpoint
+        return key
 
 
 HF_NAMES = {
@@ -121,11 +134,40 @@ HF_NAMES = {
         hybrid_sub="mamba_decoder",
         shared="shared_transformer",
     ),
+    **dict.fromkeys(
+        ("lfm2", "lfm2_moe"),
+        HFNames(
+            "embed_tokens.weight",
+            "embedding_norm.weight",
+            "operator_norm",
+            "ffn_norm",
+            {"shortconv": "conv", "attention": "self_attn"},
+            "feed_forward",
+            renames=(
+                ("o_proj.weight", "out_proj.weight"),
+                ("q_norm.weight", "q_layernorm.weight"),
+                ("k_norm.weight", "k_layernorm.weight"),
+                ("gate_proj.weight", "w1.weight"),
+                ("up_proj.weight", "w3.weight"),
+                ("down_proj.weight", "w2.weight"),
+                ("gate.e_score_correction_bias", "expert_bias"),
+            ),
+        ),
+    ),
 }
 
 
-Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE | SharedBlock
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
+Mixer = (
+    Attention
+    | Mamba2Mixer
+    | Mamba1Mixer
+    | GatedDeltaNetMixer
+    | ShortConvMixer
+    | MLP
+    | MoE
+    | SharedBlock
+)
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer
 KVMixer = Attention | SharedBlock
 """Mixers that keep a KV cache (one `KVBuffer` per sequence)."""
 
@@ -153,7 +195,7 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         self.kind = cfg.blocks[index]
-        names = HF_NAMES[cfg.family]
+        self.names = names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
         d = cfg.hidden_size
         self.norm: RMSNorm | None = None
@@ -208,6 +250,11 @@ class Block(nn.Module):
             mixer = GatedDeltaNetMixer(
                 d, cfg.gdn, cfg.norm_eps, f"{layer}.{names.mixer['gdn']}", tp, dtype, kernels
             )
+        elif self.kind == "shortconv":
+            assert cfg.shortconv is not None
+            mixer = ShortConvMixer(
+                d, cfg.shortconv, f"{layer}.{names.mixer['shortconv']}", tp, dtype, kernels
+            )
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -231,7 +278,7 @@ class Block(nn.Module):
         out = {} if self.norm is None else self.norm.weight_specs()
         out = {f"norm.{k}": v for k, v in out.items()}
         out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})
-        return out
+        return {k: replace(v, key=self.names.checkpoint_key(v.key)) for k, v in out.items()}
 
 
 WARM_UP_LENGTHS = (7, 32, 57, 140)
@@ -311,7 +358,7 @@ class HybridModel(nn.Module):
         return weights
 
     def ssm(self, i: int) -> SSMMixer:
-        """The recurrent (Mamba or Gated DeltaNet) mixer of block `i`."""
+        """The recurrent (Mamba, Gated DeltaNet or short-conv) mixer of block `i`."""
         mixer = self.layers[i].mixer
         assert isinstance(mixer, SSMMixer)
         return mixer

@@ -1,9 +1,10 @@
 """`HybridConfig`: the engine's view of a hybrid decoder, derived from one HF config parse.
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
-mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `moe`,
-except `shared_transformer` (Zamba2's shared block, see `SharedBlockConfig`), whose output
-is added to the next block's input instead of the residual stream.
+mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `shortconv` (LFM2's gated short
+conv), `attention`, `mlp` or `moe`, except `shared_transformer` (Zamba2's shared block,
+see `SharedBlockConfig`), whose output is added to the next block's input instead of the
+residual stream.
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
 Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
 `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
@@ -31,6 +32,7 @@ from marconi_ray.core.hf_arch import (
     MLPConfig,
     MoEConfig,
     Scales,
+    ShortConvConfig,
 )
 
 __all__ = [
@@ -46,14 +48,25 @@ __all__ = [
     "MoEConfig",
     "Scales",
     "SharedBlockConfig",
+    "ShortConvConfig",
 ]
 
-BLOCK_KINDS = ("mamba2", "mamba1", "gdn", "attention", "mlp", "moe", "shared_transformer")
+BLOCK_KINDS = (
+    "mamba2",
+    "mamba1",
+    "gdn",
+    "shortconv",
+    "attention",
+    "mlp",
+    "moe",
+    "shared_transformer",
+)
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
     "M": "mamba2",
     "S": "mamba1",
     "G": "gdn",
+    "C": "shortconv",
     "*": "attention",
     "-": "mlp",
     "E": "moe",
@@ -114,6 +127,7 @@ class HybridConfig:
     mamba1: Mamba1Config | None
     gdn: GatedDeltaNetConfig | None = None
     moe: MoEConfig | None = None
+    shortconv: ShortConvConfig | None = None
     tie_embeddings: bool = False
     max_position: int = 4096
     eos_token_ids: tuple[int, ...] = ()
@@ -141,6 +155,7 @@ class HybridConfig:
             "gdn": self.gdn,
             "moe": self.moe,
             "shared_transformer": self.shared,
+            "shortconv": self.shortconv,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -149,7 +164,7 @@ class HybridConfig:
     @property
     def pattern(self) -> str:
         """The blocks as a NemotronH-style pattern string (`S` Mamba-1, `G` Gated DeltaNet,
-        `E` mixture of experts)."""
+        `C` short conv, `E` mixture of experts)."""
         char = {v: k for k, v in PATTERN_CHARS.items()}
         return "".join(char[k] for k in self.blocks)
 
@@ -174,6 +189,7 @@ class HybridConfig:
             else:
                 groups.append([i])
         return tuple(tuple(g) for g in groups)
+
     def source_layer(self, index: int) -> int:
         """The HF layer whose sub-module holds block `index`'s weights."""
         return self.weights_layer[index] if self.weights_layer else self.hf_layer[index]
@@ -214,6 +230,8 @@ class HybridConfig:
             sizes["num_attention_heads"] = self.shared.attention.n_heads
             sizes["num_key_value_heads"] = self.shared.attention.n_kv_heads
             sizes["intermediate_size"] = self.shared.mlp.intermediate_size
+        if self.shortconv is not None and "shortconv" in self.blocks:
+            sizes["hidden_size (short-conv channels)"] = self.hidden_size
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:

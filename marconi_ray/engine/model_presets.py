@@ -28,6 +28,11 @@ copies of the shared weights used in turn, as in the released 2.7B and 7B models
 linear layers have biases (`add_bias_linear`): the last Mamba-2's `out_proj` bias lifts
 the printable logits (all the others stay 0).
 
+The LFM2 families (`LFM2_FAMILIES`: LFM2 and LFM2-MoE) take the preset's mixers as short
+convs (`M`) and attention (`*`), see `lfm2_kwargs`: they have neither MLP nor attention
+biases, so the last layer's short-conv `out_proj` bias lifts the logits (`conv_bias`, all
+zero but that one channel).
+
 Exact parameter counts (from `count_parameters`, meta device):
 
 | preset          | nemotron_h    | bamba         | falcon_h1     | zamba2        |
@@ -35,6 +40,12 @@ Exact parameter counts (from `count_parameters`, meta device):
 | tiny            | 230,500       | 305,380       | 267,236       | 408,464       |
 | small           | 48,416,640    | 48,426,880    | 46,834,560    | 33,936,512    |
 | paper-7b-shape  | 6,820,082,688 | 6,827,576,832 | 7,128,184,832 | 4,954,349,056 |
+
+| preset          | lfm2          | lfm2_moe      |
+|-----------------|---------------|---------------|
+| tiny            | 264,448       | 265,984       |
+| small           | 41,986,816    | 42,019,584    |
+| paper-7b-shape  | 5,806,986,240 | 5,807,838,208 |
 
 (Zamba2 has no per-layer MLP: the two copies of its shared block hold its only MLP
 weights, so it is the lightest for one layer mix.)
@@ -59,7 +70,9 @@ preset folders are rebuilt."""
 
 QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 """The Gated DeltaNet families (see `qwen_kwargs`)."""
-FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, "falcon_h1", "zamba2")
+LFM2_FAMILIES: Final = ("lfm2", "lfm2_moe")
+"""The short-conv families (see `lfm2_kwargs`)."""
+FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, *LFM2_FAMILIES, "falcon_h1", "zamba2")
 """Model families a preset can be built as (transformers `model_type` names)."""
 QWEN_ATTENTION_INTERVAL: Final = 4
 """Qwen presets: three Gated DeltaNet layers then one attention layer, repeated (the
@@ -68,6 +81,9 @@ ZAMBA2_MEM_BLOCKS: Final = 2
 """Zamba2 presets: copies of the shared block's weights, used by hybrid layers in turn."""
 QWEN_EXPERTS: Final = 8
 QWEN_TOP_K: Final = 2
+LFM2_DENSE_LAYERS: Final = 2
+"""LFM2-MoE presets: the first two layers' feed-forwards are dense (LFM2-8B-A1B's
+`num_dense_layers`), the rest mixtures of `QWEN_EXPERTS` experts, top `QWEN_TOP_K`."""
 
 FALCON_MULTIPLIERS: Final[Mapping[str, Any]] = MappingProxyType(
     {
@@ -388,6 +404,49 @@ def zamba2_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, 
     return out
 
 
+def lfm2_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) -> dict[str, Any]:
+    """Keyword arguments of `transformers.Lfm2Config` / `Lfm2MoeConfig` for preset `p`.
+
+    Layers: one per mixer of the pattern, in reverse order (`M` a short conv, `*`
+    attention), so the last layer is a short conv, whose `out_proj` bias lifts the logits
+    (`conv_bias`). Short-conv kernel `conv_kernel - 1` (LFM2's 3 for the presets' 4);
+    head_dim is hidden / heads, as LFM2 derives it. LFM2's feed-forward width is its own
+    auto-adjusted one from `intermediate_size` (2/3, rounded up to a multiple of 64: the
+    preset's `gated_intermediate_size`). LFM2-MoE: dense feed-forwards of
+    `gated_intermediate_size` in the first `LFM2_DENSE_LAYERS` layers, then `QWEN_EXPERTS`
+    experts (top `QWEN_TOP_K`, sigmoid router with a selection bias, renormalised) together
+    as wide as the dense one.
+    """
+    mixers = p.mixers[::-1]
+    out: dict[str, Any] = {
+        **_common(p, initializer_range),
+        "num_hidden_layers": len(mixers),
+        "layer_types": ["full_attention" if c == "*" else "conv" for c in mixers],
+        "conv_L_cache": p.conv_kernel - 1,
+        "conv_bias": True,  # zero, but the last layer's out_proj lifts the printable logits
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    }
+    del out["mlp_bias"]
+    if family == "lfm2":
+        out.update(
+            intermediate_size=p.intermediate_size,
+            block_auto_adjust_ff_dim=True,
+            block_ffn_dim_multiplier=1.0,
+            block_multiple_of=_GATED_MULTIPLE,
+        )
+    else:
+        out.update(
+            intermediate_size=p.gated_intermediate_size,
+            num_dense_layers=LFM2_DENSE_LAYERS,
+            num_experts=QWEN_EXPERTS,
+            num_experts_per_tok=QWEN_TOP_K,
+            moe_intermediate_size=p.gated_intermediate_size // QWEN_EXPERTS,
+            use_expert_bias=True,
+            norm_topk_prob=True,
+        )
+    return out
+
+
 def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
     """The smallest vision tower of a multimodal Qwen3.5 checkpoint (its weights are saved
     and skipped by the engine, which serves text)."""
@@ -417,6 +476,9 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return transformers.FalconH1Config(**falcon_kwargs(p, initializer_range))
     if family == "zamba2":
         return transformers.Zamba2Config(**zamba2_kwargs(p, initializer_range))
+    if family in LFM2_FAMILIES:
+        cls = transformers.Lfm2Config if family == "lfm2" else transformers.Lfm2MoeConfig
+        return cls(**lfm2_kwargs(p, family, initializer_range))
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

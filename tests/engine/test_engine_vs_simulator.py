@@ -21,6 +21,7 @@ from marconi_ray.engine.engine import Engine
         ("nemotron_h", "marconi", 300_000),
         ("nemotron_h", "marconi+", 300_000),
         ("qwen3_5", "marconi", 700_000),  # a Gated DeltaNet state is ~60 KB here
+        ("lfm2", "marconi", 200_000),  # short-conv states: 2.3 KB, KV 512 B a token
     ],
 )
 def test_engine_hit_rate_equals_simulator_with_tuning(

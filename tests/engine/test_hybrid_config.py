@@ -15,7 +15,7 @@ from transformers import BambaConfig, JambaConfig, NemotronHConfig
 from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
 from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
 from marconi_ray.engine.loader import read_config
-from marconi_ray.engine.model_presets import QWEN_FAMILIES, preset_config
+from marconi_ray.engine.model_presets import LFM2_FAMILIES, QWEN_FAMILIES, preset_config
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "nemotron_h": NemotronHConfig(
@@ -30,7 +30,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
         hidden_size=64, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
         num_attention_heads=4, num_key_value_heads=2, num_experts=1,
     ).to_dict(),
-    **{family: preset_config("tiny", family).to_dict() for family in (*QWEN_FAMILIES, "falcon_h1")},
+    **{
+        family: preset_config("tiny", family).to_dict()
+        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES, "falcon_h1")
+    },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
 }  # fmt: skip
 
@@ -53,7 +56,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     cfg = hybrid_config(raw)
     spec = spec_from_hf_config(raw)
     assert tuple(zip(cfg.blocks, cfg.hf_layer, strict=True)) == _engine_view(arch)
-    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe"):
+    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv"):
         own = tuple(dict.fromkeys(b.config for b in arch.blocks if b.kind == kind and not b.shared))
         assert (getattr(cfg, kind),) == (own or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
@@ -65,7 +68,8 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     assert len(spec.layers) == len(arch.blocks)
     n_shared = cfg.blocks.count("shared_transformer")
     assert spec.n_attention == cfg.blocks.count("attention") + n_shared
-    assert spec.n_ssm == sum(cfg.blocks.count(k) for k in ("mamba2", "mamba1", "gdn"))
+    recurrent = ("mamba2", "mamba1", "gdn", "shortconv")
+    assert spec.n_ssm == sum(cfg.blocks.count(k) for k in recurrent)
     assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe") + n_shared
     attn = cfg.attention or (cfg.shared.attention if cfg.shared is not None else None)
     if attn is not None:

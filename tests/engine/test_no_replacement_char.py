@@ -37,6 +37,9 @@ CHECKED = ("nemotron_h", "bamba", "qwen3_5", "qwen3_next")
 """Families whose sampled text is checked: each way the logits are lifted (last MLP bias;
 last attention output bias, dense multimodal and fused MoE), not every Qwen variant,
 which share the Qwen lift (CI time)."""
+LIFTED = (*CHECKED, "lfm2_moe")
+"""Families whose non-printable probability is bounded directly: also the LFM2 lift (last
+short-conv output bias), whose sampled text is not run (~30 s of CI time)."""
 SEEDS = 64
 MAX_TOKENS = 64
 PRINTABLE = frozenset(PRINTABLE_IDS)
@@ -96,7 +99,7 @@ def test_sampled_chat_replies_are_ascii_and_round_trip(
         assert len(replies) > SEEDS // 2  # sampling still varies with the seed
 
 
-@pytest.mark.parametrize("family", CHECKED)
+@pytest.mark.parametrize("family", LIFTED)
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_non_printable_ids_negligible_at_max_temperature(preset: str, family: str) -> None:
     model = build_model(preset, family, seed=1)

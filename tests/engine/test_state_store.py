@@ -14,7 +14,17 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.state_store import StateStore
 
-FAMILIES = ("nemotron_h", "bamba", "jamba", "qwen3_5_text", "qwen3_next", "falcon_h1", "zamba2")
+FAMILIES = (
+    "nemotron_h",
+    "bamba",
+    "jamba",
+    "qwen3_5_text",
+    "qwen3_next",
+    "falcon_h1",
+    "zamba2",
+    "lfm2",
+    "lfm2_moe",
+)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

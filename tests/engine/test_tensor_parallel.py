@@ -12,7 +12,8 @@ cache prices a token's KV and a checkpoint's SSM states at what that rank's stor
 holds: `n_kv_heads / world` KV heads per attention block, and per Mamba-2 block
 `heads / world` recurrent states plus a conv state over
 `d_inner / world + 2 * (n_groups / world or n_groups) * d_state` channels (Mamba-1:
-`d_inner / world` channels of both). So on every rank `store.bytes_used ==
+`d_inner / world` channels of both; an LFM2 short conv: a conv window over
+`hidden_size / world` channels and no recurrent state). So on every rank `store.bytes_used ==
 cache.bytes_used <= cache_bytes` after every request; when everything splits evenly a
 rank's per-token and per-state bytes are exactly the whole model's / world, and with
 replicated B/C groups (n_groups % world != 0) a state costs
@@ -21,6 +22,7 @@ replicated B/C groups (n_groups % world != 0) a state costs
 
 from __future__ import annotations
 
+import dataclasses
 import queue as queue_mod
 import socket
 import time
@@ -57,6 +59,8 @@ LOGIT_MODELS = (
     "qwen3_next",
     "falcon_h1",
     "zamba2",
+    "lfm2",
+    "lfm2_moe",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully
@@ -69,6 +73,7 @@ CACHE_BYTES = {
     "qwen3_next": 232_000,
     "falcon_h1": 180_000,
     "zamba2": 354_000,
+    "lfm2": 59_000,
 }
 ENGINE_MODELS = tuple(CACHE_BYTES)
 
@@ -283,6 +288,24 @@ def test_tp2_mamba2_shard_layout(dirs, name, groups_split):
     assert mixer.conv_dim == m.d_inner // WORLD + 2 * groups * m.d_state
     assert mixer.heads == m.n_heads // WORLD
     assert mixer.norm.groups_local is groups_split
+
+
+def test_tp2_short_conv_shard_layout(dirs):
+    """A rank-0-of-2 LFM2 shard splits the short conv by channel: in_proj keeps its half of
+    each of B, C and x, the conv and its state half of the D channels; out_proj reads that
+    half (row-parallel). An odd width is refused by name."""
+    cfg = read_config(dirs["lfm2"])[0]
+    assert cfg.shortconv is not None
+    shard = HybridModel(cfg, TPGroup(0, WORLD))
+    mixer = shard.ssm(shard.ssm_blocks[0])
+    half = cfg.hidden_size // WORLD
+    assert mixer.in_proj.weight.shape == (3 * half, cfg.hidden_size)
+    assert mixer.out_proj.weight.shape == (cfg.hidden_size, half)
+    conv, ssm = mixer.empty_state(torch.device("cpu"))
+    assert conv.shape == (half, cfg.shortconv.d_conv) and ssm.numel() == 0
+    conv_only = dataclasses.replace(cfg, blocks=("shortconv",), hf_layer=(0,))
+    with pytest.raises(ValueError, match=r"hidden_size \(short-conv channels\)=64"):
+        conv_only.check_tp(3)
 
 
 @pytest.mark.parametrize("name", ENGINE_MODELS)

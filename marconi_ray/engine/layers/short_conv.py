@@ -1,0 +1,121 @@
+"""LFM2's gated short convolution: in_proj -> (B, C, x); y = C * conv(B * x); out_proj.
+
+conv is a depthwise causal conv1d of kernel K (`conv_L_cache`) with no activation, run by
+the kernel set's `causal_conv1d` ops (`activation=None`). Each channel is independent, so
+tensor parallelism splits the D channels: in_proj column-parallel by channel (each rank
+keeps its slice of B, of C and of x), the conv by channel, out_proj row-parallel (one
+all-reduce).
+
+States per sequence (this rank's shard), in the shape every recurrent mixer has:
+- conv [D_local, K] in the model dtype: the last K inputs B * x, the layer's only state;
+- ssm [0], float32: empty, so the store, the decode batch and the cache price it at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from marconi_kernels import KernelSet
+from marconi_ray.engine.layers.linear import column, row
+from marconi_ray.engine.layers.weights import WeightSpec
+from marconi_ray.engine.model_config import ShortConvConfig
+from marconi_ray.engine.parallel import Segment, TPGroup
+
+
+class ShortConvMixer(nn.Module):
+    """One short-conv layer's shard. `prefix` is the HF sub-module (`layers.{i}.conv`),
+    holding `in_proj` (rows [B | C | x], D each), `conv` (weight [D, 1, K]) and
+    `out_proj`, all with biases when `cfg.bias`."""
+
+    def __init__(
+        self,
+        d_model: int,
+        cfg: ShortConvConfig,
+        prefix: str,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        kernels: KernelSet,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.kernels = kernels
+        self.prefix = prefix
+        self.channels = tp.local(d_model)
+        self.d_model = d_model
+        parts = (Segment(d_model),) * 3
+        self.in_proj = column(d_model, parts, cfg.bias, f"{prefix}.in_proj", tp, dtype)
+        self.conv_weight = nn.Parameter(
+            torch.empty(self.channels, 1, cfg.d_conv, dtype=dtype), requires_grad=False
+        )
+        self.conv_bias: nn.Parameter | None = None
+        if cfg.bias:
+            self.conv_bias = nn.Parameter(
+                torch.zeros(self.channels, dtype=dtype), requires_grad=False
+            )
+        self.out_proj = row((Segment(d_model),), d_model, cfg.bias, f"{prefix}.out_proj", tp, dtype)
+
+    def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., D] -> (the conv input B * x, the output gate C), each [..., D_local]."""
+        b, c, h = torch.split(self.in_proj(x), self.channels, dim=-1)
+        return b * h, c
+
+    def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero conv [D_local, K] (model dtype) and the empty ssm state [0] (float32)."""
+        conv = torch.zeros(
+            self.channels, self.cfg.d_conv, dtype=self.conv_weight.dtype, device=device
+        )
+        return conv, torch.zeros(0, dtype=torch.float32, device=device)
+
+    def prefill(
+        self,
+        x: torch.Tensor,
+        conv: torch.Tensor | None,
+        ssm: torch.Tensor | None,
+        emit_at: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run L new tokens from the given conv state.
+
+        Args:
+            x: [L, d_model]. conv: the state before these tokens [D_local, K], or None
+                (zeros). ssm: ignored (the layer has none).
+            emit_at: positions p in 1..L (relative) whose states to return.
+        Returns:
+            y [L, d_model], final conv [D_local, K], final ssm [0],
+            emitted conv [len(emit_at), D_local, K], emitted ssm [len(emit_at), 0].
+        """
+        u, gate = self._gates(x)
+        y, conv_f, conv_e = self.kernels.causal_conv1d(
+            u.t()[None],
+            self.conv_weight[:, 0],
+            self.conv_bias,
+            initial_state=None if conv is None else conv[None],
+            activation=None,
+            emit_at=emit_at,
+        )
+        out = self.out_proj(gate * y[0].t())
+        ssm_f = torch.zeros(0, dtype=torch.float32, device=x.device)
+        ssm_e = torch.zeros(len(emit_at), 0, dtype=torch.float32, device=x.device)
+        return out, conv_f[0], ssm_f, conv_e[:, 0], ssm_e
+
+    def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+        """One token per sequence. x [B, d_model]; conv [B, D_local, K] is updated in
+        place; ssm [B, 0] is untouched. Returns [B, d_model]."""
+        u, gate = self._gates(x)
+        y = self.kernels.causal_conv1d_update(
+            u, conv, self.conv_weight[:, 0], self.conv_bias, activation=None
+        )
+        return self.out_proj(gate * y)
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        out: dict[str, WeightSpec] = {}
+        for name in ("in_proj", "out_proj"):
+            mod = getattr(self, name)
+            out.update({f"{name}.{k}": v for k, v in mod.weight_specs().items()})
+        channels = (Segment(self.d_model),)
+        out["conv_weight"] = WeightSpec(f"{self.prefix}.conv.weight", 0, channels)
+        if self.conv_bias is not None:
+            out["conv_bias"] = WeightSpec(f"{self.prefix}.conv.bias", 0, channels)
+        return out
