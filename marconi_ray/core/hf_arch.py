@@ -26,12 +26,14 @@ KIND_MLP: Final = "mlp"
 KIND_MOE: Final = "moe"
 KIND_LINEAR: Final = "linear"
 KIND_GDN: Final = "gdn"
+KIND_SHORTCONV: Final = "shortconv"
 ROUTER_SCORINGS: Final = ("softmax", "sigmoid")
 BLOCK_CONFIG_KINDS: Final = (
     KIND_ATTENTION,
     KIND_MAMBA2,
     KIND_MAMBA1,
     KIND_GDN,
+    KIND_SHORTCONV,
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
@@ -247,6 +249,26 @@ class GatedDeltaNetConfig:
 
 
 @dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2's gated short convolution over the residual width D.
+
+    `in_proj` (D -> 3D) gives B, C and x; y = C * conv(B * x), where conv is a depthwise
+    causal conv1d of kernel `d_conv` (`conv_L_cache`) with no activation; then `out_proj`
+    (D -> D). Its only state is the conv window: the last `d_conv` inputs B * x.
+
+    Attributes:
+        bias: in_proj, the conv and out_proj have biases (`conv_bias`).
+    """
+
+    kind: ClassVar[str] = KIND_SHORTCONV
+    d_conv: int
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        require_positive("conv_L_cache", self.d_conv)
+
+
+@dataclass(frozen=True)
 class LinearConfig:
     """A bare projection d_in -> d_out (Zamba2's shared-block adapters and output linear)."""
 
@@ -262,6 +284,7 @@ BlockConfig = (
     | Mamba2Config
     | Mamba1Config
     | GatedDeltaNetConfig
+    | ShortConvConfig
     | LinearConfig
 )
 

@@ -25,6 +25,7 @@ from marconi_ray.core.hf_arch import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    ShortConvConfig,
 )
 from marconi_ray.core.layers import (
     AttentionLayer,
@@ -35,6 +36,7 @@ from marconi_ray.core.layers import (
     Mamba2Layer,
     MLPLayer,
     MoELayer,
+    ShortConvLayer,
 )
 from marconi_ray.core.model_spec import ModelSpec
 from marconi_ray.core.spec_checks import require_positive
@@ -55,6 +57,8 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "qwen3_5_moe_text": hf_families.parse_qwen3_5_moe_text,
         "qwen3_5_moe": hf_families.parse_qwen3_5_moe,
         "qwen3_next": hf_families.parse_qwen3_next,
+        "lfm2": hf_families.parse_lfm2,
+        "lfm2_moe": hf_families.parse_lfm2_moe,
     }
 )
 
@@ -116,6 +120,8 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
                 latent_dim=config.latent_dim,
                 shared_expert_gate=config.shared_expert_gate,
             )
+        case ShortConvConfig(d_conv=k):
+            return ShortConvLayer(d_model, k)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
     raise TypeError(f"not a block config: {config!r}")

@@ -321,3 +321,59 @@ LEGACY_LAYER_TYPES: Final[Mapping[str, str]] = MappingProxyType(
     {"mamba": "linear_attention", "attention": "full_attention"}
 )
 """Old layer-type names that transformers remaps to the current ones."""
+
+_LFM2_COMMON: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 65536,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 128000,
+        "layer_types": None,
+        "full_attn_idxs": None,
+        "conv_L_cache": 3,
+        # details
+        "norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+        "conv_bias": False,
+        "rope_parameters": None,
+        "rope_theta": 1000000.0,
+    }
+)
+LFM2: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_LFM2_COMMON,
+        "hidden_size": 2560,
+        "intermediate_size": 12288,
+        "block_multiple_of": 256,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True,
+    }
+)
+LFM2_MOE: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_LFM2_COMMON,
+        "hidden_size": 2048,
+        "intermediate_size": 7168,
+        "moe_intermediate_size": 1792,
+        "num_dense_layers": 2,
+        "num_experts_per_tok": 4,
+        "num_experts": 32,
+        "use_expert_bias": True,
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": True,
+    }
+)
+"""LFM2 / LFM2-MoE (`Lfm2Config`, `Lfm2MoeConfig`). `layer_types` of "conv" and
+"full_attention"; without it LFM2 takes attention at `full_attn_idxs` (None: every layer),
+as `Lfm2Config.__post_init__` does. `rope_theta` is the legacy top-level key, read when
+`rope_parameters` is null or lacks it (the classes' `default_theta` otherwise)."""
+LFM2_MOE_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {"tie_word_embeddings": ("tie_embedding",)}
+)
+LFM2_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {**LFM2_MOE_ALIASES, "intermediate_size": ("block_ff_dim",)}
+)
+"""Legacy keys the LFM2 config classes pop in `__post_init__`."""

@@ -26,6 +26,7 @@ from marconi_ray.core.hf_arch import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    ShortConvConfig,
 )
 from marconi_ray.core.hf_blocks import (
     ATTENTION,
@@ -427,3 +428,111 @@ def parse_qwen3_5(config: Mapping[str, object]) -> HfArchitecture:
 def parse_qwen3_5_moe(config: Mapping[str, object]) -> HfArchitecture:
     """Qwen3.5-MoE multimodal checkpoint: its text model (`parse_qwen3_5_moe_text`)."""
     return _multimodal(config, "qwen3_5_moe", parse_qwen3_5_moe_text)
+
+
+LFM2_CONV = "conv"
+"""LFM2's `layer_types` entry of a short-conv layer."""
+
+
+def _lfm2_layer_types(r: ConfigReader, n_layers: int, *, legacy_idxs: bool) -> list[str]:
+    """`layer_types` ("conv" / "full_attention"), one per layer. Without it LFM2 (not
+    LFM2-MoE, which cannot be built without it) puts attention at `full_attn_idxs`, every
+    layer when that is null too."""
+    raw = r.opt_str_list("layer_types")
+    if raw is None:
+        if not legacy_idxs:
+            raise ValueError(f"{r.family} config needs 'layer_types' (one per layer)")
+        idxs = r.opt_int_list("full_attn_idxs")
+        attn = set(range(n_layers) if idxs is None else idxs)
+        raw = [ATTENTION if i in attn else LFM2_CONV for i in range(n_layers)]
+    types = layer_types(raw, r.family, (LFM2_CONV, ATTENTION))
+    if len(types) != n_layers:
+        raise ValueError(
+            f"{r.family} config has {len(types)} layer_types for num_hidden_layers={n_layers}"
+        )
+    return types
+
+
+def _lfm2_attention(r: ConfigReader, d: int) -> AttentionConfig:
+    """GQA with RMSNorms over head_dim on q and k and RoPE over the whole head; the base is
+    `rope_parameters`' rope_theta, else the legacy top-level `rope_theta`."""
+    base = attention(r, d, with_rope=False, bias=False)
+    params = {} if r.raw("rope_parameters") is None else r.mapping("rope_parameters")
+    theta = params.get("rope_theta", r.raw("rope_theta"))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise ValueError(f"{r.family} config key 'rope_theta' must be a number, got {theta!r}")
+    rope_type = params.get("rope_type", "default")
+    if not isinstance(rope_type, str):
+        raise ValueError(f"{r.family} config key 'rope_type' must be a string, got {rope_type!r}")
+    return replace(
+        base, rotary_dim=base.head_dim, rope_theta=float(theta), rope_type=rope_type, qk_norm=True
+    )
+
+
+def _lfm2_ff(r: ConfigReader) -> int:
+    """LFM2's feed-forward width: with `block_auto_adjust_ff_dim`, int(2/3 of
+    intermediate_size), then (when `block_ffn_dim_multiplier` is set) times the multiplier
+    and rounded up to a multiple of `block_multiple_of`, as `Lfm2MLP` computes it."""
+    ff = r.req_int("intermediate_size")
+    if not r.flag("block_auto_adjust_ff_dim"):
+        return ff
+    ff = int(2 * ff / 3)
+    if r.raw("block_ffn_dim_multiplier") is None:
+        return ff
+    ff = int(r.req_float("block_ffn_dim_multiplier") * ff)
+    multiple = r.pos_int("block_multiple_of")
+    return multiple * ((ff + multiple - 1) // multiple)
+
+
+def _lfm2(r: ConfigReader, ffn: Callable[[int], BlockConfig], legacy_idxs: bool) -> HfArchitecture:
+    """LFM2 layers: a short conv or attention per `layer_types`, then `ffn(layer)`."""
+    d = r.req_int("hidden_size")
+    n_layers = r.req_int("num_hidden_layers")
+    types = _lfm2_layer_types(r, n_layers, legacy_idxs=legacy_idxs)
+    conv = ShortConvConfig(d_conv=r.req_int("conv_L_cache"), bias=r.flag("conv_bias"))
+    attn = _lfm2_attention(r, d) if ATTENTION in types else None
+    layers: list[list[BlockConfig]] = []
+    for i, t in enumerate(types):
+        mixer = conv if t == LFM2_CONV else attn
+        assert mixer is not None
+        layers.append([mixer, ffn(i)])
+    return architecture(r, per_layer(layers), norm_key="norm_eps")
+
+
+def parse_lfm2(config: Mapping[str, object]) -> HfArchitecture:
+    """LFM2: each layer is a gated short conv or GQA attention (q/k norms, RoPE), then a
+    SwiGLU feed-forward (w1, w3, w2) of the auto-adjusted width (`_lfm2_ff`)."""
+    r = ConfigReader(config, defaults.LFM2, "lfm2", defaults.LFM2_ALIASES)
+    mlp = MLPConfig(_lfm2_ff(r), "silu", gated=True)
+    return _lfm2(r, lambda _: mlp, legacy_idxs=True)
+
+
+def parse_lfm2_moe(config: Mapping[str, object]) -> HfArchitecture:
+    """LFM2-MoE: LFM2's mixers; the first `num_dense_layers` feed-forwards are SwiGLU MLPs
+    of `intermediate_size`, the rest mixtures of SwiGLU experts routed by sigmoid scores
+    (chosen with `expert_bias` when `use_expert_bias`, renormalised when `norm_topk_prob`,
+    times `routed_scaling_factor`)."""
+    r = ConfigReader(config, defaults.LFM2_MOE, "lfm2_moe", defaults.LFM2_MOE_ALIASES)
+    n_dense = r.req_int("num_dense_layers")
+    mlp = MLPConfig(r.req_int("intermediate_size"), "silu", gated=True)
+    moe: BlockConfig | None = None
+    if n_dense < r.req_int("num_hidden_layers"):
+        moe = MoEConfig(
+            r.req_int("moe_intermediate_size"),
+            r.req_int("num_experts"),
+            r.req_int("num_experts_per_tok"),
+            "silu",
+            gated=True,
+            norm_topk=r.flag("norm_topk_prob"),
+            scoring="sigmoid",
+            selection_bias=r.flag("use_expert_bias"),
+            routed_scale=r.req_float("routed_scaling_factor"),
+        )
+
+    def ffn(layer: int) -> BlockConfig:
+        if layer < n_dense:
+            return mlp
+        assert moe is not None
+        return moe
+
+    return _lfm2(r, ffn, legacy_idxs=False)

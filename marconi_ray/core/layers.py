@@ -303,6 +303,33 @@ class GatedDeltaNetLayer(LayerSpec):
 
 
 @dataclass(frozen=True)
+class ShortConvLayer(LayerSpec):
+    """LFM2's gated short convolution: in_proj D -> 3D (B, C, x), y = C * conv(B * x) with
+    a depthwise causal conv of kernel d_conv, out_proj D -> D.
+
+    FLOPs per token: 2 x the weights a token multiplies, in_proj 2*D*3D, conv 2*D*d_conv,
+    out_proj 2*D*D, i.e. 8*D^2 + 2*D*d_conv (the two elementwise gates, 2*D, are not
+    counted, like norms). Cached state: the conv window only, D*d_conv elements (the last
+    d_conv inputs, as transformers caches them); no recurrent state.
+    """
+
+    kind: ClassVar[str] = KIND_SSM
+    d_model: int
+    d_conv: int
+
+    def __post_init__(self) -> None:
+        require_positive("d_model", self.d_model)
+        require_positive("d_conv", self.d_conv)
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d = self.d_model
+        return float(2 * d * 3 * d + 2 * d * self.d_conv + 2 * d * d), 0.0
+
+    def conv_elements(self) -> int:
+        return self.d_model * self.d_conv
+
+
+@dataclass(frozen=True)
 class Mamba1Layer(LayerSpec):
     """Mamba-1 (selective scan) mixer, as in Jamba.
 

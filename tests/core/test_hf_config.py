@@ -12,6 +12,8 @@ from transformers import (
     FalconH1Config,
     GraniteMoeHybridConfig,
     JambaConfig,
+    Lfm2Config,
+    Lfm2MoeConfig,
     NemotronHConfig,
     Qwen3_5Config,
     Qwen3_5MoeConfig,
@@ -45,7 +47,13 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "qwen3_5_moe_text": Qwen3_5MoeTextConfig,
     "qwen3_5_moe": Qwen3_5MoeConfig,
     "qwen3_next": Qwen3NextConfig,
+    "lfm2": Lfm2Config,
+    "lfm2_moe": Lfm2MoeConfig,
 }
+REQUIRED: dict[str, dict[str, Any]] = {
+    "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},
+}
+"""Keys without a usable default (transformers cannot build LFM2-MoE without layer_types)."""
 
 
 def _counts(spec: ModelSpec) -> tuple[int, int, int]:
@@ -207,8 +215,9 @@ def test_granitemoehybrid(n_experts: int) -> None:
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_missing_keys_take_transformers_defaults(model_type: str) -> None:
     """A bare {"model_type": ...} parses like the config class's own defaults."""
-    full = spec_from_hf_config(FAMILIES[model_type]().to_dict())
-    bare = spec_from_hf_config({"model_type": model_type})
+    required = REQUIRED.get(model_type, {})
+    full = spec_from_hf_config(FAMILIES[model_type](**required).to_dict())
+    bare = spec_from_hf_config({"model_type": model_type, **required})
     assert bare.layers == full.layers
     assert (bare.vocab_size, bare.max_position) == (full.vocab_size, full.max_position)
     assert bare.name == model_type
