@@ -313,3 +313,39 @@ JAMBA_1_5_MINI: Final[Mapping[str, object]] = MappingProxyType(
 )
 """ai21labs/AI21-Jamba-1.5-Mini (52B, 12B active): 28 Mamba-1 (state 16) + 4 attention
 layers (every 8th from 4), a 16-expert top-2 MoE every other layer."""
+
+# - LiquidAI/LFM2-2.6B: the hub config.json transcribed key for key (with its
+#   "transformers_version": "4.55.0.dev0") as the defaults of a C++ `struct Config`
+#   found by the code index, which does not name that file's repository; the shapes agree
+#   with every other copy found (30 layers, attention at 2, 5, 9, 13, 17, 21, 24, 27 and
+#   22 short-conv layers, hidden 2048, 32 heads / 8 KV heads, conv_L_cache 3, FFN 10752
+#   not auto-adjusted, vocab 65536, 128000 positions). The cost of a state does not depend
+#   on anything but hidden_size, conv_L_cache and the number of conv layers.
+_LFM2_2_6B_ATTENTION = frozenset({2, 5, 9, 13, 17, 21, 24, 27})
+
+LFM2_2_6B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "lfm2",
+        "vocab_size": 65536,
+        "hidden_size": 2048,
+        "num_hidden_layers": 30,
+        "layer_types": [
+            "full_attention" if i in _LFM2_2_6B_ATTENTION else "conv" for i in range(30)
+        ],
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "block_ff_dim": 10752,
+        "block_auto_adjust_ff_dim": False,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_multiple_of": 256,
+        "norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 128000,
+        "tie_embedding": True,
+        "eos_token_id": 7,
+    }
+)
+"""LiquidAI/LFM2-2.6B: 22 gated short-conv layers (the state: a 2048 x 3 window each) and
+8 GQA attention layers (8 KV heads of 64), each followed by a SwiGLU of 10752."""

@@ -12,6 +12,7 @@ from transformers import (
     FalconH1Config,
     GraniteMoeHybridConfig,
     JambaConfig,
+    Lfm2Config,
     NemotronHConfig,
     Qwen3_5Config,
     Qwen3_5MoeConfig,
@@ -81,6 +82,9 @@ FLEET = {
     "falcon-h1-7b": (44, mamba2_state_bytes(24, 128, 1, 256, 4), 44, 2, 128, 262144),
     # attention every 8th layer from 4 (4 of 32), Mamba-1 with d_inner 2 * 4096, state 16
     "jamba-1.5-mini": (28, mamba1_state_bytes(8192, 16, 4), 4, 8, 4096 // 32, 262144),
+    # 22 short convs whose only state is the 2048 x conv_L_cache (3) window, in bf16; 8
+    # attention layers with 8 KV heads of 2048 / 32 = 64
+    "lfm2-2.6b": (22, 2048 * 3 * BF16, 8, 8, 64, 128000),
 }
 
 
@@ -170,6 +174,7 @@ def test_fleet_published_numbers() -> None:
         "granite-4.0-h-small": (153_427_968, 16_384),
         "falcon-h1-7b": (139_673_600, 45_056),
         "jamba-1.5-mini": (16_515_072, 16_384),
+        "lfm2-2.6b": (270_336, 16_384),
     }
     ratios = {n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1) for n, s in specs.items()}
     assert ratios == {
@@ -178,6 +183,7 @@ def test_fleet_published_numbers() -> None:
         "granite-4.0-h-small": 9364.5,
         "falcon-h1-7b": 3100.0,
         "jamba-1.5-mini": 1008.0,
+        "lfm2-2.6b": 16.5,
     }
 
 
@@ -205,6 +211,9 @@ def test_fleet_layer_kinds_and_feed_forwards() -> None:
     assert [i for i, x in enumerate(mixers) if isinstance(x, AttentionLayer)] == [4, 12, 20, 28]
     falcon = get_preset("falcon-h1-7b").layers
     assert sum(isinstance(x, MLPLayer) for x in falcon) == 44
+    lfm2 = get_preset("lfm2-2.6b")
+    assert lfm2.ssm_recurrent_bytes == 0  # a short conv keeps no recurrent state
+    assert {(x.d_ff, x.gated) for x in lfm2.layers if isinstance(x, MLPLayer)} == {(10752, True)}
 
 
 CLASSES: dict[str, Callable[..., Any]] = {
@@ -216,6 +225,7 @@ CLASSES: dict[str, Callable[..., Any]] = {
     "GRANITE_4_0_H_SMALL": GraniteMoeHybridConfig,
     "FALCON_H1_7B": FalconH1Config,
     "JAMBA_1_5_MINI": JambaConfig,
+    "LFM2_2_6B": Lfm2Config,
 }
 
 
