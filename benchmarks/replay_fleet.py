@@ -81,7 +81,8 @@ def leads(report: dict[str, Any], trace: str) -> list[dict[str, Any]]:
 
 
 def lead_table(report: dict[str, Any]) -> str:
-    """Markdown: per trace, presets sorted by the size of one state, marconi - sglang+."""
+    """Markdown: per trace, presets sorted by the size of one state, marconi - sglang+ at
+    each cache size and the largest of those."""
     lines: list[str] = []
     for trace in report["traces"]:
         rows = sorted(leads(report, trace), key=lambda r: r["state_tokens"])
@@ -93,13 +94,15 @@ def lead_table(report: dict[str, Any]) -> str:
             f"{trace}: marconi's lead over sglang+ (token hit rate points), presets by the "
             "size of one state",
             "",
-            "| model | one state = tokens of KV | " + " | ".join(caches) + " |",
-            "| --- | --- | " + " | ".join("---" for _ in caches) + " |",
+            "| model | one state = tokens of KV | " + " | ".join(caches) + " | largest |",
+            "| --- | --- | " + " | ".join("---" for _ in caches) + " | --- |",
         ]
         for row in rows:
+            values = [v for v in row["lead"].values() if v is not None]
             cells = ["-" if v is None else f"{v:+.2f}" for v in row["lead"].values()]
-            lines.append(f"| {row['model']} | {row['state_tokens']:,.0f} | " + " | ".join(cells))
-            lines[-1] += " |"
+            cells.append(f"{max(values):+.2f}" if values else "-")
+            size = _tokens(row["state_tokens"])
+            lines.append(f"| {row['model']} | {size} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,7 +132,7 @@ def plot_hit_rates(report: dict[str, Any], trace: str, path: Path) -> None:
         ax.minorticks_off()
         ax.set_ylim(0, 100)
         ax.set_title(
-            f"{m['model']}\none state = {m['tokens_of_kv_per_state']:,.0f} tokens of KV",
+            f"{m['model']}\none state = {_tokens(m['tokens_of_kv_per_state'])} tokens of KV",
             fontsize=8,
         )
         ax.tick_params(labelsize=7)
@@ -144,34 +147,34 @@ def plot_hit_rates(report: dict[str, Any], trace: str, path: Path) -> None:
 
 
 def plot_lead(report: dict[str, Any], trace: str, path: Path) -> None:
-    """Marconi's lead over sglang+ against the size of one state (tokens of KV, log
-    scale): one marker per preset and cache size, each preset named above its largest."""
-    rows = leads(report, trace)
+    """Marconi's lead over sglang+ per preset, presets ordered by the size of one state
+    (named under each, in tokens of KV): one marker per cache size, and a line through
+    each preset's largest lead."""
+    rows = sorted(leads(report, trace), key=lambda r: r["state_tokens"])
     caches = list(rows[0]["lead"]) if rows else []
-    fig = Figure(figsize=(8.5, 4.8), layout="constrained")
+    fig = Figure(figsize=(10, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    for cache in caches:
-        pts = sorted(
-            (r["state_tokens"], r["lead"][cache], r["model"])
-            for r in rows
-            if r["lead"][cache] is not None
-        )
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", alpha=0.8, label=cache)
-    for r in rows:
-        tops = [v for v in r["lead"].values() if v is not None]
-        if tops:
-            ax.annotate(
-                r["model"], (r["state_tokens"], max(tops)), fontsize=7, rotation=30,
-                xytext=(2, 4), textcoords="offset points",
-            )  # fmt: skip
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("one state, in tokens of KV (log)")
+    width = 0.5 / max(1, len(caches))
+    for j, cache in enumerate(caches):
+        pts = [(i, r["lead"][cache]) for i, r in enumerate(rows) if r["lead"][cache] is not None]
+        xs = [i + (j - (len(caches) - 1) / 2) * width for i, _ in pts]
+        ax.plot(xs, [v for _, v in pts], "o", alpha=0.85, label=cache)
+    largest = [max((v for v in r["lead"].values() if v is not None), default=0.0) for r in rows]
+    ax.plot(range(len(rows)), largest, "-", color="black", linewidth=1, label="largest")
+    ax.axhline(0, color="gray", linewidth=0.8)
+    labels = [f"{r['model']}\n{_tokens(r['state_tokens'])} tok" for r in rows]
+    ax.set_xticks(range(len(rows)), labels, rotation=35, ha="right", fontsize=7)
+    ax.set_xlabel("preset, by the size of one state (tokens of KV)")
     ax.set_ylabel("marconi - sglang+ (token hit rate points)")
     ax.set_title(f"{trace}: marconi's lead over sglang+ by the size of one state", fontsize=10)
     ax.legend(title="cache", fontsize=8)
     fig.savefig(path, format="png", dpi=110)
+
+
+def _tokens(value: float) -> str:
+    """A state size in tokens of KV: one decimal below 100."""
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

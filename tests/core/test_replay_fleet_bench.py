@@ -59,9 +59,10 @@ def test_leads_are_marconi_minus_sglang_in_points() -> None:
 
 def test_lead_table_orders_presets_by_state_size() -> None:
     text = rf.lead_table(_report())
-    small, big = text.index("| small | 16 |"), text.index("| big | 9,000 |")
+    small, big = text.index("| small | 16.5 |"), text.index("| big | 9,000 |")
     assert small < big
-    assert "| big | 9,000 | +15.00 | - |" in text
+    assert "| big | 9,000 | +15.00 | - | +15.00 |" in text
+    assert "| small | 16.5 | +0.00 | - | +0.00 |" in text
 
 
 @pytest.mark.data
