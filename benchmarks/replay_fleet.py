@@ -107,8 +107,9 @@ def lead_table(report: dict[str, Any]) -> str:
 
 
 def plot_hit_rates(report: dict[str, Any], trace: str, path: Path) -> None:
-    """One panel per preset: token hit rate against cache size (GB, log scale), one line
-    per system, the oracle dashed; panels ordered by the size of one state."""
+    """One panel per preset: token hit rate against cache size (in the report's unit, log
+    scale), one line per system, the oracle dashed; panels ordered by the size of one
+    state."""
     runs = report["traces"][trace]["runs"]
     models = sorted(report["models"], key=lambda m: m["tokens_of_kv_per_state"])
     cols = min(4, len(models))
@@ -116,12 +117,13 @@ def plot_hit_rates(report: dict[str, Any], trace: str, path: Path) -> None:
     fig = Figure(figsize=(3.3 * cols, 2.9 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     oracle = 100 * float(report["traces"][trace]["oracle"]["token_hit_rate"])
-    sizes = sorted({r["cache_bytes"] / rq.GB for r in runs})
+    sizes = sorted({_size(r["cache"]) for r in runs})
+    unit = "GB" if report.get("unit", "gb") == "gb" else "states of each preset"
     for k, m in enumerate(models):
         ax = fig.add_subplot(rows, cols, k + 1)
         for system in report["systems"]:
             points = sorted(
-                (r["cache_bytes"] / rq.GB, 100 * r["token_hit_rate"])
+                (_size(r["cache"]), 100 * r["token_hit_rate"])
                 for r in runs
                 if r["model"] == m["model"] and r["system"] == system
             )
@@ -139,7 +141,7 @@ def plot_hit_rates(report: dict[str, Any], trace: str, path: Path) -> None:
         if k % cols == 0:
             ax.set_ylabel("token hit rate (%)", fontsize=8)
         if k >= len(models) - cols:
-            ax.set_xlabel("cache (GB)", fontsize=8)
+            ax.set_xlabel(f"cache ({unit})", fontsize=8)
         if k == 0:
             ax.legend(fontsize=7)
     fig.suptitle(f"{trace}: token hit rate by cache size (dashed: oracle)", fontsize=10)
@@ -170,6 +172,11 @@ def plot_lead(report: dict[str, Any], trace: str, path: Path) -> None:
     ax.set_title(f"{trace}: marconi's lead over sglang+ by the size of one state", fontsize=10)
     ax.legend(title="cache", fontsize=8)
     fig.savefig(path, format="png", dpi=110)
+
+
+def _size(label: str) -> float:
+    """The number of a cache label ("10 GB", "75 states")."""
+    return float(label.split()[0])
 
 
 def _tokens(value: float) -> str:
