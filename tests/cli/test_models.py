@@ -84,3 +84,12 @@ def test_unavailable_kernel_set_is_a_usage_error(
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert main(["models", "--device", "cpu", "--kernels", "triton"]) == 2
     assert "kernel set 'triton' is unavailable" in capsys.readouterr().err
+
+
+def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert "models" in capsys.readouterr().out
+    assert main(["models", "--help"]) == 0
+    text = capsys.readouterr().out
+    for option in ("--device", "--kernels", "--json", "ref", "triton"):
+        assert option in text, option
