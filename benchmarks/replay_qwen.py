@@ -42,24 +42,36 @@ DEFAULT_SYSTEMS = "vllm+,sglang+,marconi,marconi+"
 TRACES = ("sharegpt", "swebench")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser(
+    description: str = __doc__.split("\n\n")[0],
+    *,
+    models: str = DEFAULT_MODELS,
+    systems: str = DEFAULT_SYSTEMS,
+    traces: str = ",".join(TRACES),
+    sharegpt_sizes: str = "2,10",
+    swe_sizes: str = "20,50",
+    jobs: int = 2,
+    out: str = "benchmarks/results/qwen_replay",
+) -> argparse.ArgumentParser:
+    """The command line of a replay of the real traces over presets; the keywords are its
+    defaults (`benchmarks/replay_fleet.py` reuses it with its own)."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--models",
-        default=DEFAULT_MODELS,
+        default=models,
         help=f"comma-separated presets to replay with (known: {', '.join(PRESETS)})",
     )
     parser.add_argument(
         "--systems",
-        default=DEFAULT_SYSTEMS,
+        default=systems,
         help="comma-separated caching systems (as `marconi-ray replay --systems` takes them)",
     )
     parser.add_argument(
         "--traces",
-        default=",".join(TRACES),
+        default=traces,
         help="comma-separated traces: sharegpt (the artifact's construction) and/or swebench "
         "(50 mini-swe-agent trajectories)",
     )
@@ -72,12 +84,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sharegpt-sizes",
-        default="2,10",
+        default=sharegpt_sizes,
         help="comma-separated cache sizes for ShareGPT, in --unit",
     )
     parser.add_argument(
         "--swe-sizes",
-        default="20,50",
+        default=swe_sizes,
         help="comma-separated cache sizes for the SWE-bench trace, in --unit",
     )
     parser.add_argument(
@@ -89,10 +101,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1.0,
         help="ShareGPT session arrival rate (sets how conversations interleave)",
     )
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes for the runs")
-    parser.add_argument(
-        "--out", default="benchmarks/results/qwen_replay", help="output folder (created)"
-    )
+    parser.add_argument("--jobs", type=int, default=jobs, help="worker processes for the runs")
+    parser.add_argument("--out", default=out, help="output folder (created)")
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> argparse.Namespace:
+    """Parse and check `argv` with `parser` (default: `build_parser()`): lists split on
+    commas, presets and systems looked up (ValueError naming an unknown one), sizes
+    positive (SystemExit otherwise); `args.sizes` maps each trace to its sizes."""
+    parser = build_parser() if parser is None else parser
     args = parser.parse_args(argv)
     for name in ("models", "systems", "traces"):
         setattr(args, name, [x for x in getattr(args, name).split(",") if x])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from marconi_ray import __version__
-from marconi_ray.cli import generate, make_model, replay, serve, trace_cmd
+from marconi_ray.cli import generate, make_model, models, replay, serve, trace_cmd
 
 PROG = "marconi-ray"
 EXIT_USAGE = 2
@@ -34,20 +34,21 @@ def build_parser() -> CliParser:
     parser = CliParser(
         prog=PROG,
         description="Prefix caching for hybrid Attention+SSM LLMs (Marconi): replay "
-        "traces through caching systems, build traces, make random-weight models, and serve "
-        "them (OpenAI API on Ray Serve).",
+        "traces through caching systems, build traces, make random-weight models, serve "
+        "them (OpenAI API on Ray Serve), and list the model families the engine serves.",
     )
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {__version__}", help="print version"
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="{replay,trace,make-model,generate,serve}", required=True
+        dest="command", metavar="{replay,trace,make-model,generate,serve,models}", required=True
     )
     replay.add_parser(sub)
     trace_cmd.add_parser(sub)
     make_model.add_parser(sub)
     generate.add_parser(sub)
     serve.add_parser(sub)
+    models.add_parser(sub)
     return parser
 
 

@@ -39,8 +39,13 @@ def layer_types(values: Iterable[str], family: str, allowed: Collection[str]) ->
 
 def rope(r: ConfigReader, head_dim: int) -> tuple[int, float, str]:
     """(rotary_dim, rope_theta, rope_type) from `rope_parameters`; the rotary width is
-    int(head_dim * partial_rotary_factor), the factor defaulting to 1."""
-    params = r.mapping("rope_parameters")
+    int(head_dim * partial_rotary_factor), the factor defaulting to 1. The legacy top-level
+    `rope_theta` / `partial_rotary_factor` keys of config.json files written before
+    transformers 5 fill what the config's `rope_parameters` lacks, and override the class
+    default when the config has no `rope_parameters`, as transformers reads them."""
+    legacy = {k: r.raw(k) for k in ("rope_theta", "partial_rotary_factor") if r.has(k)}
+    stated = r.mapping("rope_parameters")
+    params = {**legacy, **stated} if r.has("rope_parameters") else {**stated, **legacy}
 
     def number(name: str, default: float | None) -> float:
         value = params.get(name, default)

@@ -1,6 +1,8 @@
 """Named model specs that need no config file: the Marconi paper's 7B hybrid (fp16
-everywhere, the paper's convention) and the published Qwen3.5 / Qwen3-Next hybrids (their
-config.json values in `preset_configs`; bf16 KV and conv states, fp32 recurrent states)."""
+everywhere, the paper's convention) and the published hybrids of the fleet (Qwen3.5,
+Qwen3-Next, Nemotron 3 Nano, Granite 4.0-H, Falcon-H1, Jamba 1.5, LFM2; their config.json values
+in `preset_configs`, with their sources; bf16 KV and conv states, fp32 recurrent states as
+the engine keeps them)."""
 
 from __future__ import annotations
 
@@ -42,8 +44,9 @@ def paper_7b() -> ModelSpec:
 
 def _published(name: str, config: Mapping[str, object]) -> Callable[[], ModelSpec]:
     """A factory of the spec of a published config.json: KV and conv states in bf16, the
-    Gated DeltaNet recurrent states in fp32, as the models run them and the engine keeps
-    them."""
+    recurrent states (Gated DeltaNet, Mamba-1/2) in fp32, as the engine keeps them (and as
+    the Qwen models run the delta rule and Nemotron 3 Nano's config asks,
+    mamba_ssm_cache_dtype float32)."""
 
     def build() -> ModelSpec:
         return spec_from_hf_config(config, dtype_bytes=2, name=name, state_dtype_bytes=4)
@@ -61,6 +64,16 @@ PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType(
         "qwen3.5-27b": _published("qwen3.5-27b", preset_configs.QWEN3_5_27B),
         "qwen3.5-35b-a3b": _published("qwen3.5-35b-a3b", preset_configs.QWEN3_5_35B_A3B),
         "qwen3-next-80b-a3b": _published("qwen3-next-80b-a3b", preset_configs.QWEN3_NEXT_80B_A3B),
+        "nemotron-3-nano-30b-a3b": _published(
+            "nemotron-3-nano-30b-a3b", preset_configs.NEMOTRON_3_NANO_30B_A3B
+        ),
+        "granite-4.0-h-tiny": _published("granite-4.0-h-tiny", preset_configs.GRANITE_4_0_H_TINY),
+        "granite-4.0-h-small": _published(
+            "granite-4.0-h-small", preset_configs.GRANITE_4_0_H_SMALL
+        ),
+        "falcon-h1-7b": _published("falcon-h1-7b", preset_configs.FALCON_H1_7B),
+        "jamba-1.5-mini": _published("jamba-1.5-mini", preset_configs.JAMBA_1_5_MINI),
+        "lfm2-2.6b": _published("lfm2-2.6b", preset_configs.LFM2_2_6B),
     }
 )
 """Immutable registry of preset names -> spec factories."""

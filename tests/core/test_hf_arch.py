@@ -157,6 +157,23 @@ def test_granite_rope_only_when_asked() -> None:
     assert (plain.rotary_dim, roped.rotary_dim) == (0, roped.head_dim)
 
 
+def test_legacy_top_level_rope_keys_are_read() -> None:
+    """config.json files written before transformers 5 (Falcon-H1's, Bamba's) keep
+    rope_theta / partial_rotary_factor at the top level: they override the class default,
+    and fill what a rope_parameters mapping lacks without overriding what it states."""
+    legacy = {"model_type": "falcon_h1", "num_hidden_layers": 1, "rope_theta": 1e11}
+    (attn,) = parse_hf_config(legacy).configs_of("attention")
+    assert isinstance(attn, AttentionConfig) and attn.rope_theta == 1e11
+    bamba = {"model_type": "bamba", "num_hidden_layers": 1, "attn_layer_indices": [0]}
+    (half,) = parse_hf_config(bamba).configs_of("attention")
+    (full,) = parse_hf_config({**bamba, "partial_rotary_factor": 1.0}).configs_of("attention")
+    assert isinstance(half, AttentionConfig) and isinstance(full, AttentionConfig)
+    assert (half.rotary_dim * 2, full.rotary_dim) == (half.head_dim, full.head_dim)
+    stated = {**legacy, "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}
+    (attn,) = parse_hf_config(stated).configs_of("attention")
+    assert isinstance(attn, AttentionConfig) and attn.rope_theta == 5e5
+
+
 @pytest.mark.parametrize(
     ("config", "name"),
     [

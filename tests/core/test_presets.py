@@ -1,6 +1,6 @@
 """The named presets: each builds, and its per-state bytes and KV bytes per token equal a
-hand computation from the published shapes (Qwen: bf16 KV and conv states, fp32 recurrent
-states; paper-7b: fp16 everywhere)."""
+hand computation from the published shapes (published models: bf16 KV and conv states,
+fp32 recurrent states; paper-7b: fp16 everywhere)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,27 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3NextConfig
+from transformers import (
+    FalconH1Config,
+    GraniteMoeHybridConfig,
+    JambaConfig,
+    Lfm2Config,
+    NemotronHConfig,
+    Qwen3_5Config,
+    Qwen3_5MoeConfig,
+    Qwen3NextConfig,
+)
 
 from marconi_ray.core import preset_configs
 from marconi_ray.core.hf_config import parse_hf_config
-from marconi_ray.core.layers import AttentionLayer, GatedDeltaNetLayer, MoELayer
+from marconi_ray.core.layers import (
+    AttentionLayer,
+    GatedDeltaNetLayer,
+    Mamba1Layer,
+    Mamba2Layer,
+    MLPLayer,
+    MoELayer,
+)
 from marconi_ray.core.presets import PRESETS, get_preset
 
 BF16 = 2
@@ -38,8 +54,42 @@ SHAPES = {
 }
 
 
+def mamba2_state_bytes(heads: int, head_dim: int, groups: int, d_state: int, kernel: int) -> int:
+    """One Mamba-2 layer: recurrent heads x head_dim x d_state in fp32 plus conv
+    (heads*head_dim + 2*groups*d_state) x kernel in bf16."""
+    d_inner = heads * head_dim
+    return d_inner * d_state * FP32 + (d_inner + 2 * groups * d_state) * kernel * BF16
+
+
+def mamba1_state_bytes(d_inner: int, d_state: int, kernel: int) -> int:
+    """One Mamba-1 layer: recurrent d_inner x d_state in fp32 plus conv d_inner x kernel."""
+    return d_inner * d_state * FP32 + d_inner * kernel * BF16
+
+
+# name: (SSM layers, one SSM layer's state bytes, attention layers, KV heads, head_dim,
+#        max positions), every number from the published config (preset_configs)
+FLEET = {
+    # 23 "M" of the 52-character pattern, 64 heads of 64, 8 groups, state 128, kernel 4;
+    # 6 "*" with 2 KV heads of 128
+    "nemotron-3-nano-30b-a3b": (23, mamba2_state_bytes(64, 64, 8, 128, 4), 6, 2, 128, 262144),
+    # 36 Mamba2 layers of 48 heads x 64 (2 * 1536 / 48), 1 group, state 128; 4 attention
+    # layers with 4 KV heads of 1536 / 12 = 128
+    "granite-4.0-h-tiny": (36, mamba2_state_bytes(48, 64, 1, 128, 4), 4, 4, 128, 131072),
+    # 128 heads x 64 (2 * 4096 / 128); 8 KV heads of 4096 / 32 = 128
+    "granite-4.0-h-small": (36, mamba2_state_bytes(128, 64, 1, 128, 4), 4, 8, 128, 131072),
+    # every one of the 44 layers has a Mamba-2 (24 heads of 128 = mamba_d_ssm 3072, state
+    # 256) and an attention (2 KV heads of 128) side by side
+    "falcon-h1-7b": (44, mamba2_state_bytes(24, 128, 1, 256, 4), 44, 2, 128, 262144),
+    # attention every 8th layer from 4 (4 of 32), Mamba-1 with d_inner 2 * 4096, state 16
+    "jamba-1.5-mini": (28, mamba1_state_bytes(8192, 16, 4), 4, 8, 4096 // 32, 262144),
+    # 22 short convs whose only state is the 2048 x conv_L_cache (3) window, in bf16; 8
+    # attention layers with 8 KV heads of 2048 / 32 = 64
+    "lfm2-2.6b": (22, 2048 * 3 * BF16, 8, 8, 64, 128000),
+}
+
+
 def test_registry() -> None:
-    assert set(PRESETS) == {"paper-7b", *SHAPES}
+    assert set(PRESETS) == {"paper-7b", *SHAPES, *FLEET}
     with pytest.raises(ValueError, match=r"qwen3\.5-27b"):
         get_preset("qwen-nope")
 
@@ -104,10 +154,78 @@ def test_moe_presets_are_moe_everywhere_with_their_routing() -> None:
         assert all(m.shared_expert_gate and m.n_shared_experts == 1 for m in moes)
 
 
+@pytest.mark.parametrize("name", sorted(FLEET))
+def test_fleet_state_and_kv_bytes_by_hand(name: str) -> None:
+    n_ssm, layer_state, n_attention, kv_heads, head_dim, positions = FLEET[name]
+    spec = get_preset(name)
+    assert (spec.n_ssm, spec.n_attention) == (n_ssm, n_attention)
+    assert spec.ssm_state_bytes == n_ssm * layer_state
+    assert spec.kv_bytes_per_token == kv_bytes(n_attention, kv_heads, head_dim)
+    assert spec.max_position == positions
+
+
+def test_fleet_published_numbers() -> None:
+    """The figures the README quotes: bytes of one state, KV bytes per token, and one state
+    in tokens of KV."""
+    specs = {n: get_preset(n) for n in FLEET}
+    assert {n: (s.ssm_state_bytes, s.kv_bytes_per_token) for n, s in specs.items()} == {
+        "nemotron-3-nano-30b-a3b": (49_364_992, 6_144),
+        "granite-4.0-h-tiny": (57_581_568, 8_192),
+        "granite-4.0-h-small": (153_427_968, 16_384),
+        "falcon-h1-7b": (139_673_600, 45_056),
+        "jamba-1.5-mini": (16_515_072, 16_384),
+        "lfm2-2.6b": (270_336, 16_384),
+    }
+    ratios = {n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1) for n, s in specs.items()}
+    assert ratios == {
+        "nemotron-3-nano-30b-a3b": 8034.7,
+        "granite-4.0-h-tiny": 7029.0,
+        "granite-4.0-h-small": 9364.5,
+        "falcon-h1-7b": 3100.0,
+        "jamba-1.5-mini": 1008.0,
+        "lfm2-2.6b": 16.5,
+    }
+
+
+def test_fleet_layer_kinds_and_feed_forwards() -> None:
+    nano = get_preset("nemotron-3-nano-30b-a3b").layers
+    assert sum(isinstance(x, Mamba2Layer) for x in nano) == 23
+    moes = [x for x in nano if isinstance(x, MoELayer)]
+    assert len(moes) == 23 and not any(isinstance(x, MLPLayer) for x in nano)
+    assert {(m.n_experts, m.top_k, m.d_ff, m.shared_d_ff, m.gated) for m in moes} == {
+        (128, 6, 1856, 3712, False)
+    }
+    for name, experts, top_k, d_ff, shared in (
+        ("granite-4.0-h-tiny", 64, 6, 512, 1024),
+        ("granite-4.0-h-small", 72, 10, 768, 1536),
+    ):
+        moes = [x for x in get_preset(name).layers if isinstance(x, MoELayer)]
+        assert len(moes) == 40
+        assert {(m.n_experts, m.top_k, m.d_ff, m.shared_d_ff) for m in moes} == {
+            (experts, top_k, d_ff, shared)
+        }
+    jamba = get_preset("jamba-1.5-mini").layers
+    assert sum(isinstance(x, Mamba1Layer) for x in jamba) == 28
+    assert sum(isinstance(x, MoELayer) for x in jamba) == 16  # every other layer, from 1
+    mixers = [x for x in jamba if isinstance(x, (AttentionLayer, Mamba1Layer))]
+    assert [i for i, x in enumerate(mixers) if isinstance(x, AttentionLayer)] == [4, 12, 20, 28]
+    falcon = get_preset("falcon-h1-7b").layers
+    assert sum(isinstance(x, MLPLayer) for x in falcon) == 44
+    lfm2 = get_preset("lfm2-2.6b")
+    assert lfm2.ssm_recurrent_bytes == 0  # a short conv keeps no recurrent state
+    assert {(x.d_ff, x.gated) for x in lfm2.layers if isinstance(x, MLPLayer)} == {(10752, True)}
+
+
 CLASSES: dict[str, Callable[..., Any]] = {
     "QWEN3_5_27B": Qwen3_5Config,
     "QWEN3_5_35B_A3B": Qwen3_5MoeConfig,
     "QWEN3_NEXT_80B_A3B": Qwen3NextConfig,
+    "NEMOTRON_3_NANO_30B_A3B": NemotronHConfig,
+    "GRANITE_4_0_H_TINY": GraniteMoeHybridConfig,
+    "GRANITE_4_0_H_SMALL": GraniteMoeHybridConfig,
+    "FALCON_H1_7B": FalconH1Config,
+    "JAMBA_1_5_MINI": JambaConfig,
+    "LFM2_2_6B": Lfm2Config,
 }
 
 

@@ -1,0 +1,161 @@
+"""What the engine serves, per model family: its mixers, the kernels behind each, and
+whether it runs tensor-parallel. Configs only: models are built on the meta device.
+
+Everything is derived, so a family added to `hf_families.FAMILIES` shows up on its own:
+
+- a family's reference config is the make-model `tiny` preset built as that family
+  (`model_presets.preset_config`) when make-model can build it, else the transformers
+  config class's defaults (`AutoConfig.for_model`);
+- its block kinds are those of `hf_families.hybrid_config(reference)` in first-use order,
+  split into mixers and feed-forwards (`model.FEED_FORWARD`), each with the engine class
+  that runs it (from a `HybridModel` of the reference built on the meta device);
+- the kernel-set ops of a mixer are those its class's source calls on its `KernelSet`
+  (`k.<op>(` or `self.kernels.<op>(`, `op` in `marconi_kernels.OPS`), and their backends
+  those of the set the engine would pick (`get_kernels(device, prefer)`);
+- tensor parallelism is supported when the reference builds as rank 0 of 2 ranks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+
+from marconi_kernels import OPS, KernelSet, get_kernels, triton_unavailable
+from marconi_ray.engine import model_presets
+from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
+from marconi_ray.engine.model import FEED_FORWARD, HybridModel
+from marconi_ray.engine.model_config import HybridConfig
+from marconi_ray.engine.parallel import TPGroup
+
+REFERENCE_PRESET: Final = "tiny"
+TP_PROBE_WORLD: Final = 2
+_KERNEL_CALL: Final = re.compile(r"\b(?:k|kernels)\.(\w+)\(")
+
+
+@dataclass(frozen=True)
+class BlockReport:
+    """One block kind of a family: `kind` (a `model_config.BLOCK_KINDS` value), the engine
+    class that runs it, and per kernel-set op it calls, that op's backend (empty for a
+    block that calls no kernel-set op, e.g. attention runs torch's SDPA)."""
+
+    kind: str
+    engine_class: str
+    kernels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class FamilyReport:
+    """One family the engine serves.
+
+    Attributes:
+        family: the transformers model_type.
+        reference: where its reference config comes from ("make-model tiny preset" or
+            "transformers defaults").
+        mixers / feed_forwards: its block kinds in first-use order.
+        tensor_parallel: whether the reference builds as rank 0 of `TP_PROBE_WORLD`.
+        tp_note: why not (empty when it does).
+        error: set when the reference config could not be parsed or built (the other
+            fields are then empty).
+    """
+
+    family: str
+    reference: str
+    mixers: tuple[BlockReport, ...]
+    feed_forwards: tuple[BlockReport, ...]
+    tensor_parallel: bool
+    tp_note: str = ""
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+
+        def blocks(items: tuple[BlockReport, ...]) -> list[dict[str, Any]]:
+            return [
+                {"kind": b.kind, "engine_class": b.engine_class, "kernels": dict(b.kernels)}
+                for b in items
+            ]
+
+        return {
+            "family": self.family,
+            "reference": self.reference,
+            "mixers": blocks(self.mixers),
+            "feed_forwards": blocks(self.feed_forwards),
+            "tensor_parallel": self.tensor_parallel,
+            "tp_note": self.tp_note,
+            "error": self.error,
+        }
+
+
+def reference_config(family: str) -> tuple[dict[str, Any], str]:
+    """(config dict, where it comes from) of `family`; see the module docstring."""
+    if family in model_presets.FAMILIES:
+        config = model_presets.preset_config(REFERENCE_PRESET, family).to_dict()
+        return config, f"make-model {REFERENCE_PRESET} preset"
+    import transformers
+
+    return transformers.AutoConfig.for_model(family).to_dict(), "transformers defaults"
+
+
+def kernel_ops(cls: type) -> tuple[str, ...]:
+    """The kernel-set ops the source of `cls` calls, in `OPS` order."""
+    called = set(_KERNEL_CALL.findall(inspect.getsource(cls)))
+    return tuple(op for op in OPS if op in called)
+
+
+def _blocks(model: HybridModel, kinds: list[str], kernels: KernelSet) -> list[BlockReport]:
+    out = []
+    for kind in kinds:
+        mixer = next(b.mixer for b in model.layers if b.kind == kind)
+        ops = kernel_ops(type(mixer))
+        out.append(
+            BlockReport(kind, type(mixer).__name__, {op: kernels.backends[op] for op in ops})
+        )
+    return out
+
+
+def family_report(family: str, kernels: KernelSet) -> FamilyReport:
+    """The report of one family with the kernel set `kernels`; a reference config the
+    engine cannot parse or build gives a report with `error` set instead of raising."""
+    try:
+        config, reference = reference_config(family)
+        cfg: HybridConfig = hybrid_config(config)
+        model = HybridModel(cfg, device="meta", kernels=kernels)
+    except (ValueError, KeyError) as exc:
+        return FamilyReport(family, "", (), (), False, error=str(exc))
+    kinds = list(dict.fromkeys(cfg.blocks))
+    mixers = [k for k in kinds if k not in FEED_FORWARD]
+    ffns = [k for k in kinds if k in FEED_FORWARD]
+    try:
+        HybridModel(cfg, TPGroup(0, TP_PROBE_WORLD), device="meta", kernels=kernels)
+        tp, note = True, ""
+    except ValueError as exc:
+        tp, note = False, str(exc)
+    return FamilyReport(
+        family,
+        reference,
+        tuple(_blocks(model, mixers, kernels)),
+        tuple(_blocks(model, ffns, kernels)),
+        tp,
+        note,
+    )
+
+
+def kernel_choice(device: str, prefer: str) -> tuple[KernelSet, str]:
+    """The kernel set the engine would use on `device` with `prefer` (as `get_kernels`),
+    and a one-line reason when "auto" did not pick triton (empty otherwise)."""
+    kernels = get_kernels(device, prefer)
+    why = ""
+    if prefer == "auto" and kernels.name != "triton":
+        dev = torch.device(device)
+        why = "not a CUDA device" if dev.type != "cuda" else (triton_unavailable(dev) or "")
+    return kernels, why
+
+
+def all_reports(kernels: KernelSet) -> list[FamilyReport]:
+    """One report per family in `hf_families.FAMILIES`, in that order."""
+    return [family_report(f, kernels) for f in FAMILIES]
