@@ -7,18 +7,17 @@ Everything is derived, so a family added to `hf_families.FAMILIES` shows up on i
   (`model_presets.preset_config`) when make-model can build it, else the transformers
   config class's defaults (`AutoConfig.for_model`);
 - its block kinds are those of `hf_families.hybrid_config(reference)` in first-use order,
-  split into mixers and feed-forwards (`model.FEED_FORWARD`), each with the engine class
-  that runs it (from a `HybridModel` of the reference built on the meta device);
-- the kernel-set ops of a mixer are those its class's source calls on its `KernelSet`
-  (`k.<op>(` or `self.kernels.<op>(`, `op` in `marconi_kernels.OPS`), and their backends
-  those of the set the engine would pick (`get_kernels(device, prefer)`);
+  split into mixers and feed-forwards (`model_config.FEED_FORWARD_KINDS`), each with the
+  engine class that runs it (from a `HybridModel` of the reference built on the meta
+  device);
+- the kernel-set ops of a mixer are those its class declares (`KERNEL_OPS`, checked
+  against the ops a real prefill and decode call in `tests/engine/test_engine_triton.py`),
+  and their backends those of the set the engine would pick (`get_kernels(device, prefer)`);
 - tensor parallelism is supported when the reference builds as rank 0 of 2 ranks.
 """
 
 from __future__ import annotations
 
-import inspect
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -28,13 +27,12 @@ import torch
 from marconi_kernels import OPS, KernelSet, get_kernels, triton_unavailable
 from marconi_ray.engine import model_presets
 from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
-from marconi_ray.engine.model import FEED_FORWARD, HybridModel
-from marconi_ray.engine.model_config import HybridConfig
+from marconi_ray.engine.model import HybridModel
+from marconi_ray.engine.model_config import FEED_FORWARD_KINDS, HybridConfig
 from marconi_ray.engine.parallel import TPGroup
 
 REFERENCE_PRESET: Final = "tiny"
 TP_PROBE_WORLD: Final = 2
-_KERNEL_CALL: Final = re.compile(r"\b(?:k|kernels)\.(\w+)\(")
 
 
 @dataclass(frozen=True)
@@ -102,9 +100,10 @@ def reference_config(family: str) -> tuple[dict[str, Any], str]:
 
 
 def kernel_ops(cls: type) -> tuple[str, ...]:
-    """The kernel-set ops the source of `cls` calls, in `OPS` order."""
-    called = set(_KERNEL_CALL.findall(inspect.getsource(cls)))
-    return tuple(op for op in OPS if op in called)
+    """The kernel-set ops mixer class `cls` declares (`KERNEL_OPS`; none for a class
+    without), in `OPS` order."""
+    declared = set(getattr(cls, "KERNEL_OPS", ()))
+    return tuple(op for op in OPS if op in declared)
 
 
 def _blocks(model: HybridModel, kinds: list[str], kernels: KernelSet) -> list[BlockReport]:
@@ -128,8 +127,8 @@ def family_report(family: str, kernels: KernelSet) -> FamilyReport:
     except (ValueError, KeyError) as exc:
         return FamilyReport(family, "", (), (), False, error=str(exc))
     kinds = list(dict.fromkeys(cfg.blocks))
-    mixers = [k for k in kinds if k not in FEED_FORWARD]
-    ffns = [k for k in kinds if k in FEED_FORWARD]
+    mixers = [k for k in kinds if k not in FEED_FORWARD_KINDS]
+    ffns = [k for k in kinds if k in FEED_FORWARD_KINDS]
     try:
         HybridModel(cfg, TPGroup(0, TP_PROBE_WORLD), device="meta", kernels=kernels)
         tp, note = True, ""

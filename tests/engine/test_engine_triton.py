@@ -78,6 +78,8 @@ def test_resume_from_every_checkpoint_equals_reference(model_dirs, family):
             fast.prefill(tensor[ck.depth :], resumed)
         assert fast.greedy(resumed, 4) == scratch, ck.depth
     assert set(calls) == FAMILY_OPS[family], calls
+    declared = {op for i in fast.ssm_blocks for op in type(fast.ssm(i)).KERNEL_OPS}
+    assert declared == set(calls)  # what `marconi-ray models` reports is what runs
 
 
 def test_engine_multi_turn_on_triton_equals_reference(model_dirs):

@@ -14,6 +14,7 @@ States per sequence (this rank's shard):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -44,6 +45,14 @@ class GatedDeltaNetMixer(nn.Module):
       of whole groups is rearranged into Qwen3.5's order locally.
     The conv runs over [q, k, v] with channels in Qwen3.5's order in both layouts.
     """
+
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = (
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "gated_delta_chunk",
+        "gated_delta_step",
+    )
+    """The `KernelSet` ops this mixer calls (prefill and decode)."""
 
     def __init__(
         self,
@@ -106,17 +115,13 @@ class GatedDeltaNetMixer(nn.Module):
         rv = self.ratio * c.head_v_dim
         groups = self.in_proj_qkvz(x).view(*lead, self.k_heads, -1)
         q, k, v, z = torch.split(groups, [c.head_k_dim, c.head_k_dim, rv, rv], dim=-1)
-        qkv = torch.cat(
-            [q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], dim=-1
-        )
+        qkv = torch.cat([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], dim=-1)
         ba = self.in_proj_ba(x).view(*lead, self.k_heads, 2 * self.ratio)
         b, a = torch.split(ba, [self.ratio, self.ratio], dim=-1)
         z = z.reshape(*lead, self.v_heads, c.head_v_dim)
         return qkv, z, b.reshape(*lead, self.v_heads), a.reshape(*lead, self.v_heads)
 
-    def _heads(
-        self, qkv: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Conv output [..., conv_local] -> q, k [..., Hv', dk] (each key head repeated for
         the value heads it serves) and v [..., Hv', dv]."""
         c = self.cfg

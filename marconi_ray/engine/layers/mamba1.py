@@ -10,6 +10,7 @@ ssm [d_inner_local, d_state] in float32.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -24,6 +25,14 @@ from marconi_ray.engine.parallel import Segment, TPGroup
 
 class Mamba1Mixer(nn.Module):
     """One Mamba-1 layer's shard; weights under the HF sub-module `prefix` (`mamba`)."""
+
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = (
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "selective_scan",
+        "mamba1_state_update",
+    )
+    """The `KernelSet` ops this mixer calls (prefill and decode)."""
 
     def __init__(
         self,

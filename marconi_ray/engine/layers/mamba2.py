@@ -11,6 +11,7 @@ States per sequence (this rank's shard):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -28,6 +29,14 @@ class Mamba2Mixer(nn.Module):
     """One Mamba-2 layer's shard. `prefix` is the HF sub-module (`mixer` or `mamba`).
     With `reduce=False` out_proj leaves its all-reduce to the caller (see
     `ParallelLinear`)."""
+
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = (
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "ssd_chunk_scan",
+        "mamba2_state_update",
+    )
+    """The `KernelSet` ops this mixer calls (prefill and decode)."""
 
     head_group: torch.Tensor
 

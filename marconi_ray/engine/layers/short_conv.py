@@ -14,6 +14,7 @@ States per sequence (this rank's shard), in the shape every recurrent mixer has:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ class ShortConvMixer(nn.Module):
     """One short-conv layer's shard. `prefix` is the HF sub-module (`layers.{i}.conv`),
     holding `in_proj` (rows [B | C | x], D each), `conv` (weight [D, 1, K]) and
     `out_proj`, all with biases when `cfg.bias`."""
+
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("causal_conv1d", "causal_conv1d_update")
+    """The `KernelSet` ops this mixer calls (prefill and decode)."""
 
     def __init__(
         self,
