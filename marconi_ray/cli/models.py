@@ -50,6 +50,9 @@ def format_text(kernel_set: str, device: str, why: str, reports: Sequence[Any]) 
     support and one line per block (kind, engine class, op: backend ...)."""
     head = f"kernel set: {kernel_set} on {device}" + (f" ({why})" if why else "")
     lines = [head, ""]
+    every = [b for r in reports for b in (*r.mixers, *r.feed_forwards)]
+    kind_w = max((len(b.kind) for b in every), default=0)
+    class_w = max((len(b.engine_class) for b in every), default=0)
     for r in reports:
         if r.error:
             lines += [f"{r.family}: not servable from its reference config: {r.error}", ""]
@@ -59,7 +62,8 @@ def format_text(kernel_set: str, device: str, why: str, reports: Sequence[Any]) 
         for role, blocks in (("mixer", r.mixers), ("feed-forward", r.feed_forwards)):
             for b in blocks:
                 ops = ", ".join(f"{op}: {be}" for op, be in b.kernels.items()) or NO_KERNEL
-                lines.append(f"  {role:<12}  {b.kind:<9}  {b.engine_class:<18}  {ops}")
+                kind, cls = b.kind.ljust(kind_w), b.engine_class.ljust(class_w)
+                lines.append(f"  {role:<12}  {kind}  {cls}  {ops}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
