@@ -4,7 +4,7 @@
 a family's config keys are interpreted; the cost model's `ModelSpec` derives from the same
 `HfArchitecture`) and converts the result with `from_architecture`. The engine runs the
 families in `FAMILIES` with one config per mixer kind; a config that needs something the
-engine lacks (a mixture of experts, a RoPE type other than "default", ...) is a
+engine lacks (shared weights, a RoPE type other than "default", ...) is a
 ValueError naming the layer and the cause.
 """
 
@@ -30,6 +30,7 @@ FAMILIES: Final = (
     "nemotron_h",
     "bamba",
     "jamba",
+    "granitemoehybrid",
     "qwen3_5_text",
     "qwen3_5",
     "qwen3_5_moe_text",
@@ -61,11 +62,6 @@ def _check(family: str, block: Block) -> None:
     """Raise ValueError when the engine cannot run `block`."""
     where = f"{family} layer {block.hf_layer}"
     cfg = block.config
-    if isinstance(cfg, MoEConfig) and (cfg.latent_dim is not None or not cfg.gated):
-        cause = "latent projections" if cfg.latent_dim is not None else "ungated experts"
-        raise ValueError(
-            f"{where} is a mixture of {cfg.n_experts} experts with {cause}, which the engine lacks"
-        )
     if block.kind not in BLOCK_KINDS or block.shared:
         raise ValueError(f"{where} has a {block.kind!r} block, which the engine lacks")
     if isinstance(cfg, AttentionConfig):

@@ -23,11 +23,19 @@ from torch.nn import functional as F
 from marconi_kernels import KernelSet, get_kernels
 from marconi_ray.engine.decode_batch import DecodeBatch
 from marconi_ray.engine.layers.attention import Attention
+from marconi_ray.engine.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.layers.gated_deltanet import GatedDeltaNetMixer
 from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
+from marconi_ray.engine.layers.moe_layout import (
+    GRANITE_MOE,
+    JAMBA_MOE,
+    NEMOTRON_H_MOE,
+    QWEN_MOE,
+    MoELayout,
+)
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import HybridConfig
@@ -37,7 +45,8 @@ from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
 
 @dataclass(frozen=True)
 class HFNames:
-    """Checkpoint key layout of one family (keys below the model prefix)."""
+    """Checkpoint key layout of one family (keys below the model prefix); `moe` says where
+    a mixture-of-experts block's weights are (see `MoELayout`)."""
 
     embed: str
     final_norm: str
@@ -45,6 +54,9 @@ class HFNames:
     mlp_norm: str
     mixer: dict[str, str]
     mlp: str
+    moe: MoELayout = QWEN_MOE
+    fused_mlp: bool = False
+    """The dense feed-forward is Granite's fused `input_linear` / `output_linear`."""
 
 
 HF_NAMES = {
@@ -55,6 +67,7 @@ HF_NAMES = {
         "norm",
         {"mamba2": "mixer", "attention": "mixer"},
         "mixer",
+        NEMOTRON_H_MOE,
     ),
     "bamba": HFNames(
         "embed_tokens.weight",
@@ -71,6 +84,17 @@ HF_NAMES = {
         "pre_ff_layernorm",
         {"mamba1": "mamba", "attention": "self_attn"},
         "feed_forward",
+        JAMBA_MOE,
+    ),
+    "granitemoehybrid": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"mamba2": "mamba", "attention": "self_attn"},
+        "shared_mlp",
+        GRANITE_MOE,
+        fused_mlp=True,
     ),
     **dict.fromkeys(
         ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
@@ -86,7 +110,7 @@ HF_NAMES = {
 }
 
 
-Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | MoE
+Mixer = Attention | Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | MLP | FusedGatedMLP | MoE
 SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer
 FEED_FORWARD = ("mlp", "moe")
 
@@ -115,10 +139,11 @@ class Block(nn.Module):
         mixer: Mixer
         if self.kind == "mlp":
             assert cfg.mlp is not None
-            mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
+            mlp = FusedGatedMLP if names.fused_mlp else MLP
+            mixer = mlp(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
         elif self.kind == "moe":
             assert cfg.moe is not None
-            mixer = MoE(d, cfg.moe, f"{layer}.{names.mlp}", tp, dtype)
+            mixer = MoE(d, cfg.moe, layer, names.moe, tp, dtype)
         elif self.kind == "attention":
             assert cfg.attention is not None
             mixer = Attention(
