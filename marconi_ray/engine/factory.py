@@ -106,7 +106,17 @@ CALIBRATION_SEED: Final = 0
 PRINTABLE_IDS: Final = (BYTE_OFFSET + ord("\n"), *range(BYTE_OFFSET + 32, BYTE_OFFSET + 127))
 """The ids whose `lm_head` rows are random: newline and printable ASCII (0x20..0x7e)."""
 _MLP_PROJECTIONS: Final = ("gate_proj", "up_proj", "down_proj")
-_FINAL_NORM: Final = {"nemotron_h": "norm_f", "bamba": "final_layernorm"}
+_FINAL_NORM: Final = {
+    "nemotron_h": "norm_f",
+    "bamba": "final_layernorm",
+    "jamba": "final_layernorm",
+}
+MLP_LIFT_FAMILIES: Final = ("nemotron_h", "bamba")
+"""Families whose last MLP's `down_proj` bias lifts the logits; the others use the
+output-projection bias of the last layer's mixer (`_mixer_lift`)."""
+SELECTION_BIAS_STD: Final = 0.05
+"""Std of the random router selection biases (NemotronH `e_score_correction_bias`,
+zero after transformers' init), so that routing depends on them."""
 _MODEL_CLASSES: Final = {
     "nemotron_h": "NemotronHForCausalLM",
     "bamba": "BambaForCausalLM",
@@ -115,6 +125,9 @@ _MODEL_CLASSES: Final = {
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "qwen3_next": "Qwen3NextForCausalLM",
+    "nemotron_h_moe": "NemotronHForCausalLM",
+    "jamba": "JambaForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -209,27 +222,34 @@ def _attach_mlp_biases(model: Any) -> Any:
     return mlps[-1].down_proj
 
 
-def _attention_lift(model: Any) -> Any:
-    """Qwen families (no MLP biases): zero every attention bias and return the last
-    layer's `o_proj`, whose bias carries the lift. That layer's feed-forward must not
-    read the lift channel: its (zero-centred) pre-norm scale is 0 on the channel, and
-    `sqrt(1 + LIFT_RATIO**2)` on the others, which is what the channel takes from their
-    share of the RMS (at the median residual norm). ValueError when the last layer is not
-    attention."""
+def _mixer_lift(model: Any) -> Any:
+    """Families without MLP biases: zero every attention and Mamba projection bias and
+    return the output projection (`o_proj` or `out_proj`) of the last layer's mixer,
+    whose bias carries the lift. When that layer then runs a feed-forward, its pre-norm
+    must not pass the lift channel on: its scale is 0 on the channel and
+    `sqrt(1 + LIFT_RATIO**2)` on the others (what the channel takes from their share of
+    the RMS at the median residual norm), both minus 1 for zero-centred norms (Qwen).
+    ValueError when the last layer's mixer has no output-projection bias."""
     last = _decoder(model).layers[-1]
-    attn = getattr(last, "self_attn", None)
-    if attn is None:
-        raise ValueError("the last layer of a Qwen preset must be attention")
-    for module in model.modules():
-        if type(module).__name__.endswith("Attention") and hasattr(module, "o_proj"):
-            for proj in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
-                if proj.bias is not None:
-                    torch.nn.init.zeros_(proj.bias)
-    with torch.no_grad():
-        scale = last.post_attention_layernorm.weight
-        scale.fill_(math.sqrt(1.0 + LIFT_RATIO**2) - 1.0)
-        scale[LIFT_CHANNEL] = -1.0
-    return attn.o_proj
+    for module in _decoder(model).modules():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj"):
+            proj = getattr(module, name, None)
+            if isinstance(proj, torch.nn.Linear) and proj.bias is not None:
+                torch.nn.init.zeros_(proj.bias)
+    mixers = [getattr(last, n, None) for n in ("self_attn", "mamba", "mixer")]
+    outs = [getattr(m, n, None) for m in mixers if m is not None for n in ("o_proj", "out_proj")]
+    out = next((o for o in outs if isinstance(o, torch.nn.Linear) and o.bias is not None), None)
+    if out is None:
+        raise ValueError("the last layer's mixer must have an output-projection bias")
+    norm = getattr(last, "post_attention_layernorm", None) or getattr(
+        last, "pre_ff_layernorm", None
+    )
+    if norm is not None:
+        offset = 1.0 if model.config.model_type in QWEN_FAMILIES else 0.0
+        with torch.no_grad():
+            norm.weight.fill_(math.sqrt(1.0 + LIFT_RATIO**2) - offset)
+            norm.weight[LIFT_CHANNEL] = -offset
+    return out
 
 
 def _final_residual_norm(model: Any) -> float:
@@ -248,15 +268,36 @@ def _final_residual_norm(model: Any) -> float:
     return float(seen[0][0].float().norm(dim=-1).median())
 
 
+def _has_moe(config: Any) -> bool:
+    """The NemotronH config has MoE layers (`nemotron_h_moe`, lifted like the others)."""
+    return "moe" in (getattr(config, "layers_block_type", None) or ())
+
+
+def _randomise_selection_biases(model: Any) -> None:
+    """Draw every router selection bias N(0, SELECTION_BIAS_STD^2) (from the seeded RNG)."""
+    for module in model.modules():
+        bias = getattr(module, "e_score_correction_bias", None)
+        if isinstance(bias, torch.Tensor):
+            with torch.no_grad():
+                bias.normal_(0.0, SELECTION_BIAS_STD)
+
+
 def _separate_logits(model: Any, hidden_size: int) -> None:
     """Zero every non-printable `lm_head` row and lift the printable logits by ~LOGIT_LIFT
-    through a constant channel written by the last MLP, or by the last attention layer for
-    the Qwen families (see the module docstring and `_attention_lift`)."""
+    through a constant channel written by the last MLP (`MLP_LIFT_FAMILIES`), or by the
+    output projection of the last layer's mixer for the others (see the module docstring
+    and `_mixer_lift`); a Granite model's muP multipliers are compensated."""
     head = model.get_output_embeddings().weight
-    fresh = torch.randn(head.shape, dtype=torch.float32) * (LOGIT_STD / math.sqrt(hidden_size))
-    bias = LIFT_RATIO * _final_residual_norm(model)
-    qwen = model.config.model_type in QWEN_FAMILIES
-    down = _attention_lift(model) if qwen else _attach_mlp_biases(model)
+    config = model.config.get_text_config()
+    # muP multipliers (Granite): block outputs are scaled before the residual add, the
+    # logits divided by logits_scaling
+    residual = getattr(config, "residual_multiplier", 1.0)
+    logits_scaling = getattr(config, "logits_scaling", 1.0)
+    std = LOGIT_STD * logits_scaling / math.sqrt(hidden_size)
+    fresh = torch.randn(head.shape, dtype=torch.float32) * std
+    bias = LIFT_RATIO * _final_residual_norm(model) / residual
+    mlp_lift = config.model_type in MLP_LIFT_FAMILIES and not _has_moe(config)
+    down = _attach_mlp_biases(model) if mlp_lift else _mixer_lift(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
     # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
@@ -265,7 +306,9 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     keep = _printable_mask(head.shape[0])
     fresh[~keep] = 0.0
     fresh[keep] *= scale
-    fresh[keep, LIFT_CHANNEL] = LOGIT_LIFT * scale / (LIFT_RATIO * math.sqrt(hidden_size))
+    fresh[keep, LIFT_CHANNEL] = (
+        LOGIT_LIFT * logits_scaling * scale / (LIFT_RATIO * math.sqrt(hidden_size))
+    )
     with torch.no_grad():
         head.copy_(fresh.to(head.dtype))
         down.bias[LIFT_CHANNEL] = bias
@@ -319,13 +362,14 @@ def build_model(
         else transformers.AutoModelForCausalLM
     )
     init_config = copy.deepcopy(config)
-    if family not in QWEN_FAMILIES:
+    if family in MLP_LIFT_FAMILIES:
         init_config.mlp_bias = False  # the biases are attached, zero, after the seeded init
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device):
             model = auto.from_config(init_config, dtype=torch_dtype)
         model.eval()
+        _randomise_selection_biases(model)
         _separate_logits(model, config.get_text_config().hidden_size)
         check_logit_separation(model)
     return model

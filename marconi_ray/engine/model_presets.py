@@ -14,7 +14,9 @@ printable logits (all the others stay 0).
 The Gated DeltaNet families (`QWEN_FAMILIES`: Qwen3.5 dense and MoE, text-only or with a
 tiny vision tower, and Qwen3-Next) take the preset's widths with their own layer mix (see
 `qwen_kwargs`): their MLPs have no biases, so the last layer's attention output bias
-lifts the logits instead (`attention_bias`, all zero but that one channel).
+lifts the logits instead (`attention_bias`, all zero but that one channel). The
+mixture-of-experts hybrids (`MOE_HYBRIDS`: NemotronH with MoE layers, Jamba with
+experts, Granite 4.0-H) are described in `engine.moe_presets`.
 
 Exact parameter counts (from `count_parameters`, meta device):
 
@@ -44,8 +46,11 @@ preset folders are rebuilt."""
 
 QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 """The Gated DeltaNet families (see `qwen_kwargs`)."""
-FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES)
-"""Model families a preset can be built as (transformers `model_type` names)."""
+MOE_HYBRIDS: Final = ("nemotron_h_moe", "jamba", "granitemoehybrid")
+"""The mixture-of-experts hybrids (see `engine.moe_presets`)."""
+FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, *MOE_HYBRIDS)
+"""Model families a preset can be built as: transformers `model_type` names, and
+`nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""
 QWEN_ATTENTION_INTERVAL: Final = 4
 """Qwen presets: three Gated DeltaNet layers then one attention layer, repeated (the
 released models' `full_attention_interval`), so the last layer is attention."""
@@ -205,7 +210,7 @@ def check_family(family: str) -> str:
     return family
 
 
-def _common(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
+def common_kwargs(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
     return {
         "vocab_size": p.vocab_size,
         "hidden_size": p.hidden_size,
@@ -225,7 +230,7 @@ def nemotron_h_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[s
     """Keyword arguments of `transformers.NemotronHConfig` for preset `p`."""
     block = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
     return {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "layers_block_type": [block[c] for c in p.pattern],
         "head_dim": p.head_dim,
         "intermediate_size": p.intermediate_size,
@@ -244,7 +249,7 @@ def bamba_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, A
     """Keyword arguments of `transformers.BambaConfig` for preset `p`."""
     mixers = p.mixers
     return {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": len(mixers),
         "attn_layer_indices": [i for i, c in enumerate(mixers) if c == "*"],
         "intermediate_size": p.gated_intermediate_size,
@@ -276,7 +281,7 @@ def qwen_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
     """
     layers = QWEN_ATTENTION_INTERVAL * max(1, len(p.mixers) // QWEN_ATTENTION_INTERVAL)
     out: dict[str, Any] = {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": layers,
         "head_dim": p.head_dim,
         "intermediate_size": p.gated_intermediate_size,
@@ -329,12 +334,14 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return transformers.NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
     if family == "bamba":
         return transformers.BambaConfig(**bamba_kwargs(p, initializer_range))
+    if family in MOE_HYBRIDS:
+        from marconi_ray.engine.moe_presets import moe_preset_config
+
+        return moe_preset_config(p, family, initializer_range)
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig
-        return outer(
-            text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False
-        )
+        return outer(text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False)
     classes = {
         "qwen3_5_text": transformers.Qwen3_5TextConfig,
         "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig,
