@@ -148,7 +148,7 @@ def test_presets_registry_is_immutable() -> None:
     ("kwargs", "needle"),
     [
         ({"preset": "huge"}, "huge"),
-        ({"family": "jamba"}, "jamba"),
+        ({"family": "zamba2"}, "zamba2"),
         ({"dtype": "int8"}, "int8"),
         ({"seed": -1}, "seed"),
     ],

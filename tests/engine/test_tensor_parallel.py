@@ -48,7 +48,16 @@ WORLD = 2
 TOL = 1e-4
 PROMPT_LEN = 45
 DEADLINE_S = 120.0
-LOGIT_MODELS = ("nemotron_h", "bamba", "jamba", "nemotron_h_g1", "qwen3_5_moe_text", "qwen3_next")
+LOGIT_MODELS = (
+    "nemotron_h",
+    "bamba",
+    "jamba",
+    "nemotron_h_g1",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "nemotron_h_moe",
+    "granitemoehybrid",
+)
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully
 # cached): about 3/4 to 9/10 of what one rank would hold with no eviction.
