@@ -28,6 +28,14 @@ biases):
   (Granite 4.0-H's `position_embedding_type` "nope"); muP multipliers as in the
   released models (`GRANITE_SCALES`); the lift is the last layer's attention `o_proj`
   bias or Mamba-2 `out_proj` bias.
+
+Exact parameter counts (from `factory.count_parameters`, meta device):
+
+| preset          | nemotron_h_moe | jamba         | granitemoehybrid |
+|-----------------|----------------|---------------|------------------|
+| tiny            | 275,392        | 325,484       | 337,444          |
+| small           | 52,923,456     | 57,772,800    | 56,310,784       |
+| paper-7b-shape  | 7,400,395,264  | 7,731,134,464 | 7,769,669,632    |
 """
 
 from __future__ import annotations
