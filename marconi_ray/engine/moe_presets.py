@@ -17,12 +17,13 @@ biases):
   within the best of 2 groups by sigmoid score plus a selection bias (random in the
   built weights), renormalised, times `NEMOTRON_ROUTED_SCALE`; they run between latent
   projections to half the hidden size; a shared expert of half the MLP width.
-- jamba: one layer per mixer of the pattern (Mamba-1 of the same d_inner, d_state and
-  conv width as the preset's Mamba-2), attention every `period` layers at offset
-  `period // 2` (period = layers / attention layers) so the last layer is Mamba-1, whose
-  `out_proj` bias (`mamba_proj_bias`) carries the lift; MoE in every other layer
-  (`JAMBA_EXPERTS` gated experts, top 2, unnormalised softmax); the dense MLPs and the
-  experts are half the gated MLP width (Jamba has one `intermediate_size` for both).
+- jamba: one layer per mixer of the pattern (Mamba-1 of the preset's Mamba-2 d_inner
+  and conv width, d_state half the preset's, at most `JAMBA_D_STATE`), attention every
+  `period` layers at offset `period // 2` (period = layers / attention layers) so the
+  last layer is Mamba-1, whose `out_proj` bias (`mamba_proj_bias`) carries the lift;
+  MoE in every other layer (`JAMBA_EXPERTS` gated experts, top 2, unnormalised
+  softmax); the dense MLPs and the experts are half the gated MLP width (Jamba has one
+  `intermediate_size` for both).
 - granitemoehybrid: one layer per mixer of the pattern, each followed by `MOE_EXPERTS`
   gated experts of an eighth of the gated MLP width and a shared MLP of a quarter; no RoPE
   (Granite 4.0-H's `position_embedding_type` "nope"); muP multipliers as in the
@@ -33,9 +34,9 @@ Exact parameter counts (from `factory.count_parameters`, meta device):
 
 | preset          | nemotron_h_moe | jamba         | granitemoehybrid |
 |-----------------|----------------|---------------|------------------|
-| tiny            | 275,392        | 325,484       | 337,444          |
-| small           | 52,923,456     | 57,772,800    | 56,310,784       |
-| paper-7b-shape  | 7,400,395,264  | 7,731,134,464 | 7,769,669,632    |
+| tiny            | 275,392        | 316,220       | 337,444          |
+| small           | 52,923,456     | 55,018,496    | 56,310,784       |
+| paper-7b-shape  | 7,400,395,264  | 7,665,068,800 | 7,769,669,632    |
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from marconi_ray.engine.model_presets import MOE_HYBRIDS, ModelPreset, common_kw
 MOE_EXPERTS: Final = 8
 MOE_TOP_K: Final = 2
 JAMBA_EXPERTS: Final = 4
+JAMBA_D_STATE: Final = 16
+"""Jamba's released Mamba-1 state size; a preset uses half its Mamba-2 d_state, at most this
+(tiny: 8, which keeps the Triton-interpreter tests of Mamba-1 fast)."""
 NEMOTRON_ROUTED_SCALE: Final = 2.5
 GRANITE_SCALES: Final = {
     "embedding_multiplier": 12.0,
@@ -120,7 +124,7 @@ def jamba_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, A
         "num_experts_per_tok": MOE_TOP_K,
         "intermediate_size": p.gated_intermediate_size // 2,
         "hidden_act": "silu",
-        "mamba_d_state": p.ssm_state_size,
+        "mamba_d_state": min(JAMBA_D_STATE, p.ssm_state_size // 2),
         "mamba_d_conv": p.conv_kernel,
         "mamba_expand": 2,
         "mamba_proj_bias": True,  # zero, but the last layer's out_proj lifts the logits

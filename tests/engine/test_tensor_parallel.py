@@ -64,7 +64,7 @@ LOGIT_MODELS = (
 CACHE_BYTES = {
     "nemotron_h": 125_000,
     "bamba": 125_000,
-    "jamba": 132_000,
+    "jamba": 96_000,
     "nemotron_h_g1": 130_000,
     "qwen3_next": 232_000,
 }
