@@ -154,3 +154,31 @@ def test_granite_multipliers_and_nemotron_latent_reach_the_model(model_dirs):
     assert moe is not None and moe.latent_dim and not moe.gated and moe.n_group > 1
     (block,) = [b for b in nemotron.layers if b.kind == "moe"][:1]
     assert block.mixer.selection_bias is not None and block.mixer.selection_bias.abs().max() > 0
+
+
+def test_dense_granite_with_rope_equals_transformers(tmp_path):
+    """Granite without experts (the fused shared MLP alone is the feed-forward) and with
+    `position_embedding_type` "rope": logits equal transformers' on 40 tokens."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    cfg = GraniteMoeHybridConfig(
+        vocab_size=300, hidden_size=32, num_hidden_layers=2, layer_types=["mamba", "attention"],
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=0,
+        shared_intermediate_size=48, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+        mamba_chunk_size=16, position_embedding_type="rope", embedding_multiplier=3.0,
+        residual_multiplier=0.5, logits_scaling=0.25, attention_multiplier=0.2,
+        initializer_range=0.2,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ref = GraniteMoeHybridForCausalLM(cfg).eval()
+    ref.save_pretrained(tmp_path)
+    ours = load_model(tmp_path)
+    assert ours.cfg.blocks == ("mamba2", "mlp", "attention", "mlp")
+    assert ours.cfg.attention is not None and ours.cfg.attention.rotary_dim == 8
+    ids = prompts(34, 1, 40, 300)[0]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    got = ours.forward_logits(torch.tensor(ids))
+    assert want.std() > 0.5
+    assert (got - want).abs().max().item() <= 1e-4
