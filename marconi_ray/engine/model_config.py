@@ -2,10 +2,10 @@
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
 mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `attention`, `mlp` or `moe`.
-NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
-Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
-`input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
-`post_attention_layernorm`).
+NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`, `E`); Bamba,
+Jamba, Granite 4.0-H, Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the
+mixer with `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
+`post_attention_layernorm`; Granite's MoE block runs its experts and its shared MLP).
 
 The per-mixer configs (`AttentionConfig`, `MLPConfig`, `MoEConfig`, `Mamba2Config`,
 `Mamba1Config`, `GatedDeltaNetConfig`)
