@@ -105,7 +105,7 @@ class MoE(nn.Module):
         def param(*shape: int, dt: torch.dtype = dtype) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, dtype=dt), requires_grad=False)
 
-        self.router = param(e, d_model)
+        self.router = param(e, d_model, dt=torch.float32 if layout.router_fp32 else dtype)
         self.selection_bias = param(e, dt=torch.float32) if cfg.selection_bias else None
         self.latent_in: nn.Parameter | None = None
         self.latent_out: nn.Parameter | None = None
@@ -138,7 +138,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        weights, experts = route(F.linear(x, self.router), cfg, self.selection_bias)
+        logits = F.linear(x.to(self.router.dtype), self.router)
+        weights, experts = route(logits, cfg, self.selection_bias)
+        weights = weights.to(x.dtype)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=cfg.n_experts).tolist()

@@ -36,6 +36,8 @@ class MoELayout:
         shared_gate: the shared expert's D -> 1 sigmoid gate (read when the config has one).
         latent_in, latent_out: the D -> latent and latent -> D projections around the
             routed experts (read when the config has a latent width).
+        router_fp32: the router weight is kept, and its logits computed, in float32
+            whatever the model's dtype (NemotronH keeps `gate.weight` in float32).
     """
 
     experts: str
@@ -47,6 +49,7 @@ class MoELayout:
     shared_gate: str = ""
     latent_in: str = ""
     latent_out: str = ""
+    router_fp32: bool = False
 
     def __post_init__(self) -> None:
         if self.expert_layout not in EXPERT_LAYOUTS:
@@ -69,6 +72,7 @@ NEMOTRON_H_MOE: Final = MoELayout(
     shared="mixer.shared_experts",
     latent_in="mixer.fc1_latent_proj.weight",
     latent_out="mixer.fc2_latent_proj.weight",
+    router_fp32=True,
 )
 JAMBA_MOE: Final = MoELayout(experts="feed_forward.experts", router="feed_forward.router.weight")
 GRANITE_MOE: Final = MoELayout(
