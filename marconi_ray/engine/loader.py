@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
@@ -22,7 +22,7 @@ from marconi_ray.engine.hf_families import hybrid_config
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.model_config import HybridConfig
-from marconi_ray.engine.parallel import Segment, TPGroup, shard
+from marconi_ray.engine.parallel import Segment, TPGroup, shard_index
 from marconi_ray.protocol.model_files import read_config_json
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,28 @@ def _key_index(files: list[Path]) -> dict[str, Path]:
     return where
 
 
+class _Sliceable(Protocol):
+    """A checkpoint tensor, or a lazy view of one that reads only the rows indexed."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    def __getitem__(self, index: tuple[slice, ...]) -> torch.Tensor: ...
+
+
+class _FileEntry:
+    """A safetensors entry: indexing it reads only the slices asked for, so a rank reads
+    its shard of a weight (its experts' rows of a fused 3-D tensor), not the whole."""
+
+    def __init__(self, handle: Any, key: str) -> None:
+        self._slice = handle.get_slice(key)
+        self.shape: Sequence[int] = tuple(self._slice.get_shape())
+
+    def __getitem__(self, index: tuple[slice, ...]) -> torch.Tensor:
+        tensor: torch.Tensor = self._slice[index]
+        return tensor
+
+
 def _prefix(where: Mapping[str, str], anchor: str, preferred: str = "") -> str:
     tried = ([preferred] if preferred else []) + list(_PREFIXES)
     for p in tried:
@@ -74,22 +96,25 @@ def _load_tensor(
     spec: WeightSpec,
     key: str,
     where: Mapping[str, str],
-    get: Callable[[str], torch.Tensor],
+    get: Callable[[str], _Sliceable],
 ) -> torch.Tensor:
-    """Checkpoint tensor `key`, this rank's slice when `spec` splits it."""
+    """Checkpoint tensor `key`, this rank's slice when `spec` splits it (only that slice
+    is read from a file)."""
     if key not in where:
         files = sorted(set(where.values()))
         raise ValueError(f"{files}: missing weight {key!r}")
-    tensor = get(key)
+    source = get(key)
     if spec.dim is None:
-        return tensor
-    segments = spec.segments or (Segment(tensor.shape[spec.dim]),)
+        return source[tuple(slice(None) for _ in source.shape)]
+    segments = spec.segments or (Segment(source.shape[spec.dim]),)
     try:
-        return shard(tensor, spec.dim, segments, model.tp)
+        index = shard_index(source.shape, spec.dim, segments, model.tp)
     except ValueError as exc:
         raise ValueError(
-            f"{where[key]}: weight {key!r} of shape {tuple(tensor.shape)}: {exc}"
+            f"{where[key]}: weight {key!r} of shape {tuple(source.shape)}: {exc}"
         ) from None
+    parts = [source[i] for i in index]
+    return torch.cat(parts, dim=spec.dim) if len(parts) > 1 else parts[0]
 
 
 def load_model(
@@ -126,10 +151,8 @@ def load_weights(model: HybridModel, model_dir: str | Path) -> None:
     where = {k: str(f) for k, f in _key_index(files).items()}
     handles = {str(f): safe_open(str(f), framework="pt", device="cpu") for f in files}
 
-    def get(key: str) -> torch.Tensor:
-        handle: Any = handles[where[key]]
-        tensor: torch.Tensor = handle.get_tensor(key)
-        return tensor
+    def get(key: str) -> _Sliceable:
+        return _FileEntry(handles[where[key]], key)
 
     _copy_weights(model, where, get, model_dir)
 
@@ -137,7 +160,7 @@ def load_weights(model: HybridModel, model_dir: str | Path) -> None:
 def _copy_weights(
     model: HybridModel,
     where: Mapping[str, str],
-    get: Callable[[str], torch.Tensor],
+    get: Callable[[str], _Sliceable],
     model_dir: str | Path,
 ) -> None:
     """Copy each local parameter's slice of tensor `get(key)`; `where[key]` names its

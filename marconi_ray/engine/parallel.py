@@ -62,20 +62,27 @@ class Segment:
     split: bool = True
 
 
-def shard(weight: torch.Tensor, dim: int, segments: Sequence[Segment], tp: TPGroup) -> torch.Tensor:
-    """This rank's slice of `weight` along `dim`, segment by segment.
-
-    `sum(s.size for s in segments)` must equal `weight.shape[dim]`.
-    """
+def shard_index(
+    shape: Sequence[int], dim: int, segments: Sequence[Segment], tp: TPGroup
+) -> list[tuple[slice, ...]]:
+    """Index tuples selecting, segment by segment, this rank's slice along `dim` of a
+    weight of `shape` (ValueError when the segments do not add up to `shape[dim]`)."""
     total = sum(s.size for s in segments)
-    if weight.shape[dim] != total:
-        raise ValueError(f"weight dim {dim} has size {weight.shape[dim]}, segments expect {total}")
-    parts = []
+    if shape[dim] != total:
+        raise ValueError(f"weight dim {dim} has size {shape[dim]}, segments expect {total}")
+    out = []
     offset = 0
     for s in segments:
         start, stop = tp.part(s.size) if s.split else (0, s.size)
-        parts.append(weight.narrow(dim, offset + start, stop - start))
+        rows = slice(offset + start, offset + stop)
+        out.append(tuple(rows if d == dim else slice(None) for d in range(len(shape))))
         offset += s.size
+    return out
+
+
+def shard(weight: torch.Tensor, dim: int, segments: Sequence[Segment], tp: TPGroup) -> torch.Tensor:
+    """This rank's slice of `weight` along `dim`, segment by segment (see `shard_index`)."""
+    parts = [weight[i] for i in shard_index(weight.shape, dim, segments, tp)]
     return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
 
 
