@@ -42,6 +42,10 @@ NEMOTRON_H: Final[Mapping[str, object]] = MappingProxyType(
         "moe_latent_size": None,
         "num_experts_per_tok": 2,
         # details
+        "routed_scaling_factor": 1.0,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
         "layer_norm_epsilon": 1e-5,
         "tie_word_embeddings": False,
         "eos_token_id": 2,
@@ -257,6 +261,10 @@ GRANITE_MOE_HYBRID: Final[Mapping[str, object]] = MappingProxyType(
         "mamba_conv_bias": True,
         "mamba_proj_bias": False,
         "time_step_limit": (0.0, float("inf")),
+        "embedding_multiplier": 1.0,
+        "residual_multiplier": 1.0,
+        "logits_scaling": 1.0,
+        "attention_multiplier": 1.0,
     }
 )
 GRANITE_MOE_HYBRID_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(

@@ -27,6 +27,7 @@ from marconi_ray.core.hf_arch import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    Scales,
     ShortConvConfig,
 )
 from marconi_ray.core.hf_blocks import (
@@ -48,7 +49,9 @@ def parse_nemotron_h(config: Mapping[str, object]) -> HfArchitecture:
     """NemotronH: one block per entry of layers_block_type / hybrid_override_pattern.
 
     `M` Mamba-2, `*` attention (no RoPE), `-` plain MLP (mlp_hidden_act, relu2), `E` MoE
-    of plain experts with one shared expert and optional latent projections.
+    of plain experts with one shared expert and optional latent projections; its router
+    is a grouped sigmoid with `e_score_correction_bias` (n_group, topk_group,
+    norm_topk_prob, routed_scaling_factor).
     """
     r = ConfigReader(config, defaults.NEMOTRON_H, "nemotron_h", defaults.NEMOTRON_H_ALIASES)
     d = r.req_int("hidden_size")
@@ -100,6 +103,12 @@ def parse_nemotron_h(config: Mapping[str, object]) -> HfArchitecture:
                 n_shared_experts=1,
                 shared_intermediate_size=r.req_int("moe_shared_expert_intermediate_size"),
                 latent_dim=r.opt_int("moe_latent_size"),
+                norm_topk=r.flag("norm_topk_prob"),
+                scoring="sigmoid",
+                selection_bias=True,
+                n_group=r.req_int("n_group"),
+                topk_group=r.req_int("topk_group"),
+                routed_scale=r.req_float("routed_scaling_factor"),
             )
     blocks = [Block(built[t], i) for i, t in enumerate(types)]
     return architecture(r, blocks, norm_key="layer_norm_epsilon")
@@ -128,7 +137,7 @@ def parse_bamba(config: Mapping[str, object]) -> HfArchitecture:
 def parse_jamba(config: Mapping[str, object]) -> HfArchitecture:
     """Jamba: attention (no RoPE) every attn_layer_period layers at the offset, else
     Mamba-1; the feed-forward is a gated MoE every expert_layer_period layers (when
-    num_experts > 1), else a gated MLP."""
+    num_experts > 1; top-k of a softmax router, not renormalised), else a gated MLP."""
     r = ConfigReader(config, defaults.JAMBA, "jamba", defaults.JAMBA_ALIASES)
     d = r.req_int("hidden_size")
     n_layers = r.req_int("num_hidden_layers")
@@ -253,7 +262,10 @@ def parse_zamba2(config: Mapping[str, object]) -> HfArchitecture:
 def parse_granitemoehybrid(config: Mapping[str, object]) -> HfArchitecture:
     """GraniteMoeHybrid: Mamba-2 or attention (RoPE only when position_embedding_type is
     "rope") per layer_types, then a gated MoE plus a gated shared MLP (only the shared MLP
-    when num_local_experts is 0). Its scaling multipliers are not described."""
+    when num_local_experts is 0). The router is a softmax over the top-k logits (the
+    renormalised top-k of a softmax). muP multipliers: embedding_multiplier,
+    residual_multiplier and 1 / logits_scaling into `Scales`, attention_multiplier is the
+    attention's softmax scale."""
     r = ConfigReader(
         config, defaults.GRANITE_MOE_HYBRID, "granitemoehybrid", defaults.GRANITE_MOE_HYBRID_ALIASES
     )
@@ -266,7 +278,10 @@ def parse_granitemoehybrid(config: Mapping[str, object]) -> HfArchitecture:
     attn = None
     if ATTENTION in types:
         with_rope = r.opt_str("position_embedding_type") == "rope"
-        attn = attention(r, d, with_rope=with_rope, bias=r.flag("attention_bias"))
+        attn = replace(
+            attention(r, d, with_rope=with_rope, bias=r.flag("attention_bias")),
+            scale=r.req_float("attention_multiplier"),
+        )
     shared_ff, act = r.req_int("shared_intermediate_size"), r.req_str("hidden_act")
     n_experts = r.req_int("num_local_experts")
     ffn: BlockConfig = (
@@ -278,6 +293,7 @@ def parse_granitemoehybrid(config: Mapping[str, object]) -> HfArchitecture:
             gated=True,
             n_shared_experts=1,
             shared_intermediate_size=shared_ff,
+            norm_topk=True,
         )
         if n_experts > 0
         else MLPConfig(shared_ff, act, gated=True)
@@ -287,7 +303,12 @@ def parse_granitemoehybrid(config: Mapping[str, object]) -> HfArchitecture:
         mixer = mamba if t == MAMBA else attn
         assert mixer is not None
         layers.append([mixer, ffn])
-    return architecture(r, per_layer(layers))
+    scales = Scales(
+        embedding=r.req_float("embedding_multiplier"),
+        residual=r.req_float("residual_multiplier"),
+        logits=1.0 / r.req_float("logits_scaling"),
+    )
+    return replace(architecture(r, per_layer(layers)), scales=scales)
 
 
 def _qwen_rope(r: ConfigReader) -> tuple[float, float, str]:

@@ -117,9 +117,17 @@ _FINAL_NORM: Final = {
     "zamba2": "final_layernorm",
     "lfm2": "embedding_norm",
     "lfm2_moe": "embedding_norm",
+    "jamba": "final_layernorm",
 }
 _BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
 """The config flag of the biases the lift needs, where it is not `mlp_bias`."""
+MLP_LIFT_FAMILIES: Final = ("nemotron_h", "bamba", "falcon_h1")
+"""Families whose last MLP's `down_proj` bias lifts the logits (NemotronH only without
+MoE layers); LFM2's short conv and Zamba2's last Mamba-2 `out_proj` lift theirs, the
+others use the output-projection bias of the last layer's mixer (`_mixer_lift`)."""
+SELECTION_BIAS_STD: Final = 0.05
+"""Std of the random router selection biases (NemotronH `e_score_correction_bias`,
+zero after transformers' init), so that routing depends on them."""
 _MODEL_CLASSES: Final = {
     "nemotron_h": "NemotronHForCausalLM",
     "bamba": "BambaForCausalLM",
@@ -132,6 +140,9 @@ _MODEL_CLASSES: Final = {
     "zamba2": "Zamba2ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "lfm2_moe": "Lfm2MoeForCausalLM",
+    "nemotron_h_moe": "NemotronHForCausalLM",
+    "jamba": "JambaForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -226,27 +237,34 @@ def _attach_mlp_biases(model: Any) -> Any:
     return mlps[-1].down_proj
 
 
-def _attention_lift(model: Any) -> Any:
-    """Qwen families (no MLP biases): zero every attention bias and return the last
-    layer's `o_proj`, whose bias carries the lift. That layer's feed-forward must not
-    read the lift channel: its (zero-centred) pre-norm scale is 0 on the channel, and
-    `sqrt(1 + LIFT_RATIO**2)` on the others, which is what the channel takes from their
-    share of the RMS (at the median residual norm). ValueError when the last layer is not
-    attention."""
+def _mixer_lift(model: Any) -> Any:
+    """Families without MLP biases: zero every attention and Mamba projection bias and
+    return the output projection (`o_proj` or `out_proj`) of the last layer's mixer,
+    whose bias carries the lift. When that layer then runs a feed-forward, its pre-norm
+    must not pass the lift channel on: its scale is 0 on the channel and
+    `sqrt(1 + LIFT_RATIO**2)` on the others (what the channel takes from their share of
+    the RMS at the median residual norm), both minus 1 for zero-centred norms (Qwen).
+    ValueError when the last layer's mixer has no output-projection bias."""
     last = _decoder(model).layers[-1]
-    attn = getattr(last, "self_attn", None)
-    if attn is None:
-        raise ValueError("the last layer of a Qwen preset must be attention")
-    for module in model.modules():
-        if type(module).__name__.endswith("Attention") and hasattr(module, "o_proj"):
-            for proj in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
-                if proj.bias is not None:
-                    torch.nn.init.zeros_(proj.bias)
-    with torch.no_grad():
-        scale = last.post_attention_layernorm.weight
-        scale.fill_(math.sqrt(1.0 + LIFT_RATIO**2) - 1.0)
-        scale[LIFT_CHANNEL] = -1.0
-    return attn.o_proj
+    for module in _decoder(model).modules():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj"):
+            proj = getattr(module, name, None)
+            if isinstance(proj, torch.nn.Linear) and proj.bias is not None:
+                torch.nn.init.zeros_(proj.bias)
+    mixers = [getattr(last, n, None) for n in ("self_attn", "mamba", "mixer")]
+    outs = [getattr(m, n, None) for m in mixers if m is not None for n in ("o_proj", "out_proj")]
+    out = next((o for o in outs if isinstance(o, torch.nn.Linear) and o.bias is not None), None)
+    if out is None:
+        raise ValueError("the last layer's mixer must have an output-projection bias")
+    norm = getattr(last, "post_attention_layernorm", None) or getattr(
+        last, "pre_ff_layernorm", None
+    )
+    if norm is not None:
+        offset = 1.0 if model.config.model_type in QWEN_FAMILIES else 0.0
+        with torch.no_grad():
+            norm.weight.fill_(math.sqrt(1.0 + LIFT_RATIO**2) - offset)
+            norm.weight[LIFT_CHANNEL] = -offset
+    return out
 
 
 def _zero_bias(linear: torch.nn.Linear) -> None:
@@ -279,7 +297,7 @@ def _conv_lift(model: Any) -> Any:
     the last layer's conv `out_proj`, whose bias carries the lift. That layer's
     feed-forward must not read the lift channel: its pre-norm scale (plain RMSNorm
     weights) is 0 on the channel and `sqrt(1 + LIFT_RATIO**2)` on the others (see
-    `_attention_lift`). ValueError when the last layer is not a short conv."""
+    `_mixer_lift`). ValueError when the last layer is not a short conv."""
     last = _decoder(model).layers[-1]
     conv = getattr(last, "conv", None)
     if conv is None:
@@ -296,26 +314,17 @@ def _conv_lift(model: Any) -> Any:
     return conv.out_proj
 
 
-def _draw_expert_biases(model: Any) -> None:
-    """Draw LFM2-MoE's router selection biases (`expert_bias` buffers, zero after init)
-    from N(0, EXPERT_BIAS_STD), so a preset's experts are chosen with a bias that matters."""
-    for module in model.modules():
-        bias = getattr(module, "expert_bias", None)
-        if isinstance(bias, torch.Tensor):
-            with torch.no_grad():
-                bias.normal_(0.0, EXPERT_BIAS_STD)
-
-
 def _lift_projection(model: Any) -> Any:
     """The linear layer whose bias carries the lift channel, its family's way."""
-    family = model.config.model_type
-    if family in QWEN_FAMILIES:
-        return _attention_lift(model)
+    config = model.config.get_text_config()
+    family = config.model_type
     if family in LFM2_FAMILIES:
         return _conv_lift(model)
     if family == "zamba2":
         return _mamba_lift(model)
-    return _attach_mlp_biases(model)
+    if family in MLP_LIFT_FAMILIES and not _has_moe(config):
+        return _attach_mlp_biases(model)
+    return _mixer_lift(model)
 
 
 def _final_residual_norm(model: Any) -> float:
@@ -341,16 +350,40 @@ def _output_multipliers(config: Any) -> tuple[float, float]:
     logits = float(getattr(config, "lm_head_multiplier", 1.0))
     mlp = getattr(config, "mlp_multipliers", None)
     return logits, float(mlp[1]) if mlp else 1.0
+def _has_moe(config: Any) -> bool:
+    """The NemotronH config has MoE layers (`nemotron_h_moe`, lifted like the others)."""
+    return "moe" in (getattr(config, "layers_block_type", None) or ())
+
+
+def _randomise_selection_biases(model: Any) -> None:
+    """Draw every router selection bias (zero after init; from the seeded RNG) so that
+    routing depends on it: NemotronH's `e_score_correction_bias` from
+    N(0, SELECTION_BIAS_STD^2), LFM2-MoE's `expert_bias` from N(0, EXPERT_BIAS_STD^2)."""
+    stds = {"e_score_correction_bias": SELECTION_BIAS_STD, "expert_bias": EXPERT_BIAS_STD}
+    for module in model.modules():
+        for name, std in stds.items():
+            bias = getattr(module, name, None)
+            if isinstance(bias, torch.Tensor):
+                with torch.no_grad():
+                    bias.normal_(0.0, std)
 
 
 def _separate_logits(model: Any, hidden_size: int) -> None:
     """Zero every non-printable `lm_head` row and lift the printable logits by ~LOGIT_LIFT
-    through a constant channel written by the last MLP, by the last attention layer for
-    the Qwen families, or by the last short conv for the LFM2 families (see the module
-    docstring, `_attention_lift` and `_conv_lift`)."""
+    through a constant channel written by the last MLP (`MLP_LIFT_FAMILIES`), by the last
+    short conv (LFM2) or Mamba-2 (Zamba2), or by the output projection of the last
+    layer's mixer for the others (see the module docstring, `_lift_projection`); the muP
+    multipliers of Granite (residual, logits_scaling) and FalconH1 (lm_head, down) are
+    compensated."""
     head = model.get_output_embeddings().weight
-    fresh = torch.randn(head.shape, dtype=torch.float32) * (LOGIT_STD / math.sqrt(hidden_size))
-    bias = LIFT_RATIO * _final_residual_norm(model)
+    config = model.config.get_text_config()
+    # muP multipliers (Granite): block outputs are scaled before the residual add, the
+    # logits divided by logits_scaling
+    residual = getattr(config, "residual_multiplier", 1.0)
+    logits_scaling = getattr(config, "logits_scaling", 1.0)
+    std = LOGIT_STD * logits_scaling / math.sqrt(hidden_size)
+    fresh = torch.randn(head.shape, dtype=torch.float32) * std
+    bias = LIFT_RATIO * _final_residual_norm(model) / residual
     down = _lift_projection(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
@@ -360,7 +393,9 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     keep = _printable_mask(head.shape[0])
     fresh[~keep] = 0.0
     fresh[keep] *= scale
-    fresh[keep, LIFT_CHANNEL] = LOGIT_LIFT * scale / (LIFT_RATIO * math.sqrt(hidden_size))
+    fresh[keep, LIFT_CHANNEL] = (
+        LOGIT_LIFT * logits_scaling * scale / (LIFT_RATIO * math.sqrt(hidden_size))
+    )
     logit_mult, down_mult = _output_multipliers(model.config)
     with torch.no_grad():
         head.copy_((fresh / logit_mult).to(head.dtype))
@@ -415,7 +450,7 @@ def build_model(
         else transformers.AutoModelForCausalLM
     )
     init_config = copy.deepcopy(config)
-    if family not in (*QWEN_FAMILIES, *LFM2_FAMILIES):
+    if family in MLP_LIFT_FAMILIES or family in _BIAS_FLAG:
         # the biases are attached, zero, after the seeded init
         setattr(init_config, _BIAS_FLAG.get(family, "mlp_bias"), False)
     with torch.random.fork_rng(devices=[]):
@@ -423,7 +458,7 @@ def build_model(
         with torch.device(device):
             model = auto.from_config(init_config, dtype=torch_dtype)
         model.eval()
-        _draw_expert_biases(model)
+        _randomise_selection_biases(model)
         _separate_logits(model, config.get_text_config().hidden_size)
         check_logit_separation(model)
     return model

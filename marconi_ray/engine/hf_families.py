@@ -35,6 +35,7 @@ FAMILIES: Final = (
     "nemotron_h",
     "bamba",
     "jamba",
+    "granitemoehybrid",
     "qwen3_5_text",
     "qwen3_5",
     "qwen3_5_moe_text",
@@ -133,11 +134,6 @@ def _check(family: str, eb: _EngineBlock) -> None:
     block = eb.block
     where = f"{family} layer {block.hf_layer}"
     cfg = block.config
-    if isinstance(cfg, MoEConfig) and (cfg.latent_dim is not None or not cfg.gated):
-        cause = "latent projections" if cfg.latent_dim is not None else "ungated experts"
-        raise ValueError(
-            f"{where} is a mixture of {cfg.n_experts} experts with {cause}, which the engine lacks"
-        )
     if eb.kind not in BLOCK_KINDS or (block.shared and eb.kind != "shared_transformer"):
         raise ValueError(f"{where} has a {block.kind!r} block, which the engine lacks")
     if isinstance(cfg, AttentionConfig):

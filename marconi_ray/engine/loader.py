@@ -114,7 +114,11 @@ def load_model(
     weights: checkpoint tensors by key (e.g. a transformers model's `state_dict()`, on any
     device) to load instead of the folder's safetensors; `model_dir` then only needs its
     config.json. Used to compare with transformers on the same weights without writing
-    them to disk.
+    them to disk. They must be in the checkpoint layout: transformers 5 holds some
+    families' experts fused in memory (Jamba's, NemotronH's and Granite's
+    `experts.gate_up_proj`, ...) and converts them when saving, so pass
+    `transformers.core_model_loading.revert_weight_conversion(model, model.state_dict())`
+    for those.
     """
     cfg, _ = read_config(model_dir)
     model = HybridModel(cfg, tp, dtype, device, kernels)

@@ -35,11 +35,20 @@ from torch.nn import functional as F
 from marconi_kernels import KernelSet, get_kernels
 from marconi_ray.engine.decode_batch import DecodeBatch
 from marconi_ray.engine.layers.attention import Attention
+from marconi_ray.engine.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.layers.gated_deltanet import GatedDeltaNetMixer
 from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.layers.mlp import MLP
 from marconi_ray.engine.layers.moe import MoE
+from marconi_ray.engine.layers.moe_layout import (
+    GRANITE_MOE,
+    JAMBA_MOE,
+    LFM2_MOE,
+    NEMOTRON_H_MOE,
+    QWEN_MOE,
+    MoELayout,
+)
 from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.layers.weights import WeightSpec
@@ -59,7 +68,9 @@ class HFNames:
     `renames`: (engine suffix, checkpoint suffix) pairs for a family whose layers name
     their weights differently from the engine's layers (e.g. LFM2's `out_proj.weight` for
     attention's `o_proj.weight`); a block weight key ending with the first is read from
-    the key ending with the second instead.
+    the key ending with the second instead. `moe` says where a mixture-of-experts block's
+    weights are (see `MoELayout`); `fused_mlp`: the dense feed-forward is Granite's fused
+    `input_linear` / `output_linear`.
     """
 
     embed: str
@@ -71,6 +82,8 @@ class HFNames:
     hybrid_sub: str = ""
     shared: str = ""
     renames: tuple[tuple[str, str], ...] = ()
+    moe: MoELayout = QWEN_MOE
+    fused_mlp: bool = False
 
     def checkpoint_key(self, key: str) -> str:
         """`key` with its suffix renamed per `renames` (unchanged when none matches)."""
@@ -88,6 +101,7 @@ HF_NAMES = {
         "norm",
         {"mamba2": "mixer", "attention": "mixer"},
         "mixer",
+        moe=NEMOTRON_H_MOE,
     ),
     "bamba": HFNames(
         "embed_tokens.weight",
@@ -104,6 +118,17 @@ HF_NAMES = {
         "pre_ff_layernorm",
         {"mamba1": "mamba", "attention": "self_attn"},
         "feed_forward",
+        moe=JAMBA_MOE,
+    ),
+    "granitemoehybrid": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"mamba2": "mamba", "attention": "self_attn"},
+        "shared_mlp",
+        moe=GRANITE_MOE,
+        fused_mlp=True,
     ),
     **dict.fromkeys(
         ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
@@ -150,8 +175,8 @@ HF_NAMES = {
                 ("gate_proj.weight", "w1.weight"),
                 ("up_proj.weight", "w3.weight"),
                 ("down_proj.weight", "w2.weight"),
-                ("gate.e_score_correction_bias", "expert_bias"),
             ),
+            moe=LFM2_MOE,
         ),
     ),
 }
@@ -164,6 +189,7 @@ Mixer = (
     | GatedDeltaNetMixer
     | ShortConvMixer
     | MLP
+    | FusedGatedMLP
     | MoE
     | SharedBlock
 )
@@ -229,10 +255,11 @@ class Block(nn.Module):
         reduce = not parallel
         if self.kind == "mlp":
             assert cfg.mlp is not None
-            mixer = MLP(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
+            mlp = FusedGatedMLP if names.fused_mlp else MLP
+            mixer = mlp(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
         elif self.kind == "moe":
             assert cfg.moe is not None
-            mixer = MoE(d, cfg.moe, f"{layer}.{names.mlp}", tp, dtype)
+            mixer = MoE(d, cfg.moe, layer, names.moe, tp, dtype)
         elif self.kind == "attention":
             assert cfg.attention is not None
             mixer = Attention(

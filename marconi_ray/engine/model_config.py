@@ -5,10 +5,11 @@ mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `shortconv` (LFM2's gate
 conv), `attention`, `mlp` or `moe`, except `shared_transformer` (Zamba2's shared block,
 see `SharedBlockConfig`), whose output is added to the next block's input instead of the
 residual stream.
-NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`); Bamba, Jamba,
-Qwen3.5 and Qwen3-Next map each HF decoder layer to two blocks (the mixer with
-`input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
-`post_attention_layernorm`). FalconH1 maps each layer to three blocks (attention, then
+NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`, `E`); Bamba,
+Jamba, Granite 4.0-H, Qwen3.5, Qwen3-Next and LFM2 map each HF decoder layer to two
+blocks (the mixer with `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
+`post_attention_layernorm`; Granite's MoE block runs its experts and its shared MLP).
+FalconH1 maps each layer to three blocks (attention, then
 Mamba-2, then the gated MLP) with `parallel_mixers`: its attention and Mamba-2 blocks form
 one residual group (`residual_groups`) that reads one normed input and adds the sum of
 both outputs to the residual stream.

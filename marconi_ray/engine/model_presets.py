@@ -18,7 +18,9 @@ Mamba-2 in parallel, then Bamba's gated MLP, with the muP multipliers `FALCON_MU
 The Gated DeltaNet families (`QWEN_FAMILIES`: Qwen3.5 dense and MoE, text-only or with a
 tiny vision tower, and Qwen3-Next) take the preset's widths with their own layer mix (see
 `qwen_kwargs`): their MLPs have no biases, so the last layer's attention output bias
-lifts the logits instead (`attention_bias`, all zero but that one channel).
+lifts the logits instead (`attention_bias`, all zero but that one channel). The
+mixture-of-experts hybrids (`MOE_HYBRIDS`: NemotronH with MoE layers, Jamba with
+experts, Granite 4.0-H) are described in `engine.moe_presets`.
 
 Zamba2 (see `zamba2_kwargs`) gets one layer per mixer of the pattern: `M` a Mamba-2
 layer, `*` a hybrid layer (the shared transformer block, then a Mamba-2), so it has one
@@ -72,8 +74,19 @@ QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_
 """The Gated DeltaNet families (see `qwen_kwargs`)."""
 LFM2_FAMILIES: Final = ("lfm2", "lfm2_moe")
 """The short-conv families (see `lfm2_kwargs`)."""
-FAMILIES: Final = ("nemotron_h", "bamba", *QWEN_FAMILIES, *LFM2_FAMILIES, "falcon_h1", "zamba2")
-"""Model families a preset can be built as (transformers `model_type` names)."""
+MOE_HYBRIDS: Final = ("nemotron_h_moe", "jamba", "granitemoehybrid")
+"""The mixture-of-experts hybrids (see `engine.moe_presets`)."""
+FAMILIES: Final = (
+    "nemotron_h",
+    "bamba",
+    *QWEN_FAMILIES,
+    *MOE_HYBRIDS,
+    *LFM2_FAMILIES,
+    "falcon_h1",
+    "zamba2",
+)
+"""Model families a preset can be built as: transformers `model_type` names, and
+`nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""
 QWEN_ATTENTION_INTERVAL: Final = 4
 """Qwen presets: three Gated DeltaNet layers then one attention layer, repeated (the
 released models' `full_attention_interval`), so the last layer is attention."""
@@ -254,7 +267,7 @@ def check_family(family: str) -> str:
     return family
 
 
-def _common(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
+def common_kwargs(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
     return {
         "vocab_size": p.vocab_size,
         "hidden_size": p.hidden_size,
@@ -274,7 +287,7 @@ def nemotron_h_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[s
     """Keyword arguments of `transformers.NemotronHConfig` for preset `p`."""
     block = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
     return {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "layers_block_type": [block[c] for c in p.pattern],
         "head_dim": p.head_dim,
         "intermediate_size": p.intermediate_size,
@@ -293,7 +306,7 @@ def bamba_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, A
     """Keyword arguments of `transformers.BambaConfig` for preset `p`."""
     mixers = p.mixers
     return {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": len(mixers),
         "attn_layer_indices": [i for i, c in enumerate(mixers) if c == "*"],
         "intermediate_size": p.gated_intermediate_size,
@@ -325,7 +338,7 @@ def qwen_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
     """
     layers = QWEN_ATTENTION_INTERVAL * max(1, len(p.mixers) // QWEN_ATTENTION_INTERVAL)
     out: dict[str, Any] = {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": layers,
         "head_dim": p.head_dim,
         "intermediate_size": p.gated_intermediate_size,
@@ -359,7 +372,7 @@ def falcon_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, 
     gated MLP; Mamba-2 as wide as the preset's (d_ssm = 2 * hidden), no gated norm (the
     transformers default), and the multipliers `FALCON_MULTIPLIERS`."""
     return {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": p.pattern.count("M"),
         "intermediate_size": p.gated_intermediate_size,
         "hidden_act": "silu",
@@ -381,7 +394,7 @@ def zamba2_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, 
     is the gated width of Bamba's, its adapters of rank hidden/16 (8 to 128)."""
     mixers = p.mixers
     out: dict[str, Any] = {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": len(mixers),
         "layers_block_type": ["hybrid" if c == "*" else "linear_attention" for c in mixers],
         "num_key_value_heads": p.num_attention_heads,
@@ -419,7 +432,7 @@ def lfm2_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
     """
     mixers = p.mixers[::-1]
     out: dict[str, Any] = {
-        **_common(p, initializer_range),
+        **common_kwargs(p, initializer_range),
         "num_hidden_layers": len(mixers),
         "layer_types": ["full_attention" if c == "*" else "conv" for c in mixers],
         "conv_L_cache": p.conv_kernel - 1,
@@ -479,6 +492,10 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
     if family in LFM2_FAMILIES:
         cls = transformers.Lfm2Config if family == "lfm2" else transformers.Lfm2MoeConfig
         return cls(**lfm2_kwargs(p, family, initializer_range))
+    if family in MOE_HYBRIDS:
+        from marconi_ray.engine.moe_presets import moe_preset_config
+
+        return moe_preset_config(p, family, initializer_range)
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

@@ -27,7 +27,7 @@ def test_make_model_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     "argv",
     [
         ["--preset", "huge", "--family", "bamba"],
-        ["--preset", "tiny", "--family", "jamba"],
+        ["--preset", "tiny", "--family", "llama"],
         ["--preset", "tiny", "--family", "bamba", "--dtype", "int8"],
         ["--preset", "paper-7b-shape", "--family", "bamba"],
     ],

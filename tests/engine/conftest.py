@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import make_jamba
 
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.model_presets import LFM2_FAMILIES as LFM2
+from marconi_ray.engine.model_presets import MOE_HYBRIDS
 from marconi_ray.engine.model_presets import QWEN_FAMILIES as QWEN
 
 torch.set_num_threads(1)
@@ -17,11 +17,8 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """family -> a tiny checkpoint dir (nemotron_h, bamba, the Gated DeltaNet and LFM2
-    families, falcon_h1 and zamba2 from the factory, jamba by hand: the factory does not
-    make Mamba-1 models)."""
+    """family -> a tiny checkpoint dir from the factory (`jamba` has experts,
+    `nemotron_h_moe` is a NemotronH checkpoint with MoE layers)."""
     root = tmp_path_factory.mktemp("models")
-    families = ("nemotron_h", "bamba", *QWEN, *LFM2, "falcon_h1", "zamba2")
-    out = {fam: make_model("tiny", fam, root / fam) for fam in families}
-    out["jamba"] = make_jamba(root / "jamba")
-    return out
+    families = ("nemotron_h", "bamba", *QWEN, *MOE_HYBRIDS, *LFM2, "falcon_h1", "zamba2")
+    return {fam: make_model("tiny", fam, root / fam) for fam in families}

@@ -21,7 +21,7 @@ from marconi_ray.engine.factory import (
     preset_config,
     read_record,
 )
-from marconi_ray.engine.model_presets import LFM2_FAMILIES, QWEN_FAMILIES
+from marconi_ray.engine.model_presets import LFM2_FAMILIES, MOE_HYBRIDS, QWEN_FAMILIES
 from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
 
 torch.set_num_threads(1)
@@ -33,7 +33,7 @@ def _prompt(n: int = 12, seed: int = 1) -> torch.Tensor:
 
 
 MULTIMODAL = ("qwen3_5", "qwen3_5_moe")
-MOE = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
+MOE = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next", *MOE_HYBRIDS)
 FEWEST = {"zamba2": 0.7, "lfm2": 0.9, "lfm2_moe": 0.9}
 """Share of the usual least parameters a family has: Zamba2 has no per-layer MLP (its
 shared block's two copies hold its only MLP weights); a short conv holds about 4 D^2
@@ -116,10 +116,12 @@ def test_tiny_shape() -> None:
 def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
     assert 40e6 * FEWEST.get(family, 1.0) <= count_parameters("small", family) <= 60e6
     cfg = preset_config("small", family).get_text_config()
-    if family == "nemotron_h":
+    if family in ("nemotron_h", "nemotron_h_moe"):
         heads = (cfg.mamba_num_heads, cfg.n_groups)
     elif family == "zamba2":
         heads = (cfg.n_mamba_heads, cfg.mamba_ngroups, cfg.intermediate_size)
+    elif family == "jamba":  # Mamba-1 splits d_inner
+        heads = (cfg.mamba_expand * cfg.hidden_size, cfg.intermediate_size)
     elif family in QWEN_FAMILIES:
         heads = (cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     elif family in LFM2_FAMILIES:
@@ -155,7 +157,7 @@ def test_presets_registry_is_immutable() -> None:
     ("kwargs", "needle"),
     [
         ({"preset": "huge"}, "huge"),
-        ({"family": "jamba"}, "jamba"),
+        ({"family": "llama"}, "llama"),
         ({"dtype": "int8"}, "int8"),
         ({"seed": -1}, "seed"),
     ],

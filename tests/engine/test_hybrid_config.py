@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import BambaConfig, JambaConfig, NemotronHConfig
+from transformers import BambaConfig, GraniteMoeHybridConfig, JambaConfig, NemotronHConfig
 
 from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
 from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
@@ -29,6 +29,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "jamba": JambaConfig(
         hidden_size=64, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
         num_attention_heads=4, num_key_value_heads=2, num_experts=1,
+    ).to_dict(),
+    "granitemoehybrid": GraniteMoeHybridConfig(
+        hidden_size=64, num_hidden_layers=2, layer_types=["mamba", "attention"],
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, mamba_n_heads=8,
+        intermediate_size=32, shared_intermediate_size=48,
     ).to_dict(),
     **{
         family: preset_config("tiny", family).to_dict()
@@ -88,7 +93,10 @@ def test_bamba_rope_and_dt_limits_reach_the_engine() -> None:
 @pytest.mark.parametrize(
     ("config", "needle"),
     [
-        ({**CONFIGS["nemotron_h"], "layers_block_type": ["mamba", "moe"]}, "ungated experts"),
+        (
+            {**CONFIGS["nemotron_h"], "layers_block_type": ["mamba", "moe"], "n_group": 3},
+            "n_group=3 must divide n_experts=8",
+        ),
         (
             {**CONFIGS["bamba"], "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
             "rope_type 'yarn'",
@@ -110,6 +118,14 @@ def test_bamba_rope_and_dt_limits_reach_the_engine() -> None:
 def test_what_the_engine_cannot_run_is_named(config: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         hybrid_config(config)
+
+
+def test_nemotron_h_moe_with_latent_projections_reaches_the_engine() -> None:
+    """Plain relu2 experts between latent projections, once refused, are engine configs."""
+    raw = {**CONFIGS["nemotron_h"], "layers_block_type": ["mamba", "moe"], "moe_latent_size": 16}
+    cfg = hybrid_config(raw)
+    assert cfg.pattern == "ME" and cfg.moe is not None
+    assert (cfg.moe.gated, cfg.moe.latent_dim, cfg.moe.scoring) == (False, 16, "sigmoid")
 
 
 def test_read_config_names_the_file(tmp_path: Path) -> None:

@@ -61,6 +61,8 @@ LOGIT_MODELS = (
     "zamba2",
     "lfm2",
     "lfm2_moe",
+    "nemotron_h_moe",
+    "granitemoehybrid",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully
@@ -68,7 +70,7 @@ LOGIT_MODELS = (
 CACHE_BYTES = {
     "nemotron_h": 125_000,
     "bamba": 125_000,
-    "jamba": 80_000,
+    "jamba": 96_000,
     "nemotron_h_g1": 130_000,
     "qwen3_next": 232_000,
     "falcon_h1": 180_000,

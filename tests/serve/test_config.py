@@ -182,6 +182,16 @@ def test_tiny_bamba(models_root: Path) -> None:
     assert json.loads((folder / "config.json").read_text())["model_type"] == "bamba"
 
 
+def test_tiny_nemotron_h_moe_is_a_nemotron_h_checkpoint_with_moe_layers(
+    models_root: Path,
+) -> None:
+    """A preset variant: its own folder, saved as model_type nemotron_h with `moe` layers."""
+    folder = resolve_model("tiny:nemotron_h_moe", models_root)
+    assert folder.name == "tiny-nemotron_h_moe"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "nemotron_h" and "moe" in config["layers_block_type"]
+
+
 def test_existing_folder_is_used_as_is(models_root: Path) -> None:
     built = resolve_model("tiny", models_root)
     assert resolve_model(str(built)) == built
@@ -232,8 +242,8 @@ def test_unknown_spec_lists_presets(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ValueError, match=r"config\.json"):
         resolve_model(str(empty), tmp_path)
-    with pytest.raises(ValueError, match="'jamba'"):
-        resolve_model("tiny:jamba", tmp_path)
+    with pytest.raises(ValueError, match="'llama'"):
+        resolve_model("tiny:llama", tmp_path)
     assert list(tmp_path.iterdir()) == [empty]
 
 

@@ -1,13 +1,19 @@
 """Mixture-of-experts feed-forward block: a top-k router (`route`: softmax or sigmoid
-scores, an optional selection bias and expert groups, renormalised or not, scaled), gated
-experts run grouped by expert, and an optional shared expert behind a sigmoid gate
-(Qwen3.5-MoE, Qwen3-Next). The router is a function of the logits and the config, apart
-from the expert computation.
+scores, an optional selection bias and expert groups, renormalised or not, scaled),
+gated or plain experts run grouped by expert, optionally between latent projections
+D -> latent -> D (NemotronH), and an optional shared expert, plain or behind a sigmoid
+gate (Qwen3.5-MoE, Qwen3-Next). The router is a function of the logits and the config,
+apart from the expert computation. Where each family keeps the weights: `MoELayout`.
 
 Tensor parallelism: every rank holds every expert, each with its slice of the
 intermediate width (gate/up split by rows, down by columns, as a dense MLP is split), so
 routing needs no communication and the routed and shared outputs are summed and
-all-reduced once. The router and the shared expert's gate are replicated.
+all-reduced once. The router, the shared expert's gate and the latent projections are
+replicated: each rank projects to the whole latent width, its experts' partial sum is in
+latent space and the (linear, bias-free) up-projection maps it to a partial sum in D,
+which joins the one all-reduce. The latent width is small (NemotronH: D / 4) and the
+projections run once per token, so splitting them would cost a second all-reduce to
+save little.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from marconi_ray.engine.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.layers.mlp import MLP, activation
+from marconi_ray.engine.layers.moe_layout import MoELayout
 from marconi_ray.engine.layers.weights import WeightSpec
 from marconi_ray.engine.model_config import MLPConfig, MoEConfig
 from marconi_ray.engine.parallel import Segment, TPGroup
@@ -57,65 +65,99 @@ def route(
 
 
 class MoE(nn.Module):
-    """`sum_k w_k * expert_k(x) + sigmoid(x . g) * shared(x)` for x [N, D] -> [N, D].
+    """`fc2(sum_k w_k * expert_k(fc1(x))) + gate(x) * shared(x)` for x [N, D] -> [N, D]
+    (fc1, fc2 the latent projections, identities without a latent width; gate 1 without
+    a shared-expert gate; no shared term without a shared expert).
 
-    Experts are gated MLPs `down(act(gate(x)) * up(x))`, stacked as [E, I', D] (gate, up)
-    and [E, D, I'] (down) with I' this rank's slice of `cfg.intermediate_size`; their
-    checkpoint keys are `{prefix}.experts.{e}.{gate,up,down}_proj.weight`. Tokens are
-    sorted by expert and each expert runs once on all of its tokens (a loop over the
-    experts hit, none over tokens); outputs are accumulated in expert order.
+    Experts are `down(act(gate(h)) * up(h))` (gated) or `down(act(up(h)))`, h of width
+    D or the latent width, stacked as [E, I', h] (gate, up; [E, 2I', h] gate then up in
+    the fused layout) and [E, h, I'] (down) with I' this rank's slice of
+    `cfg.intermediate_size`. Tokens are sorted by expert and each expert runs once on all
+    of its tokens (a loop over the experts hit, none over tokens); outputs are
+    accumulated in expert order.
+
+    Args:
+        layer: the HF decoder layer's key prefix (`layers.{i}`); `layout` says where the
+            block's weights are below it.
     """
 
     def __init__(
-        self, d_model: int, cfg: MoEConfig, prefix: str, tp: TPGroup, dtype: torch.dtype
+        self,
+        d_model: int,
+        cfg: MoEConfig,
+        layer: str,
+        layout: MoELayout,
+        tp: TPGroup,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        if not cfg.gated:
-            raise ValueError(f"{prefix}: plain (ungated) experts are not implemented")
+        if layout.expert_layout == "fused" and not cfg.gated:
+            raise ValueError(f"{layer}: fused expert weights must be gated")
         self.cfg = cfg
         self.tp = tp
-        self.prefix = prefix
+        self.layer = layer
+        self.layout = layout
         self.act = activation(cfg.activation)
         width = tp.local(cfg.intermediate_size)
         e = cfg.n_experts
-        self.router = nn.Parameter(torch.empty(e, d_model, dtype=dtype), requires_grad=False)
-        self.selection_bias: nn.Parameter | None = None
-        if cfg.selection_bias:
-            self.selection_bias = nn.Parameter(
-                torch.empty(e, dtype=torch.float32), requires_grad=False
-            )
-        self.w_gate = nn.Parameter(torch.empty(e, width, d_model, dtype=dtype), requires_grad=False)
-        self.w_up = nn.Parameter(torch.empty(e, width, d_model, dtype=dtype), requires_grad=False)
-        self.w_down = nn.Parameter(torch.empty(e, d_model, width, dtype=dtype), requires_grad=False)
-        self.shared: MLP | None = None
-        self.shared_gate: nn.Parameter | None = None
+        d_in = d_model if cfg.latent_dim is None else cfg.latent_dim
+
+        def param(*shape: int, dt: torch.dtype = dtype) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dt), requires_grad=False)
+
+        self.router = param(e, d_model, dt=torch.float32 if layout.router_fp32 else dtype)
+        self.selection_bias = param(e, dt=torch.float32) if cfg.selection_bias else None
+        self.latent_in: nn.Parameter | None = None
+        self.latent_out: nn.Parameter | None = None
+        if cfg.latent_dim is not None:
+            self.latent_in = param(cfg.latent_dim, d_model)
+            self.latent_out = param(d_model, cfg.latent_dim)
+        fused = layout.expert_layout == "fused"
+        self.w_gate_up = param(e, 2 * width, d_in) if fused else None
+        self.w_gate = param(e, width, d_in) if cfg.gated and not fused else None
+        self.w_up = None if fused else param(e, width, d_in)
+        self.w_down = param(e, d_in, width)
+        self.shared: MLP | FusedGatedMLP | None = None
+        self.shared_gate = param(1, d_model) if cfg.shared_expert_gate else None
         if cfg.n_shared_experts:
-            shared_cfg = MLPConfig(cfg.shared_intermediate_size, cfg.activation, gated=True)
-            key = f"{prefix}.shared_expert"
-            self.shared = MLP(d_model, shared_cfg, key, tp, dtype, reduce=False)
-            if cfg.shared_expert_gate:
-                self.shared_gate = nn.Parameter(
-                    torch.empty(1, d_model, dtype=dtype), requires_grad=False
-                )
+            shared_cfg = MLPConfig(cfg.shared_intermediate_size, cfg.activation, cfg.gated)
+            key = f"{layer}.{layout.shared}"
+            mlp = FusedGatedMLP if layout.shared_fused else MLP
+            self.shared = mlp(d_model, shared_cfg, key, tp, dtype, reduce=False)
+
+    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
+        """Expert `e`'s (partial, this rank's slice) output for its tokens h [n, d_in]."""
+        if self.w_gate_up is not None:
+            gate, up = F.linear(h, self.w_gate_up[e]).chunk(2, dim=-1)
+            h = self.act(gate) * up
+        else:
+            assert self.w_up is not None
+            up = F.linear(h, self.w_up[e])
+            h = self.act(up) if self.w_gate is None else self.act(F.linear(h, self.w_gate[e])) * up
+        return F.linear(h, self.w_down[e])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        weights, experts = route(F.linear(x, self.router), cfg, self.selection_bias)
+        logits = F.linear(x.to(self.router.dtype), self.router)
+        weights, experts = route(logits, cfg, self.selection_bias)
+        weights = weights.to(x.dtype)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=cfg.n_experts).tolist()
         token = order // cfg.top_k
         scale = weights.reshape(-1)[order, None]
-        out = torch.zeros_like(x)
+        h_in = x if self.latent_in is None else F.linear(x, self.latent_in)
+        out = torch.zeros_like(h_in)
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue
             rows = slice(start, start + n)
             start += n
-            h = x.index_select(0, token[rows])
-            h = self.act(F.linear(h, self.w_gate[e])) * F.linear(h, self.w_up[e])
-            out.index_add_(0, token[rows], F.linear(h, self.w_down[e]) * scale[rows])
+            h = self._expert(e, h_in.index_select(0, token[rows]))
+            out.index_add_(0, token[rows], h * scale[rows])
+        if self.latent_out is not None:
+            out = F.linear(out, self.latent_out)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:
@@ -124,18 +166,25 @@ class MoE(nn.Module):
         return self.tp.all_reduce(out)
 
     def weight_specs(self) -> dict[str, WeightSpec]:
-        p, e = self.prefix, self.cfg.n_experts
+        lay, e = self.layout, self.cfg.n_experts
+        p = f"{self.layer}.{lay.experts}"
         width = (Segment(self.cfg.intermediate_size),)
-        out = {
-            "router": WeightSpec(f"{p}.gate.weight"),
-            "w_gate": WeightSpec(f"{p}.experts.{{e}}.gate_proj.weight", 0, width, stack=e),
-            "w_up": WeightSpec(f"{p}.experts.{{e}}.up_proj.weight", 0, width, stack=e),
-            "w_down": WeightSpec(f"{p}.experts.{{e}}.down_proj.weight", 1, width, stack=e),
-        }
+        out = {"router": WeightSpec(f"{self.layer}.{lay.router}")}
+        if self.w_gate_up is not None:
+            out["w_gate_up"] = WeightSpec(f"{p}.input_linear.weight", 1, width * 2)
+            out["w_down"] = WeightSpec(f"{p}.output_linear.weight", 2, width)
+        else:
+            out["w_up"] = WeightSpec(f"{p}.{{e}}.up_proj.weight", 0, width, stack=e)
+            out["w_down"] = WeightSpec(f"{p}.{{e}}.down_proj.weight", 1, width, stack=e)
+            if self.w_gate is not None:
+                out["w_gate"] = WeightSpec(f"{p}.{{e}}.gate_proj.weight", 0, width, stack=e)
+        if self.latent_in is not None:
+            out["latent_in"] = WeightSpec(f"{self.layer}.{lay.latent_in}")
+            out["latent_out"] = WeightSpec(f"{self.layer}.{lay.latent_out}")
         if self.shared is not None:
             out.update({f"shared.{k}": v for k, v in self.shared.weight_specs().items()})
         if self.shared_gate is not None:
-            out["shared_gate"] = WeightSpec(f"{p}.shared_expert_gate.weight")
+            out["shared_gate"] = WeightSpec(f"{self.layer}.{lay.shared_gate}")
         if self.selection_bias is not None:
-            out["selection_bias"] = WeightSpec(f"{p}.gate.e_score_correction_bias")
+            out["selection_bias"] = WeightSpec(f"{self.layer}.{lay.selection_bias}")
         return out

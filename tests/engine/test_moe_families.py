@@ -1,0 +1,184 @@
+"""The mixture-of-experts hybrids (NemotronH with MoE layers, Jamba with experts, Granite
+4.0-H): the router against transformers' router modules, and the engine against
+transformers on the same random fp32 weights, through the real serving path (`Engine`
+with the Marconi cache), and resumption from SSM states at any depth."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from engine_helpers import hf_model, prompts
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.layers.moe import route
+from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model_config import MoEConfig
+from marconi_ray.engine.model_presets import MOE_HYBRIDS
+from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.protocol.sampling import SamplingParams
+
+PROMPT_LEN = 300
+NEW_TOKENS = 32
+DEPTHS = (1, 15, 16, 17, 63, 64, 65, 300)
+"""Around the chunk sizes (tiny preset: 16; Triton blocks: 64) and the whole prompt."""
+N_TOKENS, D, E, K = 64, 32, 8, 2
+
+
+def _sorted(weights: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) with each row's experts in increasing order."""
+    order = experts.argsort(dim=-1)
+    return weights.gather(1, order), experts.gather(1, order)
+
+
+def _hf_router(name: str, cfg: SimpleNamespace, weight: torch.Tensor) -> torch.nn.Module:
+    from transformers.models.granitemoehybrid import modeling_granitemoehybrid as granite
+    from transformers.models.jamba import modeling_jamba as jamba
+    from transformers.models.nemotron_h import modeling_nemotron_h as nemotron
+
+    cls = {
+        "nemotron_h": nemotron.NemotronHTopkRouter,
+        "jamba": jamba.JambaTopKRouter,
+        "granitemoehybrid": granite.GraniteMoeHybridTopKRouter,
+    }[name]
+    router = cls(cfg)
+    with torch.no_grad():
+        router.weight.copy_(weight)
+    return router
+
+
+ROUTERS = {
+    "nemotron_h": MoEConfig(
+        16, E, K, "relu2", gated=False, scoring="sigmoid", selection_bias=True, n_group=4,
+        topk_group=2, norm_topk=True, routed_scale=2.5,
+    ),
+    "jamba": MoEConfig(16, E, K, "silu", gated=True),
+    "granitemoehybrid": MoEConfig(16, E, K, "silu", gated=True, norm_topk=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_route_equals_transformers_router(name: str) -> None:
+    """`route` picks the experts transformers' router picks, with the same weights:
+    NemotronH's grouped sigmoid with a selection bias, Jamba's unnormalised softmax,
+    Granite's softmax over the top-k logits."""
+    cfg = ROUTERS[name]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(N_TOKENS, D, generator=g)
+    weight = torch.randn(E, D, generator=g) * 0.3
+    bias = torch.randn(E, generator=g) * 0.5
+    hf_cfg = SimpleNamespace(
+        num_experts_per_tok=K, num_local_experts=E, num_experts=E, hidden_size=D,
+        routed_scaling_factor=cfg.routed_scale, n_group=cfg.n_group,
+        topk_group=cfg.topk_group, norm_topk_prob=cfg.norm_topk,
+    )  # fmt: skip
+    router = _hf_router(name, hf_cfg, weight)
+    if cfg.selection_bias:
+        router.e_score_correction_bias.copy_(bias)
+    with torch.no_grad():
+        _, want_w, want_e = router(x)
+    got_w, got_e = route(x @ weight.T, cfg, bias if cfg.selection_bias else None)
+    want_w, want_e = _sorted(want_w.float(), want_e)
+    got_w, got_e = _sorted(got_w, got_e)
+    assert torch.equal(got_e, want_e)
+    torch.testing.assert_close(got_w, want_w, atol=1e-6, rtol=1e-6)
+    if name == "nemotron_h":  # the bias and the groups change the choice
+        assert not torch.equal(got_e, _sorted(*route(x @ weight.T, cfg))[1])
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("family", MOE_HYBRIDS)
+def test_greedy_and_cached_second_turn_equal_transformers(model_dirs, family):
+    """32 greedy tokens after a 300-token prompt equal transformers' generate; a second
+    turn extending the first is served from the cache (cached tokens reported) and still
+    equals transformers on the whole conversation."""
+    ref = hf_model(model_dirs[family])
+    engine = Engine(model_dirs[family], system="marconi", cache_bytes=10**8)
+    assert "moe" in engine.config.blocks
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    vocab = engine.config.vocab_size
+    first = prompts(31, 1, PROMPT_LEN, vocab)[0]
+    out = engine.generate(first, params)
+    assert list(out.tokens) == _hf_greedy(ref, first, NEW_TOKENS)
+    assert out.usage.cached_tokens == 0
+    second = first + list(out.tokens) + prompts(32, 1, 40, vocab)[0]
+    again = engine.generate(second, params)
+    assert again.usage.cached_tokens == len(first) + NEW_TOKENS
+    assert list(again.tokens) == _hf_greedy(ref, second, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("family", MOE_HYBRIDS)
+def test_resume_from_states_at_any_depth_equals_uncached(model_dirs, family):
+    """States emitted at 1, 15, 16, 17, 63, 64, 65 and 300 in one prefill: resuming from
+    each (KV slice + conv and SSM states), prefilling the rest and decoding gives the
+    uncached run's logits and tokens."""
+    model = load_model(model_dirs[family])
+    ids = prompts(33, 1, PROMPT_LEN, model.cfg.vocab_size)[0]
+    state = model.new_state()
+    ckpts = model.prefill(torch.tensor(ids), state, list(DEPTHS))
+    scratch = model.new_state()
+    model.prefill(torch.tensor(ids), scratch)
+    assert scratch.logits is not None
+    want_logits = scratch.logits.clone()
+    want = model.greedy(scratch, 8)
+    for ck in ckpts:
+        resumed = SeqState.resumed(ck, state)
+        if ck.depth < PROMPT_LEN:
+            model.prefill(torch.tensor(ids[ck.depth :]), resumed)
+        assert resumed.logits is not None
+        assert (resumed.logits - want_logits).abs().max().item() <= 1e-4, ck.depth
+        assert model.greedy(resumed, 8) == want, ck.depth
+
+
+def test_granite_multipliers_and_nemotron_latent_reach_the_model(model_dirs):
+    """The presets exercise what these families add: Granite's muP multipliers and
+    attention scale, NemotronH's latent projections, plain experts and selection bias."""
+    granite = load_model(model_dirs["granitemoehybrid"]).cfg
+    assert granite.scales.embedding != 1.0 and granite.scales.logits != 1.0
+    assert granite.attention is not None and granite.attention.scale is not None
+    assert granite.attention.rotary_dim == 0
+    nemotron = load_model(model_dirs["nemotron_h_moe"])
+    moe = nemotron.cfg.moe
+    assert moe is not None and moe.latent_dim and not moe.gated and moe.n_group > 1
+    (block,) = [b for b in nemotron.layers if b.kind == "moe"][:1]
+    assert block.mixer.selection_bias is not None and block.mixer.selection_bias.abs().max() > 0
+
+
+def test_dense_granite_with_rope_equals_transformers(tmp_path):
+    """Granite without experts (the fused shared MLP alone is the feed-forward) and with
+    `position_embedding_type` "rope": logits equal transformers' on 40 tokens."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    cfg = GraniteMoeHybridConfig(
+        vocab_size=300, hidden_size=32, num_hidden_layers=2, layer_types=["mamba", "attention"],
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=0,
+        shared_intermediate_size=48, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+        mamba_chunk_size=16, position_embedding_type="rope", embedding_multiplier=3.0,
+        residual_multiplier=0.5, logits_scaling=0.25, attention_multiplier=0.2,
+        initializer_range=0.2,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ref = GraniteMoeHybridForCausalLM(cfg).eval()
+    ref.save_pretrained(tmp_path)
+    ours = load_model(tmp_path)
+    assert ours.cfg.blocks == ("mamba2", "mlp", "attention", "mlp")
+    assert ours.cfg.attention is not None and ours.cfg.attention.rotary_dim == 8
+    ids = prompts(34, 1, 40, 300)[0]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    got = ours.forward_logits(torch.tensor(ids))
+    assert want.std() > 0.5
+    assert (got - want).abs().max().item() <= 1e-4
