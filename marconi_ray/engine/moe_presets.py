@@ -43,7 +43,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from marconi_ray.engine.model_presets import MOE_HYBRIDS, ModelPreset, common_kwargs
+from marconi_ray.engine.model_presets import (
+    MOE_HYBRIDS,
+    ModelPreset,
+    common_kwargs,
+    nemotron_h_kwargs,
+)
 
 MOE_EXPERTS: Final = 8
 MOE_TOP_K: Final = 2
@@ -67,23 +72,14 @@ def _no_mlp_bias(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
 
 
 def nemotron_h_moe_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, Any]:
-    """Keyword arguments of `transformers.NemotronHConfig` for `p` with MoE layers."""
+    """Keyword arguments of `transformers.NemotronHConfig` for `p` with MoE layers: the
+    dense preset's (`nemotron_h_kwargs`) with every `-` an `E` and a last `M` layer."""
     block = {"M": "linear_attention", "*": "full_attention", "-": "moe"}
     return {
-        **_no_mlp_bias(p, initializer_range),
+        **nemotron_h_kwargs(p, initializer_range),
         "mlp_bias": False,
         "use_bias": True,  # zero, but the last Mamba-2's out_proj lifts the logits
         "layers_block_type": [block[c] for c in p.pattern + "M"],
-        "head_dim": p.head_dim,
-        "intermediate_size": p.intermediate_size,
-        "mlp_hidden_act": "relu2",
-        "mamba_num_heads": p.mamba_num_heads,
-        "mamba_head_dim": p.mamba_head_dim,
-        "n_groups": p.n_groups,
-        "ssm_state_size": p.ssm_state_size,
-        "conv_kernel": p.conv_kernel,
-        "chunk_size": p.chunk_size,
-        "expand": 2,
         "n_routed_experts": MOE_EXPERTS,
         "num_experts_per_tok": MOE_TOP_K,
         "moe_intermediate_size": p.intermediate_size // MOE_EXPERTS,

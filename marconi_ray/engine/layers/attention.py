@@ -44,6 +44,31 @@ def causal_attention(
     return out[0]
 
 
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kvs: Sequence[KVBuffer],
+    scale: float | None = None,
+) -> torch.Tensor:
+    """One new token per sequence: q [H, B, hd], k, v [KV, B, hd] (H % KV == 0). Appends
+    sequence b's k, v to `kvs[b]` and attends over its whole cache (scores scaled by
+    `scale`, None: hd**-0.5). Returns [B, H * hd]."""
+    outs = []
+    for b, kv in enumerate(kvs):
+        kv.append(k[:, b : b + 1], v[:, b : b + 1])
+        keys, values = kv.view()
+        o = sdpa(
+            q[None, :, b : b + 1],
+            keys[None],
+            values[None],
+            enable_gqa=q.shape[0] != k.shape[0],
+            scale=scale,
+        )
+        outs.append(o[0, :, 0])
+    return torch.stack(outs).reshape(len(kvs), -1)
+
+
 class Attention(nn.Module):
     """q/k/v column-parallel by heads (n_heads/world and n_kv_heads/world per rank),
     o row-parallel (one all-reduce; with `reduce=False` the caller all-reduces, see
@@ -139,19 +164,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """One new token per sequence: x [B, D], positions [B]; appends to each `kvs[b]`."""
         q, k, v, gate = self._qkv(x, positions)
-        outs = []
-        for b, kv in enumerate(kvs):
-            kv.append(k[:, b : b + 1], v[:, b : b + 1])
-            keys, values = kv.view()
-            o = sdpa(
-                q[None, :, b : b + 1],
-                keys[None],
-                values[None],
-                enable_gqa=self.n_heads != self.n_kv,
-                scale=self.cfg.scale,
-            )
-            outs.append(o[0, :, 0])
-        return self._out(torch.stack(outs).reshape(len(kvs), -1), gate)
+        return self._out(decode_attention(q, k, v, kvs, self.cfg.scale), gate)
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         out: dict[str, WeightSpec] = {}

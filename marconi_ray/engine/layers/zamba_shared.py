@@ -26,10 +26,9 @@ from typing import Protocol
 
 import torch
 from torch import nn
-from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from marconi_ray.engine.kv_buffer import KVBuffer
-from marconi_ray.engine.layers.attention import causal_attention
+from marconi_ray.engine.layers.attention import causal_attention, decode_attention
 from marconi_ray.engine.layers.linear import ParallelLinear, column, row
 from marconi_ray.engine.layers.mlp import activation
 from marconi_ray.engine.layers.norm import RMSNorm
@@ -223,19 +222,7 @@ class SharedBlock(nn.Module):
         """One new token per sequence: x, emb [B, D], positions [B]; appends to each
         `kvs[b]`; returns [B, D]."""
         q, k, v = self._qkv(w, x, emb, positions)
-        outs = []
-        for b, kv in enumerate(kvs):
-            kv.append(k[:, b : b + 1], v[:, b : b + 1])
-            keys, values = kv.view()
-            o = sdpa(
-                q[None, :, b : b + 1],
-                keys[None],
-                values[None],
-                enable_gqa=self.n_heads != self.n_kv,
-                scale=self.cfg.scale,
-            )
-            outs.append(o[0, :, 0])
-        return self._out(w, torch.stack(outs).reshape(len(kvs), -1))
+        return self._out(w, decode_attention(q, k, v, kvs, self.cfg.scale))
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         mods: dict[str, _HasSpecs] = {"gate_up_adapter": self.gate_up_adapter}
