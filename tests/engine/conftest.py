@@ -8,17 +8,14 @@ import pytest
 import torch
 
 from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.model_presets import LFM2_FAMILIES as LFM2
-from marconi_ray.engine.model_presets import MOE_HYBRIDS
-from marconi_ray.engine.model_presets import QWEN_FAMILIES as QWEN
+from marconi_ray.engine.model_presets import FAMILIES
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """family -> a tiny checkpoint dir from the factory (`jamba` has experts,
-    `nemotron_h_moe` is a NemotronH checkpoint with MoE layers)."""
+    """family -> a tiny checkpoint dir from the factory, for every make-model family
+    (`jamba` has experts, `nemotron_h_moe` is a NemotronH checkpoint with MoE layers)."""
     root = tmp_path_factory.mktemp("models")
-    families = ("nemotron_h", "bamba", *QWEN, *MOE_HYBRIDS, *LFM2, "falcon_h1", "zamba2")
-    return {fam: make_model("tiny", fam, root / fam) for fam in families}
+    return {fam: make_model("tiny", fam, root / fam) for fam in FAMILIES}

@@ -91,3 +91,25 @@ def check_resume_at_depths(
         assert (resumed.logits - want_logits).abs().max().item() <= LOGIT_TOL, ck.depth
         assert model.greedy(resumed, 8) == want, ck.depth
     return model
+
+
+def check_batched_decode(model_dir: Path) -> HybridModel:
+    """Three sequences of different lengths decoded as one persistent decode batch give,
+    step after step, each sequence's own decode logits (within `LOGIT_TOL`)."""
+    model = load_model(model_dir)
+    alone, batched = [], []
+    for n, seed in ((9, 41), (21, 42), (40, 43)):
+        ids = torch.tensor(prompts(seed, 1, n, model.cfg.vocab_size)[0])
+        for group in (alone, batched):
+            st = model.new_state()
+            model.prefill(ids, st)
+            group.append(st)
+    batch = model.new_decode_batch(4)
+    for st in batched:
+        batch.join(st)
+    batch.check()
+    for _ in range(3):
+        ids = torch.tensor([int(st.logits.argmax()) for st in alone if st.logits is not None])
+        one = torch.stack([model.decode(ids[b : b + 1], [st])[0] for b, st in enumerate(alone)])
+        torch.testing.assert_close(model.decode_batch(ids, batch), one, atol=LOGIT_TOL, rtol=0)
+    return model

@@ -4,10 +4,13 @@ compact, and decoding through it equals the stacking decode."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from engine_helpers import prompts
+from family_checks import check_batched_decode
 
 from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model_presets import FAMILIES
 
 
 def _prefilled(model, seeds):
@@ -57,3 +60,11 @@ def test_leave_moves_the_last_row_and_detaches_the_leaver(model_dirs):
     batch.join(states[0])
     batch.check()
     assert len(batch) == 3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_decodes_a_batch_as_one_by_one(model_dirs, family):
+    """See `family_checks.check_batched_decode`: every served family's recurrent states
+    (Mamba-1/2, Gated DeltaNet, short conv) and KV (attention, Zamba2's shared block) in
+    one persistent decode batch."""
+    check_batched_decode(model_dirs[family])

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from engine_helpers import hf_logits, hf_model, prompts
@@ -59,27 +58,6 @@ def test_resume_from_states_at_any_depth_equals_uncached(model_dirs):
     (see `family_checks.check_resume_at_depths`)."""
     model = check_resume_at_depths(model_dirs["falcon_h1"])
     assert len(model.attn_blocks) == len(model.ssm_blocks) > 0
-
-
-def test_batched_decode_equals_one_by_one(model_dirs):
-    """Three sequences of different lengths decoded as one batch (persistent decode
-    batch) give each sequence's own decode logits."""
-    model = load_model(model_dirs["falcon_h1"])
-    rng = np.random.default_rng(4)
-    alone, batched = [], []
-    for n in (9, 21, 40):
-        ids = torch.tensor(rng.integers(3, 259, n).tolist())
-        for group in (alone, batched):
-            st = model.new_state()
-            model.prefill(ids, st)
-            group.append(st)
-    batch = model.new_decode_batch(4)
-    for st in batched:
-        batch.join(st)
-    for _ in range(3):
-        ids = torch.tensor([int(st.logits.argmax()) for st in alone])
-        one = torch.stack([model.decode(ids[b : b + 1], [st])[0] for b, st in enumerate(alone)])
-        torch.testing.assert_close(model.decode_batch(ids, batch), one, atol=1e-4, rtol=0)
 
 
 def _falcon_dir(out: Path, **options: Any) -> Path:
