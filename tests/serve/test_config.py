@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from marconi_ray.core.tuner import default_grid
-from marconi_ray.engine.model_presets import BUILD_VERSION
+from marconi_ray.engine.model_presets import BUILD_VERSION, FAMILIES
 from marconi_ray.serve.config import (
     API_KEY_ENV,
     ServeConfig,
@@ -20,7 +20,12 @@ from marconi_ray.serve.config import (
     default_config,
     load_serve_config,
 )
-from marconi_ray.serve.model_source import MODELS_DIR_ENV, default_models_root, resolve_model
+from marconi_ray.serve.model_source import (
+    MODELS_DIR_ENV,
+    default_models_root,
+    parse_preset_spec,
+    resolve_model,
+)
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,6 +179,14 @@ def test_half_written_preset_is_rebuilt(tmp_path: Path, models_root: Path) -> No
     assert folder == half.resolve()
     assert json.loads((folder / "marconi.json").read_text())["preset"] == "tiny"
     assert (folder / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_is_a_servable_preset(family: str) -> None:
+    """`serve --model tiny:FAMILY` names a preset for every make-model family (each builds
+    and is served by the engine in tests/engine), and the config keeps the name."""
+    assert parse_preset_spec(f"tiny:{family}") == ("tiny", family)
+    assert config_from_mapping({"model": f"tiny:{family}"}).model_name == f"tiny:{family}"
 
 
 def test_tiny_bamba(models_root: Path) -> None:
