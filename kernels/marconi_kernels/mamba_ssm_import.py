@@ -5,7 +5,11 @@ mamba-ssm built with ``MAMBA_SKIP_CUDA_BUILD=TRUE`` (what ``make install-gpu`` i
 a pure-Python wheel, seconds to build, no nvcc) fails on ``import mamba_ssm``. The Triton
 kernels under ``mamba_ssm.ops.triton`` need none of that. :func:`import_mamba_triton`
 registers the installed package as a bare package (its ``__init__`` not run) when it is not
-imported yet, then imports just the two kernel modules we use. site-packages is not edited.
+imported yet, imports just the two kernel modules we use, then takes the bare package out
+of ``sys.modules`` again: other libraries that probe ``import mamba_ssm`` (transformers
+picks mamba-ssm's kernels for its own Mamba-2 models when that import succeeds) see the
+installed package as it is, not a half-initialised one. The kernel modules stay imported.
+site-packages is not edited.
 """
 
 from __future__ import annotations
@@ -47,17 +51,23 @@ def import_mamba_triton() -> tuple[ModuleType, ModuleType]:
     if _version_tuple(version) < MIN_VERSION:
         wanted = ".".join(map(str, MIN_VERSION))
         raise ImportError(f"mamba-ssm {version} is too old; need >= {wanted}")
-    if "mamba_ssm" not in sys.modules:
+    names = ("mamba_ssm.ops.triton.ssd_combined", "mamba_ssm.ops.triton.selective_state_update")
+    if all(n in sys.modules for n in names):
+        return sys.modules[names[0]], sys.modules[names[1]]
+    bare = "mamba_ssm" not in sys.modules
+    if bare:
         spec = importlib.util.find_spec("mamba_ssm")
         if spec is None or spec.submodule_search_locations is None:
             raise ImportError("mamba-ssm is installed but its package folder was not found")
         package = importlib.util.module_from_spec(spec)  # not executed: no __init__ imports
         sys.modules["mamba_ssm"] = package
     try:
-        ssd = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
-        ssu = importlib.import_module("mamba_ssm.ops.triton.selective_state_update")
+        ssd, ssu = (importlib.import_module(n) for n in names)
     except Exception as exc:
         raise ImportError(
             f"importing mamba-ssm {version}'s Triton kernels failed: {exc!r}"
         ) from exc
+    finally:
+        if bare:
+            del sys.modules["mamba_ssm"]
     return ssd, ssu

@@ -132,3 +132,24 @@ def test_state_update_writes_into_a_batch_view(sets):
     ref.mamba2_state_update(expected[rows], *args)
     assert_close_scaled(buf, expected, FP32_TOL)
     assert torch.equal(buf[0], inp["state"][0].float()) and torch.equal(buf[3], inp["state"][3])
+
+
+def test_loading_the_kernels_leaves_no_half_imported_mamba_ssm(sets):
+    """The kernel modules stay loaded, but the bare `mamba_ssm` package registered to reach
+    them (its `__init__` not run) is gone again: a library that probes `import mamba_ssm`
+    afterwards (transformers picks mamba-ssm's kernels for its own Mamba-2 models when the
+    import works) sees the installed package as it is, and a second call reuses the
+    loaded modules."""
+    import importlib
+    import sys
+
+    from marconi_kernels.mamba_ssm_import import import_mamba_triton
+
+    ssd, ssu = import_mamba_triton()
+    assert "mamba_ssm" not in sys.modules
+    assert import_mamba_triton() == (ssd, ssu)
+    assert callable(ssd.mamba_chunk_scan_combined) and callable(ssu.selective_state_update)
+    try:  # the CUDA-less wheel's own __init__ needs its compiled extension
+        importlib.import_module("mamba_ssm")
+    except ImportError:
+        assert "mamba_ssm" not in sys.modules
