@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from engine_helpers import GREEDY, prompts
+from engine_helpers import GREEDY, make_small_jamba, prompts
 
 from marconi_kernels import OPS, KernelSet, get_kernels
 from marconi_ray.engine.engine import Engine
@@ -25,15 +25,28 @@ LOGIT_TOL = 2e-2 if DEVICE == "cuda" else 1e-4  # TF32 dots on GPU; exact fp32 i
 CONV = {"causal_conv1d", "causal_conv1d_update"}
 FAMILY_OPS = {
     "nemotron_h": {"ssd_chunk_scan", "mamba2_state_update", *CONV},
-    "bamba": {"ssd_chunk_scan", "mamba2_state_update", *CONV},
     "jamba": {"selective_scan", "mamba1_state_update", *CONV},
     "qwen3_next": {"gated_delta_chunk", "gated_delta_step", *CONV},
     "lfm2": CONV,  # the short conv is the causal conv alone (no activation)
 }
-FEW_DEPTHS = {"qwen3_next", "lfm2", "bamba"}
-"""Families resumed at the fixed depths only: the Gated DeltaNet prefill is the slowest
-kernel in the interpreter, the short conv has nothing but the conv to check, and Bamba
-runs the Mamba-2 kernels NemotronH already checks at random depths too (CI time)."""
+RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2")
+"""One family per recurrent kernel set (Mamba-2, Mamba-1, Gated DeltaNet, short conv):
+Bamba, FalconH1, Zamba2 and Granite run NemotronH's Mamba-2 ops (`FAMILY_OPS`), and a
+kernel's states do not depend on the layers around it (CI time: each resume is a
+Triton prefill in the interpreter)."""
+FEW_DEPTHS = {"qwen3_next", "lfm2", "jamba"}
+"""Families resumed at the fixed depths only (the Gated DeltaNet and Mamba-1 prefills are
+the slowest kernels in the interpreter, the short conv has nothing but the conv to
+check); NemotronH adds a random one (each resume is a Triton prefill in the interpreter;
+the kernels' states at every depth are checked in tests/kernels)."""
+
+
+@pytest.fixture(scope="module")
+def interp_dirs(model_dirs, tmp_path_factory):
+    """`model_dirs` with a smaller Jamba (4 dense layers, 2 of them Mamba-1): the tiny
+    preset's (5 layers, 3 Mamba-1, experts) runs the same kernels at 2.5x the interpreter
+    time, and the kernels' states do not depend on the layers around them."""
+    return {**model_dirs, "jamba": make_small_jamba(tmp_path_factory.mktemp("jamba"))}
 
 
 def counting(ks: KernelSet, calls: Counter[str]) -> KernelSet:
@@ -51,18 +64,27 @@ def counting(ks: KernelSet, calls: Counter[str]) -> KernelSet:
     return dataclasses.replace(ks, **{op: wrap(op) for op in OPS})
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_OPS))
-def test_resume_from_every_checkpoint_equals_reference(model_dirs, family):
+@pytest.mark.parametrize("family", ["bamba", "falcon_h1", "zamba2", "granitemoehybrid"])
+def test_other_mamba2_families_run_the_kernels_nemotron_h_checks(model_dirs, family):
+    """What makes the Triton resume of NemotronH stand for these families: their recurrent
+    mixers are the same class, declaring the same kernel ops."""
+    model = load_model(model_dirs[family])
+    ops = {op for i in model.ssm_blocks for op in type(model.ssm(i)).KERNEL_OPS}
+    assert ops == FAMILY_OPS["nemotron_h"]
+
+
+@pytest.mark.parametrize("family", RESUMED)
+def test_resume_from_every_checkpoint_equals_reference(interp_dirs, family):
     calls: Counter[str] = Counter()
     fast = load_model(
-        model_dirs[family], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
+        interp_dirs[family], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
     )
-    ref = load_model(model_dirs[family], device=DEVICE, kernels=get_kernels(DEVICE, "ref"))
+    ref = load_model(interp_dirs[family], device=DEVICE, kernels=get_kernels(DEVICE, "ref"))
     ids = prompts(11, 1, 40, fast.cfg.vocab_size)[0]
     rng = np.random.default_rng(5)
     # chunk-aligned (16 is the tiny presets' chunk), interior, first and last depths, and
     # random extras but for FEW_DEPTHS
-    extra = 0 if family in FEW_DEPTHS else 3
+    extra = 0 if family in FEW_DEPTHS else 1
     depths = sorted({1, 16, 39, 40, *rng.integers(2, 40, extra).tolist()})
     tensor = torch.tensor(ids, device=DEVICE)
     diff = (fast.forward_logits(tensor) - ref.forward_logits(tensor)).abs().max().item()
@@ -101,10 +123,10 @@ def test_engine_multi_turn_on_triton_equals_reference(model_dirs):
         history += list(got.tokens) + prompts(10 + turn, 1, 9, vocab)[0]
 
 
-def test_warm_up_runs_every_kernel_of_the_model(model_dirs):
+def test_warm_up_runs_every_kernel_of_the_model(interp_dirs):
     calls: Counter[str] = Counter()
     model = load_model(
-        model_dirs["jamba"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
+        interp_dirs["jamba"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
     )
     assert model.warm_up() > 0
     assert set(calls) == FAMILY_OPS["jamba"]
