@@ -16,6 +16,7 @@ from engine_helpers import GREEDY, make_small_jamba, prompts
 from marconi_kernels import OPS, KernelSet, get_kernels
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model import WARM_UP_LENGTHS
 from marconi_ray.engine.seq_state import SeqState
 
 pytestmark = pytest.mark.triton
@@ -124,9 +125,13 @@ def test_engine_multi_turn_on_triton_equals_reference(model_dirs):
 
 
 def test_warm_up_runs_every_kernel_of_the_model(interp_dirs):
+    """Warm-up prefills every length the Triton conv's block sizes need and decodes, so
+    every op a model declares runs (LFM2: the conv and its step; the warm-up does not
+    depend on the mixers, and each prefill of a Mamba layer costs seconds here)."""
     calls: Counter[str] = Counter()
     model = load_model(
-        interp_dirs["jamba"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
+        interp_dirs["lfm2"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
     )
     assert model.warm_up() > 0
-    assert set(calls) == FAMILY_OPS["jamba"]
+    assert set(calls) == FAMILY_OPS["lfm2"]
+    assert calls["causal_conv1d"] == len(WARM_UP_LENGTHS) * len(model.ssm_blocks)
