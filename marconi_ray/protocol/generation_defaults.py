@@ -16,13 +16,12 @@ Every id in `eos_token_id` (an int or a list, in `config.json` and in
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from marconi_ray.protocol.model_files import read_config_json
+from marconi_ray.protocol.model_files import read_config_json, read_json_object
 from marconi_ray.protocol.sampling import is_int
 
 GENERATION_CONFIG: Final = "generation_config.json"
@@ -83,14 +82,8 @@ def read_generation_defaults(model_dir: str | Path, vocab_size: int) -> Generati
     folder = Path(model_dir)
     eos = list(_eos_ids(read_config_json(folder), folder / "config.json"))
     path = folder / GENERATION_CONFIG
-    raw: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a JSON object")
+    raw: dict[str, Any] = read_json_object(path) if path.is_file() else {}
+    if raw:
         eos += [t for t in _eos_ids(raw, path) if t not in eos]
     bad = [t for t in eos if t >= vocab_size]
     if bad:

@@ -12,12 +12,9 @@ DTYPE_BYTES: Final = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of the model dtypes a deployment may use (`ServeConfig.dtype`)."""
 
 
-def read_config_json(model_dir: str | Path) -> dict[str, Any]:
-    """`model_dir/config.json` as a dict; FileNotFoundError naming the folder when it is
-    missing, ValueError naming the file when it is not a JSON object."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in file `path`; ValueError naming the file when it is not valid JSON
+    or not an object."""
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -25,6 +22,15 @@ def read_config_json(model_dir: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object")
     return raw
+
+
+def read_config_json(model_dir: str | Path) -> dict[str, Any]:
+    """`model_dir/config.json` as a dict; FileNotFoundError naming the folder when it is
+    missing, ValueError naming the file when it is not a JSON object."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")
+    return read_json_object(path)
 
 
 def checkpoint_dtype(model_dir: str | Path) -> str:
