@@ -15,9 +15,13 @@ ASCII bytes and newline (`PRINTABLE_IDS`) are random; every other row of the `lm
 (special tokens, other bytes, the padding of the model vocab past `BYTE_VOCAB_SIZE`) is
 zero, so its logit is exactly 0, and the printable logits are lifted `LOGIT_LIFT` above 0:
 
-- The lift comes from a constant channel: the last layer's MLP (`down_proj.bias`, the
-  presets have `mlp_bias` on, every other MLP bias is 0; Zamba2: the last Mamba-2's
-  `out_proj.bias`, with `add_bias_linear`) adds `LIFT_RATIO` times the
+- The lift comes from a constant channel, written by one bias (`_lift_projection`): the
+  last layer's MLP `down_proj.bias` (NemotronH, Bamba, FalconH1: the presets have
+  `mlp_bias` on, every other MLP bias is 0), the last short conv's `out_proj.bias`
+  (LFM2), the last Mamba-2's `out_proj.bias` (Zamba2, `add_bias_linear`), or the output
+  projection bias of the last layer's mixer (Qwen, Jamba, Granite, NemotronH with MoE
+  layers; the feed-forward after it is kept from passing the channel on). It adds
+  `LIFT_RATIO` times the
   median norm of the final residual stream (measured on a calibration prompt) to channel
   `LIFT_CHANNEL`, so after the final RMSNorm that channel is ~sqrt(hidden) at every
   position; the printable rows weigh it so that it adds ~`LOGIT_LIFT` to each of them.
