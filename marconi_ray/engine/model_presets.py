@@ -283,6 +283,20 @@ def common_kwargs(p: ModelPreset, initializer_range: float) -> dict[str, Any]:
     }
 
 
+def mamba2_kwargs(p: ModelPreset) -> dict[str, Any]:
+    """The `mamba_*` Mamba-2 keys Bamba, FalconH1 and Granite 4.0-H share: the preset's
+    heads, head width, groups, state size, conv width and chunk (d_inner set apart: by
+    `mamba_expand` or FalconH1's `mamba_d_ssm`)."""
+    return {
+        "mamba_n_heads": p.mamba_num_heads,
+        "mamba_d_head": p.mamba_head_dim,
+        "mamba_n_groups": p.n_groups,
+        "mamba_d_state": p.ssm_state_size,
+        "mamba_d_conv": p.conv_kernel,
+        "mamba_chunk_size": p.chunk_size,
+    }
+
+
 def nemotron_h_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, Any]:
     """Keyword arguments of `transformers.NemotronHConfig` for preset `p`."""
     block = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
@@ -311,13 +325,8 @@ def bamba_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, A
         "attn_layer_indices": [i for i, c in enumerate(mixers) if c == "*"],
         "intermediate_size": p.gated_intermediate_size,
         "hidden_act": "silu",
-        "mamba_n_heads": p.mamba_num_heads,
-        "mamba_d_head": p.mamba_head_dim,
-        "mamba_n_groups": p.n_groups,
-        "mamba_d_state": p.ssm_state_size,
-        "mamba_d_conv": p.conv_kernel,
+        **mamba2_kwargs(p),
         "mamba_expand": 2,
-        "mamba_chunk_size": p.chunk_size,
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
@@ -377,12 +386,7 @@ def falcon_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str, 
         "intermediate_size": p.gated_intermediate_size,
         "hidden_act": "silu",
         "mamba_d_ssm": p.mamba_num_heads * p.mamba_head_dim,
-        "mamba_n_heads": p.mamba_num_heads,
-        "mamba_d_head": p.mamba_head_dim,
-        "mamba_n_groups": p.n_groups,
-        "mamba_d_state": p.ssm_state_size,
-        "mamba_d_conv": p.conv_kernel,
-        "mamba_chunk_size": p.chunk_size,
+        **mamba2_kwargs(p),
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         **{k: list(v) if isinstance(v, tuple) else v for k, v in FALCON_MULTIPLIERS.items()},
     }

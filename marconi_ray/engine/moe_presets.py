@@ -47,6 +47,7 @@ from marconi_ray.engine.model_presets import (
     MOE_HYBRIDS,
     ModelPreset,
     common_kwargs,
+    mamba2_kwargs,
     nemotron_h_kwargs,
 )
 
@@ -145,13 +146,8 @@ def granite_kwargs(p: ModelPreset, initializer_range: float = 0.02) -> dict[str,
         "intermediate_size": p.gated_intermediate_size // MOE_EXPERTS,
         "shared_intermediate_size": p.gated_intermediate_size // 4,
         "hidden_act": "silu",
-        "mamba_n_heads": p.mamba_num_heads,
-        "mamba_d_head": p.mamba_head_dim,
-        "mamba_n_groups": p.n_groups,
-        "mamba_d_state": p.ssm_state_size,
-        "mamba_d_conv": p.conv_kernel,
+        **mamba2_kwargs(p),
         "mamba_expand": 2,
-        "mamba_chunk_size": p.chunk_size,
     }
 
 
