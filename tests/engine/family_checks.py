@@ -9,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from engine_helpers import hf_model, prompts
 
+from marconi_ray.engine.decode_batch import DecodeBatch
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.model import HybridModel
@@ -97,9 +99,24 @@ def check_batched_decode(model_dir: Path) -> HybridModel:
     """Three sequences of different lengths decoded as one persistent decode batch give,
     step after step, each sequence's own decode logits (within `LOGIT_TOL`)."""
     model = load_model(model_dir)
+    alone, _, batch = twin_batch(model, (9, 21, 40), seed=41)
+    for _ in range(3):
+        ids = torch.tensor([int(st.logits.argmax()) for st in alone if st.logits is not None])
+        one = torch.stack([model.decode(ids[b : b + 1], [st])[0] for b, st in enumerate(alone)])
+        torch.testing.assert_close(model.decode_batch(ids, batch), one, atol=LOGIT_TOL, rtol=0)
+    return model
+
+
+def twin_batch(
+    model: HybridModel, lengths: tuple[int, ...], seed: int
+) -> tuple[list[SeqState], list[SeqState], DecodeBatch]:
+    """Two identical prefilled sequences per length (random ids from `seed`): the first of
+    each pair kept alone, the second joined to a new persistent decode batch (capacity
+    4, checked). Returns (alone, batched, batch)."""
+    rng = np.random.default_rng(seed)
     alone, batched = [], []
-    for n, seed in ((9, 41), (21, 42), (40, 43)):
-        ids = torch.tensor(prompts(seed, 1, n, model.cfg.vocab_size)[0])
+    for n in lengths:
+        ids = torch.tensor(rng.integers(3, 200, n).tolist())
         for group in (alone, batched):
             st = model.new_state()
             model.prefill(ids, st)
@@ -108,8 +125,4 @@ def check_batched_decode(model_dir: Path) -> HybridModel:
     for st in batched:
         batch.join(st)
     batch.check()
-    for _ in range(3):
-        ids = torch.tensor([int(st.logits.argmax()) for st in alone if st.logits is not None])
-        one = torch.stack([model.decode(ids[b : b + 1], [st])[0] for b, st in enumerate(alone)])
-        torch.testing.assert_close(model.decode_batch(ids, batch), one, atol=LOGIT_TOL, rtol=0)
-    return model
+    return alone, batched, batch

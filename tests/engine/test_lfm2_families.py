@@ -4,10 +4,9 @@ short-conv states (the conv window, the layer's only state) at any depth."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from family_checks import check_greedy_and_second_turn, check_resume_at_depths
+from family_checks import check_greedy_and_second_turn, check_resume_at_depths, twin_batch
 
 from marconi_ray.engine.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.loader import load_model
@@ -45,18 +44,7 @@ def test_decode_batch_holds_each_sequence_state_once(model_dirs):
     decode equals the stacking one."""
     model = load_model(model_dirs["lfm2_moe"])
     assert all(isinstance(model.ssm(i), ShortConvMixer) for i in model.ssm_blocks)
-    rng = np.random.default_rng(4)
-    a, b = [], []
-    for n in (2, 20, 33):
-        ids = torch.tensor(rng.integers(3, 200, n).tolist())
-        for group in (a, b):
-            st = model.new_state()
-            model.prefill(ids, st)
-            group.append(st)
-    batch = model.new_decode_batch(4)
-    for st in b:
-        batch.join(st)
-    batch.check()
+    a, b, batch = twin_batch(model, (2, 20, 33), seed=4)
     i = model.ssm_blocks[0]
     assert batch.ssm[i].numel() == 0
     per_seq = batch.conv[i][0].numel() * batch.conv[i].element_size()

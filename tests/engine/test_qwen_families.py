@@ -4,10 +4,9 @@ with the Marconi cache), and resumption from Gated DeltaNet states at any depth.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from family_checks import check_greedy_and_second_turn, check_resume_at_depths
+from family_checks import check_greedy_and_second_turn, check_resume_at_depths, twin_batch
 
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.model_presets import QWEN_FAMILIES
@@ -30,18 +29,7 @@ def test_decode_batch_holds_each_sequence_state_once(model_dirs):
     """Gated DeltaNet states in the persistent decode batch: members' states are views of
     its rows (one copy each, none per step), and batched decode equals the stacking one."""
     model = load_model(model_dirs["qwen3_next"])
-    rng = np.random.default_rng(3)
-    a, b = [], []
-    for n in (12, 20, 33):
-        ids = torch.tensor(rng.integers(3, 200, n).tolist())
-        for group in (a, b):
-            st = model.new_state()
-            model.prefill(ids, st)
-            group.append(st)
-    batch = model.new_decode_batch(4)
-    for st in b:
-        batch.join(st)
-    batch.check()
+    a, b, batch = twin_batch(model, (12, 20, 33), seed=3)
     i = model.ssm_blocks[0]
     per_seq = sum(t[0].numel() * t.element_size() for t in (batch.conv[i], batch.ssm[i]))
     held = sum(t.numel() * t.element_size() for t in (batch.conv[i], batch.ssm[i]))
