@@ -29,7 +29,15 @@ from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 _FLAG_KEYS = (
-    "model", "port", "host", "tp", "replicas", "system", "cache_bytes", "routing", "kernels"
+    "model",
+    "port",
+    "host",
+    "tp",
+    "replicas",
+    "system",
+    "cache_bytes",
+    "routing",
+    "kernels",
 )
 
 

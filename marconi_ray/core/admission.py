@@ -36,9 +36,7 @@ class AdmissionPolicy(ABC):
     def decode_checkpoints(self, n_input: int, n_total: int) -> list[Checkpoint]:
         """Depths in (n_input, n_total] (or n_total itself) to keep after decoding."""
 
-    def superseded_by(
-        self, new_depths: Sequence[int]
-    ) -> tuple[int, Callable[[int], bool]] | None:
+    def superseded_by(self, new_depths: Sequence[int]) -> tuple[int, Callable[[int], bool]] | None:
         """For states newly kept at `new_depths` (sorted) on one path: None when they
         replace nothing (the default: states leave only by eviction), else a depth below
         which nothing is replaced and a test of the older depths at or above it."""
@@ -193,9 +191,7 @@ class FineGrainedRefillAdmission(FineGrainedAdmission):
             out.append((n_total, "block"))
         return out
 
-    def superseded_by(
-        self, new_depths: Sequence[int]
-    ) -> tuple[int, Callable[[int], bool]] | None:
+    def superseded_by(self, new_depths: Sequence[int]) -> tuple[int, Callable[[int], bool]] | None:
         """A partial state (not block-aligned) is replaced by a new one later in its block."""
         block = self.block
 

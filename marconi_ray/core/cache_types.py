@@ -10,6 +10,7 @@ import numpy as np
 from marconi_ray.core.admission import Checkpoint
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, validate_efficiency
 from marconi_ray.core.eviction import validate_alpha
+from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.tree_types import Node, Reclaimed, Tokens
 
 
@@ -26,6 +27,8 @@ class CacheConfig:
         recency: `timestamp` (paper) or `inverse_age` (artifact), for `flop_aware`.
         efficiency: the FLOP-efficiency formula of `flop_aware`: `freed`, `paper`,
             `artifact` or `uniform` (`cost_model.EFFICIENCY_FORMULAS`).
+        host: the host tier (`core.host_tier`); its default holds 0 bytes: one tier,
+            `capacity_bytes` of device memory.
     """
 
     capacity_bytes: int
@@ -34,12 +37,15 @@ class CacheConfig:
     alpha: float = 0.0
     recency: str = "timestamp"
     efficiency: str = DEFAULT_EFFICIENCY
+    host: HostTier = NO_HOST_TIER
 
     def __post_init__(self) -> None:
         if not self.capacity_bytes > 0:
             raise ValueError(f"capacity_bytes must be > 0, got {self.capacity_bytes}")
         validate_alpha(self.alpha)
         validate_efficiency(self.efficiency)
+        if not isinstance(self.host, HostTier):
+            raise ValueError(f"host must be a HostTier, got {type(self.host).__name__}")
 
 
 @dataclass(frozen=True)

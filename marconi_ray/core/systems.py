@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from marconi_ray.core.admission import make_admission
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY
+from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.prefix_cache import CacheConfig
 
 
@@ -37,9 +38,11 @@ class SystemSpec:
         alpha: float = 0.0,
         recency: str = "timestamp",
         efficiency: str = DEFAULT_EFFICIENCY,
+        host: HostTier = NO_HOST_TIER,
     ) -> CacheConfig:
+        """This system's cache with `capacity_bytes` of device memory and `host`."""
         return CacheConfig(
-            capacity_bytes, self.admission, self.eviction, alpha, recency, efficiency
+            capacity_bytes, self.admission, self.eviction, alpha, recency, efficiency, host
         )
 
 

@@ -37,9 +37,7 @@ class DecodeBatch:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self.conv = {
-            i: c.new_zeros((capacity, *c.shape)) for i, (c, _) in templates.items()
-        }
+        self.conv = {i: c.new_zeros((capacity, *c.shape)) for i, (c, _) in templates.items()}
         self.ssm = {i: s.new_zeros((capacity, *s.shape)) for i, (_, s) in templates.items()}
         self.members: list[SeqState] = []
 

@@ -31,6 +31,7 @@ import torch
 
 from marconi_kernels import get_kernels
 from marconi_ray.core.hf_config import spec_from_hf_config
+from marconi_ray.core.host_tier import HostTier
 from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tuner import BootstrapTuner, TunerConfig
@@ -78,13 +79,13 @@ def build_planner(
     cache_bytes: int,
     alpha: float | None = None,
     tuner: TunerConfig | None = None,
+    host: HostTier | None = None,
 ) -> Planner:
     """A planner whose cache prices bytes as `worker`'s store holds them (this rank's
-    shard: exactly `core.model_spec`'s figures at world size 1) and FLOPs from the spec."""
+    shard: exactly `core.model_spec`'s figures at world size 1) and FLOPs from the spec;
+    `host` is its host tier (None: device only)."""
     elem = torch.empty((), dtype=worker.model.dtype).element_size()
-    spec = spec_from_hf_config(
-        raw_config, dtype_bytes=elem, state_dtype_bytes=STATE_DTYPE.itemsize
-    )
+    spec = spec_from_hf_config(raw_config, dtype_bytes=elem, state_dtype_bytes=STATE_DTYPE.itemsize)
     store = worker.store
     return Planner.for_system(
         system,
@@ -95,6 +96,7 @@ def build_planner(
         worker.model.cfg.max_position,
         alpha,
         tuner,
+        host=host,
     )
 
 
@@ -107,6 +109,8 @@ class Engine:
             `marconi`).
         cache_bytes: budget of KV + SSM bytes the prefix cache may hold on this device
             (under tensor parallelism: on each rank, which holds its shard of every state).
+        host_cache_bytes: budget of the cache's host tier, in host memory (same unit;
+            0: no host tier). Device evictions then demote to it (see `core.host_tier`).
         dtype: model and cache dtype (`float32`, `bfloat16`, `float16`).
         alpha: fixed FLOP-aware eviction weight; None lets a tuned system bootstrap it.
         tuner: bootstrap tuner settings for tuned systems.
@@ -138,6 +142,7 @@ class Engine:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         kernels: str = "auto",
         weights: Mapping[str, torch.Tensor] | None = None,
+        host_cache_bytes: int = 0,
     ) -> None:
         get_system(system)
         self.model_dir = Path(model_dir)
@@ -146,7 +151,8 @@ class Engine:
         self.system = system
         model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
         self.worker = Worker(model, max_batch, max_batch_tokens)
-        self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner)
+        host = HostTier(int(host_cache_bytes)) if host_cache_bytes else None
+        self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner, host)
         self._prompts: dict[int, int] = {}
         self._hits: dict[int, int] = {}
         self._results: list[GenerationResult] = []

@@ -354,6 +354,8 @@ def _output_multipliers(config: Any) -> tuple[float, float]:
     logits = float(getattr(config, "lm_head_multiplier", 1.0))
     mlp = getattr(config, "mlp_multipliers", None)
     return logits, float(mlp[1]) if mlp else 1.0
+
+
 def _has_moe(config: Any) -> bool:
     """The NemotronH config has MoE layers (`nemotron_h_moe`, lifted like the others)."""
     return "moe" in (getattr(config, "layers_block_type", None) or ())

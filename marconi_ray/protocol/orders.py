@@ -83,21 +83,40 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class Release:
-    """State ids and KV slots the worker should free (evicted, rejected or unused)."""
+class Move:
+    """State ids and KV slots to copy to the other tier of a two-tier cache: to the host
+    (`to_host`, a demotion) or back to the device (a promotion). The ids stay the same;
+    only where their tensors live changes."""
 
+    to_host: bool
     states: tuple[int, ...] = ()
     slots: Slots = field(default_factory=no_slots)
 
+
+@dataclass(frozen=True)
+class Release:
+    """What the worker's store must do after cache mutations: first every move of
+    `moves`, in order, then free `states` and `slots` (evicted, rejected or unused).
+    An id may be moved and then freed; a freed id is never moved after."""
+
+    states: tuple[int, ...] = ()
+    slots: Slots = field(default_factory=no_slots)
+    moves: tuple[Move, ...] = ()
+
     def __add__(self, other: Release) -> Release:
-        return Release(self.states + other.states, np.concatenate([self.slots, other.slots]))
+        return Release(
+            self.states + other.states,
+            np.concatenate([self.slots, other.slots]),
+            self.moves + other.moves,
+        )
 
     def without(self, states: set[int], slots: set[int]) -> Release:
         """This release less the state ids in `states` and the KV slots in `slots` (what
         a tree still refers to must not be freed)."""
         kv = np.asarray(self.slots, dtype=np.int64)
         keep = ~np.isin(kv, np.fromiter(slots, dtype=np.int64, count=len(slots)))
-        return Release(tuple(s for s in self.states if s not in states), kv[keep])
+        kept = tuple(s for s in self.states if s not in states)
+        return Release(kept, kv[keep], self.moves)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from marconi_ray.core import cache_codec
 from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.prefix_cache import CommitFailed, Plan, PrefixCache
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tree_types import KVHandle, Reclaimed
@@ -97,16 +98,19 @@ class Planner:
         alpha: float | None = None,
         tuner: TunerConfig | None = None,
         on_tune_job: Callable[[TuneJob], None] | None = None,
+        host: HostTier | None = None,
     ) -> Planner:
         """A planner for a named caching system (`core.systems`).
 
         Its cache prices FLOPs with the spec's (linear, quadratic) coefficients `flops` and
-        bytes as the replica's store holds them. A tuned system with `alpha` None gets a
-        bootstrap tuner (`tuner`, or the defaults); otherwise alpha is fixed.
+        bytes as the replica's store holds them, `cache_bytes` on the device and `host`'s
+        budget in host memory (None: no host tier). A tuned system with `alpha` None gets
+        a bootstrap tuner (`tuner`, or the defaults); otherwise alpha is fixed.
         """
         spec = get_system(system)
         cost = CostModel(flops[0], flops[1], kv_bytes_per_token, state_bytes)
-        cache = PrefixCache(cost, spec.cache_config(int(cache_bytes), alpha or 0.0))
+        config = spec.cache_config(int(cache_bytes), alpha or 0.0, host=host or NO_HOST_TIER)
+        cache = PrefixCache(cost, config)
         bootstrap = BootstrapTuner(tuner or TunerConfig()) if spec.tuned and alpha is None else None
         return cls(cache, max_position, bootstrap, on_tune_job=on_tune_job)
 

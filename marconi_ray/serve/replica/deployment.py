@@ -359,9 +359,7 @@ class ModelReplica:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
                 (live, started), sent = self._live(), time.time()
-                status, _ = await self.coordinator.heartbeat.remote(
-                    self.replica_id, live, started
-                )
+                status, _ = await self.coordinator.heartbeat.remote(self.replica_id, live, started)
                 if status == "ok":
                     self._renew(live, sent)
                 if status == "register":
