@@ -36,6 +36,7 @@ _FLAG_KEYS = (
     "replicas",
     "system",
     "cache_bytes",
+    "host_cache_bytes",
     "routing",
     "kernels",
 )
@@ -82,6 +83,14 @@ def add_parser(subparsers: Any) -> None:
         "--cache-bytes",
         metavar="B",
         help="prefix-cache budget per replica in bytes, e.g. 1e9 (default: 1e9)",
+    )
+    p.add_argument(
+        "--host-cache-bytes",
+        metavar="B",
+        help="host-memory tier of the prefix cache in bytes per replica and per TP rank, "
+        "e.g. 8e9: device evictions are demoted there and promoted back on a hit; the "
+        "start is refused when a model node's free memory cannot hold tp x B "
+        "(default: 0, no host tier)",
     )
     p.add_argument(
         "--routing",

@@ -24,6 +24,7 @@ from ray.serve.exceptions import RayServeException
 
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import clear_journal
+from marconi_ray.serve.host_memory import check_model_nodes
 from marconi_ray.serve.placement import control_resources
 from marconi_ray.serve.replica.deployment import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
@@ -77,10 +78,14 @@ def build_app(settings: ServeSettings) -> Any:
 
 def start_actors(settings: ServeSettings) -> None:
     """Create the coordinator and the tuner actor on the control nodes and wait until the
-    coordinator answers. ValueError when `settings.control_resource` names a resource no
-    node advertises."""
+    coordinator answers. ValueError, before anything starts, when no model node has the
+    free memory for one replica's host tier (`serve.host_memory`); ValueError when
+    `settings.control_resource` names a resource no node advertises."""
     from marconi_ray.serve.coordinator.tuner_actor import start_tuner
 
+    check_model_nodes(
+        settings.host_cache_bytes, settings.tp, settings.model_resource, settings.device == "cuda"
+    )
     pinned = control_resources(settings.control_resource)
     coordinator = start_coordinator(settings, pinned)
     start_tuner(

@@ -125,6 +125,15 @@ class ServeConfig(BaseModel):
         description="Prefix-cache budget per replica in bytes (KV + SSM states); an int, "
         "a float or a numeric string such as '1e9'.",
     )
+    host_cache_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Host-memory tier of the prefix cache, in bytes per replica and per "
+        "tensor-parallel rank (each shard process holds its own host copies: a replica "
+        "needs tp x this on its node); device evictions are demoted to it and promoted "
+        "back on a hit. 0: no host tier. A start is refused when a node's free memory "
+        "(MemAvailable) cannot hold a replica's share.",
+    )
     system: str = Field(
         default="marconi",
         description=f"Caching system, one of {sorted(SYSTEMS)}, or marconi+:B (marconi+ "
@@ -292,7 +301,13 @@ class ServeConfig(BaseModel):
                 return {**data, "model_name": default_model_name(model)}
         return data
 
-    @field_validator("cache_bytes", "max_body_bytes", "journal_max_backlog_bytes", mode="before")
+    @field_validator(
+        "cache_bytes",
+        "host_cache_bytes",
+        "max_body_bytes",
+        "journal_max_backlog_bytes",
+        mode="before",
+    )
     @classmethod
     def _bytes_number(cls, value: Any) -> Any:
         if isinstance(value, bool):
@@ -398,6 +413,7 @@ class ServeConfig(BaseModel):
             tp=self.tp,
             replicas=self.replicas,
             cache_bytes=self.cache_bytes,
+            host_cache_bytes=self.host_cache_bytes,
             system=self.system,
             alpha=None if self.alpha == AUTO else float(self.alpha),
             host=self.host,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from marconi_ray.core.host_tier import HostTier
 from marconi_ray.core.tuner import TunerConfig
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.hub_model import HubModel
@@ -49,6 +50,9 @@ class ServeSettings:
         model_name: the name clients pass as `model` (and `/v1/models` lists).
         tp: tensor-parallel ranks per replica; replicas: model replicas.
         cache_bytes: prefix cache budget per replica, per device (KV + SSM bytes).
+        host_cache_bytes: budget of the cache's host tier per replica, per device rank
+            (each shard process holds its shard's host copies, so one replica needs
+            `tp` times this in its node's memory); 0: no host tier.
         system: `marconi`, `marconi+`, `sglang+`, `vllm+`, `vllm+refill` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
@@ -100,6 +104,7 @@ class ServeSettings:
     tp: int = 1
     replicas: int = 1
     cache_bytes: int = 1 << 30
+    host_cache_bytes: int = 0
     system: str = "marconi"
     alpha: float | None = None
     host: str = "127.0.0.1"
@@ -128,6 +133,14 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         check_placement(self.control_resource, self.model_resource)
+        host = self.host_cache_bytes
+        if isinstance(host, bool) or not isinstance(host, int) or host < 0:
+            raise ValueError(f"host_cache_bytes must be an integer >= 0, got {host!r}")
+
+    @property
+    def host_tier(self) -> HostTier | None:
+        """The caches' host tier, or None without one (`host_cache_bytes` 0)."""
+        return HostTier(self.host_cache_bytes) if self.host_cache_bytes else None
 
     def local_model_dir(self) -> str:
         """The model folder on this node: `model_dir`, or for a Hugging Face model its

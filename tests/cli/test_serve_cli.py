@@ -46,6 +46,8 @@ def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         (["--replicas", "0"], "replicas"),
         (["--cache-bytes", "-5"], "cache_bytes"),
         (["--cache-bytes", "lots"], "cache_bytes"),
+        (["--host-cache-bytes", "-5"], "host_cache_bytes"),
+        (["--host-cache-bytes", "lots"], "host_cache_bytes"),
         (["--system", "foo"], "--system"),
         (["--port", "eighty"], "--port"),
         (["--model", "no-such-model"], "no-such-model"),
@@ -61,10 +63,22 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "serve.yaml"
     path.write_text("port: 9000\nreplicas: 3\nmodel: small\n")
     args = build_parser().parse_args(
-        ["serve", str(path), "--port", "9100", "--cache-bytes", "2e9", "--model", "tiny:bamba"]
+        [
+            "serve",
+            str(path),
+            "--port",
+            "9100",
+            "--cache-bytes",
+            "2e9",
+            "--host-cache-bytes",
+            "8e9",
+            "--model",
+            "tiny:bamba",
+        ]
     )
     config = serve_cmd.load_config(args)
     assert (config.port, config.replicas, config.cache_bytes) == (9100, 3, 2 * 10**9)
+    assert config.host_cache_bytes == 8 * 10**9
     assert (config.model, config.model_name) == ("tiny:bamba", "tiny:bamba")
     defaults = serve_cmd.load_config(
         argparse.Namespace(
@@ -87,6 +101,7 @@ def test_help_mentions_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         "--replicas",
         "--system",
         "--cache-bytes",
+        "--host-cache-bytes",
     ):
         assert option in out
     assert main(["--help"]) == 0

@@ -4,6 +4,7 @@ replicas of 2 TP shards) next to a vanilla one, both on one local Ray + Serve pr
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -18,7 +19,7 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.serve.app import build_app, shutdown_app, start_actors
 from marconi_ray.serve.model_source import resolve_model
-from marconi_ray.serve.settings import ServeSettings
+from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 PORT = 8123
@@ -198,3 +199,26 @@ def test_health_and_metrics_parse(services):
     names = {f.name for f in text_string_to_metric_families(text)}
     for name in ("marconi_ttft_seconds", "marconi_cache_token_hit_rate", "marconi_cache_bytes"):
         assert any(n.startswith(name) for n in names), name
+
+
+def test_a_host_tier_no_node_can_hold_is_refused_before_anything_starts(services):
+    """`host_cache_bytes` x tp over every model node's free memory: `start_actors` (what
+    `run_app` and `app_builder` call first) refuses it, naming both numbers, and starts
+    no actor."""
+    too_big = ServeSettings(
+        model_dir=str(services["qwen_dir"]),
+        model_name="tiny",
+        tp=2,
+        host_cache_bytes=10**18,
+        port=PORT,
+        app_name="too-big-host-tier",
+    )
+    with pytest.raises(ValueError) as refused:
+        start_actors(too_big)
+    message = str(refused.value)
+    assert f"host_cache_bytes={10**18} x 2 ranks = {2 * 10**18} bytes exceeds the " in message
+    free = re.search(r"exceeds the (\d+) bytes of free memory \(MemAvailable\) on node ", message)
+    assert free is not None and 0 < int(free.group(1)) < 10**18
+    for name in (too_big.coordinator_name, too_big.tuner_name):
+        with pytest.raises(ValueError):
+            ray.get_actor(name, namespace=NAMESPACE)

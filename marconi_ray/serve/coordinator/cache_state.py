@@ -76,7 +76,7 @@ class CacheState:
     """The journalled state of the coordinator (see the module docstring).
 
     Args:
-        settings: the deployment (system, cache size, alpha, tuner, lease_s).
+        settings: the deployment (system, cache sizes per tier, alpha, tuner, lease_s).
         flops: (linear, quadratic) prefill FLOP coefficients of the model.
         max_position: the model's context limit.
         clock: wall-clock seconds (lease deadlines).
@@ -148,6 +148,7 @@ class CacheState:
             s.alpha,
             s.tuner,
             on_tune_job=functools.partial(self._on_job, op.replica),
+            host=s.host_tier,
         )
         self.replicas[op.replica] = ReplicaInfo(
             op.kv_bytes_per_token, op.state_bytes, op.generation, True, self.clock()

@@ -32,6 +32,7 @@ from marconi_ray.protocol.orders import (
     StepInput,
     StepOutput,
 )
+from marconi_ray.serve.host_memory import check_this_node
 from marconi_ray.serve.hub_model import HubModel
 
 DIST_TIMEOUT = timedelta(seconds=120)
@@ -87,6 +88,7 @@ class ShardActor:
         kernels: str = "auto",
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         hub_model: HubModel | None = None,
+        host_cache_bytes: int = 0,
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
@@ -94,7 +96,11 @@ class ShardActor:
         limits, and the kernel set with the backend of each op.
 
         With `hub_model`, the model is that Hugging Face snapshot in this node's cache
-        (downloaded first where allowed), and `model_dir` (the driver's copy) is unused."""
+        (downloaded first where allowed), and `model_dir` (the driver's copy) is unused.
+        First of all, a host tier of `host_cache_bytes` per rank that this node's free
+        memory cannot hold for the whole replica (its `world` ranks share the node) is
+        refused: ValueError naming both numbers (`serve.host_memory`)."""
+        check_this_node(host_cache_bytes, self.world)
         if hub_model is not None:
             model_dir = str(hub_model.local_dir())
         dev = self.device = bind_device(device)

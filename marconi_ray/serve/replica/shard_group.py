@@ -68,6 +68,7 @@ def _setup_args(settings: ServeSettings, address: str) -> tuple[Any, ...]:
         s.kernels,
         s.max_batch_tokens,
         s.hub_model,
+        s.host_cache_bytes,
     )
 
 
