@@ -65,11 +65,18 @@ class ReplicaStats:
     """One replica's cache figures, as the coordinator sees them (for `/metrics`).
 
     Attributes:
+        capacity, bytes_used: the device tier's budget and the bytes it holds now.
         stats: `core.stats.CacheStats.to_dict()` (requests, hit tokens, FLOPs saved,
-            states admitted by reason, evictions, ...).
+            states admitted by reason, evictions, promotions and demotions, ...).
         bytes_by_kind: bytes held now, {"kv": ..., "ssm": ...}.
         in_flight: requests planned on this replica and not yet committed or aborted.
         tuner_runs: alpha searches adopted so far.
+        bytes_by_tier: bytes held now, {"device": ..., "host": ...}.
+        host_capacity: the host tier's budget (0: no host tier).
+        store: the replica's last reported store figures between the tiers
+            (`StateStore.tier_stats()` of its rank 0: host bytes, bytes and seconds
+            copied and moves per direction); empty until it reports (it does only with
+            a host tier).
     """
 
     replica_id: str
@@ -81,12 +88,20 @@ class ReplicaStats:
     in_flight: int
     tuner_runs: int
     stats: dict[str, object]
+    bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    host_capacity: int = 0
+    store: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, replica_id: str, cache: PrefixCache, in_flight: int, tuner_runs: int
+        cls,
+        replica_id: str,
+        cache: PrefixCache,
+        in_flight: int,
+        tuner_runs: int,
+        store: dict[str, float] | None = None,
     ) -> ReplicaStats:
-        """A snapshot of `cache`'s figures."""
+        """A snapshot of `cache`'s figures, with the replica's `store` figures."""
         return cls(
             replica_id=replica_id,
             capacity=cache.capacity,
@@ -97,4 +112,7 @@ class ReplicaStats:
             in_flight=in_flight,
             tuner_runs=tuner_runs,
             stats=cache.stats.to_dict(),
+            bytes_by_tier=cache.bytes_by_tier(),
+            host_capacity=cache.host_capacity,
+            store=dict(store or {}),
         )

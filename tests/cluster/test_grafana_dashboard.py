@@ -2,11 +2,12 @@
 
 The exported series are not listed here: they come from rendering `GET /metrics` text with
 the real `render_metrics` over a real `IngressMetrics` (histograms observed, a request
-counted) and the `ReplicaStats` of a real `PrefixCache` that served a few conversations,
-parsed back with prometheus_client's own parser. Every PromQL expression of the dashboard
-(panel targets and template-variable queries) must name only those series (with the
-`_total` / `_bucket` / `_sum` / `_count` names the exporter renders), and only labels those
-series carry (plus `job`/`instance`, which Prometheus attaches at scrape time).
+counted) and the `ReplicaStats` of real `PrefixCache`s that served a few conversations
+(one of them with a host tier, its replica reporting store figures), parsed back with
+prometheus_client's own parser. Every PromQL expression of the dashboard (panel targets
+and template-variable queries) must name only those series (with the `_total` /
+`_bucket` / `_sum` / `_count` names the exporter renders), and only labels those series
+carry (plus `job`/`instance`, which Prometheus attaches at scrape time).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cache_samples import served_cache
+from cache_samples import served_cache, tiered_cache
 from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
@@ -56,6 +57,12 @@ def render_exported() -> tuple[str, Exported]:
         ReplicaStats.of(name, served_cache(cap, seed), in_flight=1, tuner_runs=2)
         for name, cap, seed in (("r0", 10**6, 0), ("r1", 1200, 1))
     ]
+    store = {
+        f"{what}_{way}": 1.0
+        for what in ("bytes", "seconds", "moves")
+        for way in ("to_host", "to_device")
+    }
+    stats.append(ReplicaStats.of("r2", tiered_cache(), 0, 0, store={**store, "host_bytes": 1.0}))
     text = render_metrics(metrics, stats, tuner_runs=2).decode()
     labels: dict[str, set[str]] = {}
     unknown: set[str] = set()
@@ -295,6 +302,9 @@ def test_exporter_renders_what_the_checks_rely_on(exported: Exported) -> None:
     assert exported["marconi_cache_states_admitted_total"] == {"replica", "reason"}
     assert exported["marconi_cache_flops_saved_total"] == {"replica"}
     assert "marconi_cache_flops_saved" not in exported  # counters only as _total
+    assert exported["marconi_cache_tier_bytes"] == {"replica", "tier"}
+    assert exported["marconi_cache_tier_hit_tokens_total"] == {"replica", "tier"}
+    assert exported["marconi_store_tier_copied_bytes_total"] == {"replica", "direction"}
 
 
 def test_dashboard_is_grafana_json(dashboard: dict[str, Any]) -> None:
@@ -364,6 +374,30 @@ def test_dashboard_covers_the_cache_figures(dashboard: dict[str, Any], exported:
     }
     assert wanted <= exported.keys()
     assert wanted - used == set()
+
+
+def test_dashboard_covers_the_host_tier(dashboard: dict[str, Any], exported: Exported) -> None:
+    """Bytes per tier, hit tokens per tier, promotions and demotions, copy bandwidth."""
+    used = set().union(*(metric_names(e) for _, e in expressions(dashboard)))
+    wanted = {
+        "marconi_cache_tier_bytes",
+        "marconi_cache_tier_capacity_bytes",
+        "marconi_cache_tier_hit_tokens_total",
+        "marconi_cache_promotions_total",
+        "marconi_cache_demotions_total",
+        "marconi_cache_promoted_bytes_total",
+        "marconi_cache_demoted_bytes_total",
+        "marconi_cache_host_evictions_total",
+        "marconi_store_tier_copied_bytes_total",
+        "marconi_store_tier_copy_seconds_total",
+        "marconi_store_host_bytes",
+    }
+    assert wanted <= exported.keys()
+    assert wanted - used == set()
+    bandwidth = [
+        e for _, e in expressions(dashboard) if "marconi_store_tier_copy_seconds_total" in e
+    ]
+    assert any("marconi_store_tier_copied_bytes_total" in e and " / " in e for e in bandwidth)
 
 
 # ------------------------------------------------------------------ the checks bite

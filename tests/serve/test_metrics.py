@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cache_samples import COST, served_cache
+from cache_samples import COST, served_cache, tiered_cache
 from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
@@ -91,4 +91,73 @@ def test_bad_stats_value_is_named() -> None:
     stats = ReplicaStats.of("r", cache, 0, 0)
     stats.stats["hit_tokens"] = "many"
     with pytest.raises(ValueError, match="hit_tokens"):
+        render_metrics(IngressMetrics(), [stats])
+
+
+STORE = {
+    "host_bytes": 490.0,
+    "host_slots": 40.0,
+    "host_states": 3.0,
+    "bytes_to_host": 5000.0,
+    "bytes_to_device": 2500.0,
+    "seconds_to_host": 0.25,
+    "seconds_to_device": 0.125,
+    "moves_to_host": 9.0,
+    "moves_to_device": 3.0,
+}
+
+
+def test_tier_figures_round_trip(caches: dict[str, PrefixCache]) -> None:
+    """Bytes, budgets and hit tokens per tier, promotions and demotions from the caches;
+    copies per direction from the store figures a replica reported (none reported: no
+    store series for it)."""
+    two = tiered_cache()
+    s = two.stats
+    assert s.demotions and s.promotions and s.host_evictions
+    assert 0 < s.host_hit_tokens < s.hit_tokens
+    stats = [
+        ReplicaStats.of("two", two, 0, 0, store=STORE),
+        ReplicaStats.of("one", caches["r0"], 0, 0),
+    ]
+    got = samples(render_metrics(IngressMetrics(), stats).decode())
+
+    def at(name: str, replica: str, **labels: str) -> float:
+        return got[(name, tuple(sorted({"replica": replica, **labels}.items())))]
+
+    assert at("marconi_cache_tier_bytes", "two", tier="device") == two.bytes_used
+    assert at("marconi_cache_tier_bytes", "two", tier="host") == two.bytes_by_tier()["host"] > 0
+    assert at("marconi_cache_tier_capacity_bytes", "two", tier="device") == 800
+    assert at("marconi_cache_tier_capacity_bytes", "two", tier="host") == 600
+    assert at("marconi_cache_tier_hit_tokens_total", "two", tier="host") == s.host_hit_tokens
+    device_hits = at("marconi_cache_tier_hit_tokens_total", "two", tier="device")
+    assert device_hits == s.hit_tokens - s.host_hit_tokens
+    for name, value in (
+        ("promotions", s.promotions),
+        ("promoted_bytes", s.promoted_bytes),
+        ("demotions", s.demotions),
+        ("demoted_bytes", s.demoted_bytes),
+        ("host_evictions", s.host_evictions),
+        ("host_hit_bytes", s.host_hit_bytes),
+    ):
+        assert at(f"marconi_cache_{name}_total", "two") == value, name
+    assert at("marconi_cache_host_peak_bytes", "two") == s.host_peak_bytes
+    for way in ("to_host", "to_device"):
+        copied = at("marconi_store_tier_copied_bytes_total", "two", direction=way)
+        assert copied == STORE[f"bytes_{way}"]
+        seconds = at("marconi_store_tier_copy_seconds_total", "two", direction=way)
+        assert seconds == STORE[f"seconds_{way}"]
+        assert at("marconi_store_tier_moves_total", "two", direction=way) == STORE[f"moves_{way}"]
+    assert at("marconi_store_host_bytes", "two") == 490
+    one = caches["r0"]
+    assert at("marconi_cache_tier_bytes", "one", tier="host") == 0
+    assert at("marconi_cache_tier_capacity_bytes", "one", tier="host") == 0
+    assert at("marconi_cache_tier_hit_tokens_total", "one", tier="device") == one.stats.hit_tokens
+    assert at("marconi_cache_promotions_total", "one") == 0
+    assert not [key for key in got if key[0].startswith("marconi_store") and "one" in str(key)]
+
+
+def test_bad_store_figure_is_named() -> None:
+    cache = PrefixCache(COST, CacheConfig(1000))
+    stats = ReplicaStats.of("r", cache, 0, 0, store={**STORE, "seconds_to_host": "slow"})
+    with pytest.raises(ValueError, match="store field 'seconds_to_host'"):
         render_metrics(IngressMetrics(), [stats])

@@ -111,6 +111,9 @@ class CacheCoordinator:
         """Replica -> when its pending tuning job was last sent to the tuner actor (0.0:
         not sent yet, or the send failed); see `resend_jobs`."""
         self._queued: dict[str, Release] = {}
+        self._store_figures: dict[str, dict[str, float]] = {}
+        """Replica -> its store's tier figures from its last heartbeat that carried them
+        (for `/metrics`; not journalled: the next heartbeat brings them again)."""
         self._router = make_router(settings.routing, settings)
         self._since_snapshot = 0
         self.journal = journal or open_journal(
@@ -178,25 +181,33 @@ class CacheCoordinator:
         """Forget a replica and its cache (its tensors died with it, or are reset)."""
         if replica_id in self.planners:
             self._queued.pop(replica_id, None)
+            self._store_figures.pop(replica_id, None)
             self._do(Unregister(replica_id))
 
     def replicas(self) -> list[str]:
         return list(self.planners)
 
     def heartbeat(
-        self, replica_id: str, live: list[int], started: list[int] | None = None
+        self,
+        replica_id: str,
+        live: list[int],
+        started: list[int] | None = None,
+        store: dict[str, float] | None = None,
     ) -> tuple[str, int]:
         """A replica is alive and runs (or queues) the requests `live`: renew their
         leases. `started`: those of them whose orders it started (it freed what their
-        dispatches carried, see `serve.coordinator.cache_state`). Returns (`"ok"` | `"reconcile"` |
-        `"register"`, generation): `register` when this coordinator does not know the
-        replica, `reconcile` when it restored the replica from the journal and needs its
-        holdings (see `reconcile`). Also sends tuning jobs that are due again."""
+        dispatches carried, see `serve.coordinator.cache_state`). `store`: its store's
+        tier figures (`ReplicaStats.store`), kept for `stats`. Returns (`"ok"` |
+        `"reconcile"` | `"register"`, generation): `register` when this coordinator does
+        not know the replica, `reconcile` when it restored the replica from the journal and
+        needs its holdings (see `reconcile`). Also sends tuning jobs that are due again."""
         info = self.replica_info.get(replica_id)
         now = self.clock()
         if info is not None:
             info.last_seen = now
             self.state.mark_started(replica_id, list(started or ()))
+            if store is not None:
+                self._store_figures[replica_id] = dict(store)
         self._expire()
         self.resend_jobs()
         if info is None:
@@ -414,7 +425,8 @@ class CacheCoordinator:
         out = []
         for rid, planner in self.planners.items():
             runs = 0 if planner.tuner is None else len(planner.tuner.history)
-            out.append(ReplicaStats.of(rid, planner.cache, planner.open_requests, runs))
+            store = self._store_figures.get(rid)
+            out.append(ReplicaStats.of(rid, planner.cache, planner.open_requests, runs, store))
         return out
 
     def health(self) -> dict[str, Any]:

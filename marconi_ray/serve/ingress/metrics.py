@@ -13,6 +13,16 @@ Cache metrics (label `replica`; `kind` and `reason` where noted):
 `marconi_cache_evictions_total`, `marconi_cache_alpha`, `marconi_replica_in_flight`,
 `marconi_replica_tuner_runs_total`; and `marconi_tuner_runs_total` (all replicas).
 
+The two tiers (label `replica`; `tier` is `device` or `host`, `direction` is `to_host`
+or `to_device`): from the coordinator's caches `marconi_cache_tier_bytes{tier}`,
+`marconi_cache_tier_capacity_bytes{tier}`, `marconi_cache_tier_hit_tokens_total{tier}`
+(hit tokens read from each tier), `marconi_cache_{promotions,promoted_bytes,demotions,
+demoted_bytes,host_evictions,host_hit_bytes}_total`, `marconi_cache_host_peak_bytes`;
+from each replica's store, as its heartbeats last reported it (replicas with a host tier
+only): `marconi_store_tier_copied_bytes_total{direction}`,
+`marconi_store_tier_copy_seconds_total{direction}`,
+`marconi_store_tier_moves_total{direction}`, `marconi_store_host_bytes`.
+
 Journal metrics (from the coordinator's `journal_health()`, when the caller passes it):
 `marconi_journal_state{state}` (1 for the current one of `ok` / `degraded` / `lost`, 0 for
 the others), `marconi_journal_backlog_bytes`, `marconi_journal_backlog_records`,
@@ -45,11 +55,26 @@ _COUNTERS = (
     ("marconi_cache_flops_saved", "flops_saved", "Prefill FLOPs the cache hits saved."),
     ("marconi_cache_evictions", "evictions", "Cache nodes evicted."),
     ("marconi_cache_states_dropped", "states_dropped", "States that did not fit and were dropped."),
+    ("marconi_cache_promotions", "promotions", "Nodes promoted from the host tier to the device."),
+    ("marconi_cache_promoted_bytes", "promoted_bytes", "Bytes promoted from host to device."),
+    ("marconi_cache_demotions", "demotions", "Nodes demoted from the device to the host tier."),
+    ("marconi_cache_demoted_bytes", "demoted_bytes", "Bytes demoted from device to host."),
+    ("marconi_cache_host_evictions", "host_evictions", "Nodes dropped from the host tier."),
+    ("marconi_cache_host_hit_bytes", "host_hit_bytes", "Host bytes that cache hits read."),
 )
 _GAUGES = (
     ("marconi_cache_token_hit_rate", "token_hit_rate", "Hit tokens / input tokens."),
     ("marconi_cache_request_hit_rate", "request_hit_rate", "Hit requests / requests."),
     ("marconi_cache_peak_bytes", "peak_bytes", "Most bytes the cache has held."),
+    ("marconi_cache_host_peak_bytes", "host_peak_bytes", "Most bytes the host tier has held."),
+)
+TIERS = ("device", "host")
+DIRECTIONS = ("to_host", "to_device")
+# (metric name without _total, key prefix in StateStore.tier_stats() + direction, help)
+_STORE_COUNTERS = (
+    ("marconi_store_tier_copied_bytes", "bytes_", "Bytes the store copied between the tiers."),
+    ("marconi_store_tier_copy_seconds", "seconds_", "Seconds the store spent copying them."),
+    ("marconi_store_tier_moves", "moves_", "Tier moves the store applied."),
 )
 
 
@@ -156,6 +181,7 @@ class CacheCollector(Collector):
             for reason in sorted(reasons):
                 admitted.add_metric([r.replica_id, str(reason)], _number(reasons, reason))
         yield admitted
+        yield from self._tier_families()
         runs = CounterMetricFamily(
             "marconi_replica_tuner_runs", "Alpha searches adopted, by replica.", labels=label
         )
@@ -165,6 +191,46 @@ class CacheCollector(Collector):
         yield CounterMetricFamily(
             "marconi_tuner_runs", "Alpha searches adopted, all replicas.", value=self.tuner_runs
         )
+
+    def _tier_families(self) -> Iterator[Metric]:
+        """The two tiers: the caches' bytes, budgets and hit tokens per tier, and what
+        each replica's store reported of its copies per direction."""
+        tier = ["replica", "tier"]
+        held = GaugeMetricFamily(
+            "marconi_cache_tier_bytes", "Bytes the cache holds now, by tier.", labels=tier
+        )
+        budget = GaugeMetricFamily(
+            "marconi_cache_tier_capacity_bytes", "The cache's byte budget, by tier.", labels=tier
+        )
+        hits = CounterMetricFamily(
+            "marconi_cache_tier_hit_tokens",
+            "Input tokens served from the cache, by the tier they were read from.",
+            labels=tier,
+        )
+        for r in self.stats:
+            by_tier = {name: r.bytes_by_tier.get(name, 0) for name in TIERS}
+            host_hits = _number(r.stats, "host_hit_tokens")
+            hit_tokens = {"device": _number(r.stats, "hit_tokens") - host_hits, "host": host_hits}
+            capacity = {"device": r.capacity, "host": r.host_capacity}
+            for name in TIERS:
+                held.add_metric([r.replica_id, name], float(by_tier[name]))
+                budget.add_metric([r.replica_id, name], float(capacity[name]))
+                hits.add_metric([r.replica_id, name], hit_tokens[name])
+        yield from (held, budget, hits)
+        direction = ["replica", "direction"]
+        reporting = [r for r in self.stats if r.store]
+        for name, prefix, doc in _STORE_COUNTERS:
+            fam = CounterMetricFamily(name, doc, labels=direction)
+            for r in reporting:
+                for way in DIRECTIONS:
+                    fam.add_metric([r.replica_id, way], _number(r.store, prefix + way, "store"))
+            yield fam
+        host = GaugeMetricFamily(
+            "marconi_store_host_bytes", "Bytes the store holds in host memory.", labels=["replica"]
+        )
+        for r in reporting:
+            host.add_metric([r.replica_id], _number(r.store, "host_bytes", "store"))
+        yield host
 
 
 class IngressMetrics:
