@@ -491,11 +491,17 @@ class PrefixCache:
     ) -> int:
         """Simulate one request end to end; return its hit length. With `max_output`, plan
         reserves room for that many output tokens, as the live service's planner does."""
+        return self.serve_plan(input_tokens, output_tokens, max_output).hit_len
+
+    def serve_plan(
+        self, input_tokens: object, output_tokens: object, max_output: int | None = None
+    ) -> Plan:
+        """`serve`, returning the committed request's plan (its hit, host part, moves)."""
         inp = as_tokens(input_tokens, "input tokens")
         out = np.asarray(output_tokens, dtype=np.int32)
         plan = self.plan(inp, max_output)
         self.commit(plan, np.concatenate([inp, out]) if len(out) else inp)
-        return plan.hit_len
+        return plan
 
     # ---------------------------------------------------------------- helpers
     def _require_open(self, plan: Plan) -> None:
