@@ -211,6 +211,18 @@ class PrefixCache:
                 slots.update(int(s) for s in node.kv)
         return states, slots
 
+    def referenced_on_host(self) -> tuple[set[int], set[int]]:
+        """(state ids, KV slot ids) of `referenced` that the tree keeps on the host tier:
+        what a store must hold in host memory."""
+        states: set[int] = set()
+        slots: set[int] = set()
+        for node in self.tree.iter_nodes():
+            if node.state_host:
+                states.add(int(node.state))
+            if node.host is not None and node.kv is not None:
+                slots.update(int(s) for s in np.asarray(node.kv)[node.host])
+        return states, slots
+
     def locked_nodes(self) -> int:
         """Nodes held by a lock (0 when no plan is open)."""
         return sum(n.lock > 0 for n in self.tree.iter_nodes())
