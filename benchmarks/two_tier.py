@@ -149,7 +149,7 @@ def plot(tables: dict[str, list[dict[str, Any]]], path: Path) -> Path:
                 pts = [
                     (r["host_gb"], 100 * r[variant]["token_hit_rate"]) for r in mine if variant in r
                 ]
-                if variant != "two-tier":
+                if variant in ("one tier", "LRU placement"):  # at 0 GB: the same run
                     pts = [(0.0, 100 * mine[0]["two-tier"]["token_hit_rate"]), *pts]
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, style, label=f"{device:g} GB {variant}")
