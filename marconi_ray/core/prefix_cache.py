@@ -211,6 +211,18 @@ class PrefixCache:
                 slots.update(int(s) for s in node.kv)
         return states, slots
 
+    def referenced_on_host(self) -> tuple[set[int], set[int]]:
+        """(state ids, KV slot ids) of `referenced` that the tree keeps on the host tier:
+        what a store must hold in host memory."""
+        states: set[int] = set()
+        slots: set[int] = set()
+        for node in self.tree.iter_nodes():
+            if node.state_host:
+                states.add(int(node.state))
+            if node.host is not None and node.kv is not None:
+                slots.update(int(s) for s in np.asarray(node.kv)[node.host])
+        return states, slots
+
     def locked_nodes(self) -> int:
         """Nodes held by a lock (0 when no plan is open)."""
         return sum(n.lock > 0 for n in self.tree.iter_nodes())
@@ -491,11 +503,17 @@ class PrefixCache:
     ) -> int:
         """Simulate one request end to end; return its hit length. With `max_output`, plan
         reserves room for that many output tokens, as the live service's planner does."""
+        return self.serve_plan(input_tokens, output_tokens, max_output).hit_len
+
+    def serve_plan(
+        self, input_tokens: object, output_tokens: object, max_output: int | None = None
+    ) -> Plan:
+        """`serve`, returning the committed request's plan (its hit, host part, moves)."""
         inp = as_tokens(input_tokens, "input tokens")
         out = np.asarray(output_tokens, dtype=np.int32)
         plan = self.plan(inp, max_output)
         self.commit(plan, np.concatenate([inp, out]) if len(out) else inp)
-        return plan.hit_len
+        return plan
 
     # ---------------------------------------------------------------- helpers
     def _require_open(self, plan: Plan) -> None:
