@@ -87,7 +87,8 @@ class DeviceKVPool:
             self.reclaim()
         if n > len(self._free):
             self._grow(n - len(self._free))
-        out = np.asarray([self._free.pop() for _ in range(n)], dtype=np.int64)
+        out = np.asarray(self._free[len(self._free) - n :][::-1], dtype=np.int64)
+        del self._free[len(self._free) - n :]
         self._held[out] = True
         return out
 

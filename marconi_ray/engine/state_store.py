@@ -204,7 +204,8 @@ class StateStore:
         self.copier.poll()
         if n > len(self._free_ids):
             self._grow_ids(n - len(self._free_ids))
-        ids = np.asarray([self._free_ids.pop() for _ in range(n)], dtype=np.int64)
+        ids = np.asarray(self._free_ids[len(self._free_ids) - n :][::-1], dtype=np.int64)
+        del self._free_ids[len(self._free_ids) - n :]
         self._row[ids] = self.device_kv.alloc(n)
         self._tier[ids] = DEVICE
         return ids
