@@ -14,6 +14,9 @@
    (about 18 minutes for the same 12 runs); per-run request and token rates.
 5. The tuner: one 21-alpha grid over a 1,000-request window, serial vs 2 processes.
 6. The cost of one eviction decision over 10k candidates (LRU and FLOP-aware).
+7. Two tiers (`two_tier.py`): Mooncake (chained and not) at 20 and 50 GB of device memory
+   x 0, 200, 500, 1,000 GB of host memory, SWE and ShareGPT likewise, each next to one
+   tier of the same total bytes, LRU placement and all-LRU, with the modelled TTFT.
 
 Writes `OUT/bench_core.json`, one hit-rate plot per trace and prints every table.
 Needs the shared data folder (../shared/data or $MARCONI_DATA_DIR).
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import two_tier
 from tqdm import tqdm
 
 from marconi_ray.cli.plot import plot_hit_rate_vs_cache
@@ -287,6 +291,11 @@ def main() -> None:
     parser.add_argument(
         "--skip-mooncake", action="store_true", help="leave out the two Mooncake traces"
     )
+    parser.add_argument(
+        "--only-tiers",
+        action="store_true",
+        help="run section 7 (two tiers) alone, writing bench_core_tiers.json",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -294,6 +303,16 @@ def main() -> None:
     report: dict[str, Any] = {"model": "paper-7b", "jobs": args.jobs}
     cases = [c for c in CASES if not (args.skip_mooncake and c.spec.startswith("mooncake"))]
     traces = {case.name: case.load() for case in tqdm(cases, desc="loading traces", leave=False)}
+
+    def sweep(reqs: Any, cost: CostModel, configs: list[RunConfig], desc: str) -> list[RunResult]:
+        return run_all(reqs, cost, configs, args.jobs, desc)[0]
+
+    if args.only_tiers:
+        print("== 7. two tiers")
+        report["two_tier"] = two_tier.run(traces, cost, sweep, out)
+        (out / "bench_core_tiers.json").write_text(json.dumps(report, indent=2, default=float))
+        print(f"\nwrote {out / 'bench_core_tiers.json'} and {out / 'two_tier_hit_rates.png'}")
+        return
 
     print("== 4. replay speed")
     report["sweep"] = sweep_speed(traces[SWE.name], cost, args.jobs)
@@ -354,6 +373,8 @@ def main() -> None:
         f"FLOP-aware {decision['flop_aware']:.0f} us"
     )
     report["eviction_decision_us"] = decision
+    print("\n== 7. two tiers")
+    report["two_tier"] = two_tier.run(traces, cost, sweep, out)
     (out / "bench_core.json").write_text(json.dumps(report, indent=2, default=float))
     print(f"\nwrote {out / 'bench_core.json'} and the plots in {out}")
 

@@ -32,6 +32,7 @@ from marconi_ray.cli.trace_source import (
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, EFFICIENCY_FORMULAS
 from marconi_ray.core.eviction import RECENCY_MODES
 from marconi_ray.core.explain import Decision, summarize
+from marconi_ray.core.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, PLACEMENTS
 from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep, run_replay
 from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.trace import Trace
@@ -62,6 +63,40 @@ def add_parser(subparsers: Any) -> None:
         metavar="SIZES",
         help=f"comma list of cache capacities in bytes, floats allowed "
         f"(default: {DEFAULT_CACHE_SIZES})",
+    )
+    p.add_argument(
+        "--host-bytes",
+        type=values.host_sizes,
+        default=(0,),
+        metavar="SIZES",
+        help="comma list of host-tier capacities in bytes per replica, each run with "
+        "every --cache-bytes: device evictions then demote to host memory and hits are "
+        "promoted back (0: one tier, the device only) (default: 0)",
+    )
+    p.add_argument(
+        "--host-gbps",
+        type=values.positive_float,
+        default=DEFAULT_HOST_GBPS,
+        metavar="GBPS",
+        help=f"copy bandwidth between host and device, GB/s: what a host hit costs on the "
+        f"clock and what FLOP-aware placement weighs (default: {DEFAULT_HOST_GBPS:g})",
+    )
+    p.add_argument(
+        "--prefill-tflops",
+        type=values.positive_float,
+        default=DEFAULT_PREFILL_TFLOPS,
+        metavar="TFLOPS",
+        help=f"prefill speed of the clock that models time to first token (uncached "
+        f"tokens' FLOPs / speed + host bytes / bandwidth) (default: "
+        f"{DEFAULT_PREFILL_TFLOPS:g})",
+    )
+    p.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="flop_aware",
+        help="what a device eviction does with a two-tier cache: flop_aware demotes a "
+        "victim only when a hit on it saves more prefill time than copying it back costs, "
+        "lru demotes every victim (default: flop_aware)",
     )
     p.add_argument(
         "--systems",
@@ -157,15 +192,29 @@ def _configs(args: argparse.Namespace) -> list[RunConfig]:
         retune_every=args.retune_every,
     )
     configs = [
-        RunConfig(system, size, args.alpha, args.recency, tuner, args.check, args.efficiency)
+        RunConfig(
+            system,
+            size,
+            args.alpha,
+            args.recency,
+            tuner,
+            args.check,
+            args.efficiency,
+            host_bytes=host,
+            host_gbps=args.host_gbps,
+            prefill_tflops=args.prefill_tflops,
+            placement=args.placement,
+        )
         for system in args.systems
         for size in args.cache_bytes
+        for host in args.host_bytes
     ]
     if args.explain:
         if len(configs) != 1:
             raise ValueError(
                 f"--explain explains one run: give one system and one cache size, got "
-                f"{len(args.systems)} system(s) x {len(args.cache_bytes)} size(s)"
+                f"{len(args.systems)} system(s) x {len(args.cache_bytes)} size(s) x "
+                f"{len(args.host_bytes)} host size(s)"
             )
         if get_system(configs[0].system).eviction != "flop_aware":
             raise ValueError(
@@ -192,7 +241,7 @@ def _sweep(trace: Trace, cost: Any, configs: Sequence[RunConfig], jobs: int) -> 
 def _options(args: argparse.Namespace, trace_spec: str) -> dict[str, Any]:
     opts = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     opts["trace"] = trace_spec
-    for key in ("cache_bytes", "systems", "alpha_grid"):
+    for key in ("cache_bytes", "host_bytes", "systems", "alpha_grid"):
         opts[key] = list(opts[key])
     return opts
 

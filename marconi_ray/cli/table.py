@@ -1,4 +1,7 @@
-"""The plain-text results table `replay` prints: one row per (system, cache size) + oracle."""
+"""The plain-text results table `replay` prints: one row per (system, cache size) + oracle.
+
+When a run had a host tier, three columns follow: its size, the share of input tokens hit
+on the host, and the clock's TTFT saved (`core.replay`)."""
 
 from __future__ import annotations
 
@@ -17,7 +20,19 @@ COLUMNS = (
     "alpha",
     "wall s",
 )
+TIER_COLUMNS = ("host GB", "host hit %", "TTFT saved %")
 _NA = "-"
+
+
+def _tier_cells(rec: Mapping[str, Any]) -> list[str]:
+    if rec["system"] == "oracle" or rec.get("cache_bytes") is None:
+        return [_NA] * len(TIER_COLUMNS)
+    n_input = rec["input_tokens"]
+    return [
+        f"{rec['host_bytes'] / 1e9:g}",
+        f"{100 * rec['host_hit_tokens'] / n_input:.2f}" if n_input else _NA,
+        f"{100 * rec['ttft_saved_fraction']:.2f}",
+    ]
 
 
 def _row(rec: Mapping[str, Any]) -> list[str]:
@@ -47,7 +62,11 @@ def _row(rec: Mapping[str, Any]) -> list[str]:
 def format_table(records: Sequence[Mapping[str, Any]]) -> str:
     """Aligned columns: text left, numbers right, a rule under the header."""
     rows = [_row(r) for r in records]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(COLUMNS)]
+    header: tuple[str, ...] = COLUMNS
+    if any(r.get("host_bytes") for r in records):
+        header = (*COLUMNS, *TIER_COLUMNS)
+        rows = [[*row, *_tier_cells(r)] for row, r in zip(rows, records, strict=True)]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
 
     def line(cells: Sequence[str]) -> str:
         first = cells[0].ljust(widths[0])
@@ -55,4 +74,4 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
         return "  ".join([first, *rest]).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(COLUMNS), rule, *(line(r) for r in rows)])
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])

@@ -41,6 +41,19 @@ def cache_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def host_sizes(text: str) -> tuple[int, ...]:
+    """`0,2e11` -> (0, 200000000000); each host tier size must be >= 0 bytes (0: none)."""
+    sizes: list[int] = []
+    for part in _split(text):
+        value = _number(part, "host size")
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"host size {part!r} must be >= 0 bytes")
+        sizes.append(int(value))
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"no host size given in {text!r}")
+    return tuple(dict.fromkeys(sizes))
+
+
 def system(text: str) -> str:
     """One known system name (see `core.systems.get_system`)."""
     try:

@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel
+from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache, as_tokens
 from marconi_ray.core.radix_tree import FlatTree, RadixTree
 from marconi_ray.core.stats import ADMISSION_REASONS, CacheStats
@@ -66,9 +67,32 @@ _CACHE_KEYS = (
     "admission_state",
 )
 _COST_KEYS = ("flops_linear", "flops_quadratic", "kv_bytes_per_token", "state_bytes")
-_CONFIG_KEYS = ("capacity_bytes", "admission", "eviction", "alpha", "recency", "efficiency")
+_CONFIG_KEYS = (
+    "capacity_bytes",
+    "admission",
+    "eviction",
+    "alpha",
+    "recency",
+    "efficiency",
+    "host",
+)
+_HOST_KEYS = ("capacity_bytes", "gbps", "prefill_tflops", "placement")
+_TIER_STATS = (
+    "host_hit_tokens",
+    "host_hit_bytes",
+    "promotions",
+    "promoted_bytes",
+    "demotions",
+    "demoted_bytes",
+    "host_evictions",
+    "host_peak_bytes",
+)
 _OPTIONAL_KEYS: dict[str, object] = {
     "efficiency": DEFAULT_EFFICIENCY,
+    "host": None,
+    "host_tokens": 0,
+    "host_bytes": 0,
+    **dict.fromkeys(_TIER_STATS, 0),
     "states_superseded": 0,
     "hits_by_reason": {},
     "hit_tokens_by_reason": {},
@@ -87,6 +111,7 @@ _STATS_INTS = (
     "states_dropped",
     "states_superseded",
     "peak_bytes",
+    *_TIER_STATS,
 )
 _STATS_FLOATS = ("flops_total", "flops_saved")
 _STATS_BY_REASON = ("states_admitted", "hits_by_reason", "hit_tokens_by_reason", "states_hit")
@@ -104,8 +129,20 @@ _TREE_COLUMNS = {
     "last_access": "<f8",
     "free": "<i8",
 }
-_TREE_KEYS = (*_TREE_COLUMNS, "n_slots")
-_PLAN_KEYS = ("plan_id", "tokens", "hit_len", "hit_node", "checkpoints", "reserved")
+_TIER_COLUMNS = {"host": "|u1", "state_host": "|u1"}
+"""Tree columns of the tiers, bools as bytes; a form without them (written before there
+were tiers, or by a one-tier cache) holds everything on the device."""
+_TREE_KEYS = (*_TREE_COLUMNS, *_TIER_COLUMNS, "n_slots")
+_PLAN_KEYS = (
+    "plan_id",
+    "tokens",
+    "hit_len",
+    "hit_node",
+    "checkpoints",
+    "reserved",
+    "host_tokens",
+    "host_bytes",
+)
 
 
 # ----------------------------------------------------------------- encoding
@@ -130,8 +167,13 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
     tree: Record = {
         name: encode_array(getattr(flat, name), dt) for name, dt in _TREE_COLUMNS.items()
     }
+    if flat.host.any() or flat.state_host.any():
+        tree.update(
+            {name: encode_array(getattr(flat, name), dt) for name, dt in _TIER_COLUMNS.items()}
+        )
     tree["n_slots"] = int(flat.n_slots)
     cost, config, stats = cache.cost, cache.config, cache.stats
+    host = config.host
     return {
         "kind": CACHE_KIND,
         "version": SCHEMA_VERSION,
@@ -148,6 +190,14 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
             "alpha": float(config.alpha),
             "recency": str(config.recency),
             "efficiency": str(config.efficiency),
+            "host": None
+            if not host.enabled
+            else {
+                "capacity_bytes": int(host.capacity_bytes),
+                "gbps": float(host.gbps),
+                "prefill_tflops": float(host.prefill_tflops),
+                "placement": str(host.placement),
+            },
         },
         "alpha": float(cache.alpha),
         "clock": float(cache.clock),
@@ -173,6 +223,8 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
                 "hit_node": hit,
                 "checkpoints": [[int(depth), str(reason)] for depth, reason in plan.checkpoints],
                 "reserved": int(plan.reserved),
+                "host_tokens": int(plan.host_tokens),
+                "host_bytes": int(plan.host_bytes),
             }
             for plan, hit in zip(plans, hits, strict=True)
         ],
@@ -217,6 +269,7 @@ def from_record(state: object) -> PrefixCache:
         config_f.get_float("alpha"),
         config_f.get_str("recency"),
         config_f.get_str("efficiency"),
+        _host_from(config_f.get("host")),
     )
     cache = PrefixCache(cost, config)
     cache.set_alpha(top.get_float("alpha"))
@@ -236,6 +289,19 @@ def from_record(state: object) -> PrefixCache:
     cache._open = {plan.plan_id: plan for plan in plans}
     cache.reserved = sum(plan.reserved for plan in plans)
     return cache
+
+
+def _host_from(obj: object) -> HostTier:
+    """The host tier of a form's config (None: one tier)."""
+    if obj is None:
+        return NO_HOST_TIER
+    f = Fields(obj, "cache.config.host", _HOST_KEYS)
+    return HostTier(
+        f.get_int("capacity_bytes", 0),
+        f.get_float("gbps"),
+        f.get_float("prefill_tflops"),
+        f.get_str("placement"),
+    )
 
 
 def _with_defaults(obj: object, keys: tuple[str, ...]) -> object:
@@ -306,18 +372,26 @@ def _reasons_from(obj: object, cache: PrefixCache, flat: FlatTree) -> None:
 
 
 def _flat_from(obj: object) -> FlatTree:
+    if isinstance(obj, dict) and not any(name in obj for name in _TIER_COLUMNS):
+        obj = {**obj, "host": None, "state_host": None}  # one tier: filled in below
     fields = Fields(obj, "cache.tree", _TREE_KEYS)
     cols = {name: fields.get_array(name, dt) for name, dt in _TREE_COLUMNS.items()}
-    has_kv = cols["has_kv"]
-    if len(has_kv) and has_kv.max() > 1:
-        raise ValueError("cache.tree.has_kv: values must be 0 or 1")
-    cols["has_kv"] = has_kv.astype(np.bool_)
+    if fields.get("host") is None:
+        cols["host"] = np.zeros(len(cols["edges"]), dtype=np.uint8)
+        cols["state_host"] = np.zeros(len(cols["state"]), dtype=np.uint8)
+    else:
+        cols.update({name: fields.get_array(name, dt) for name, dt in _TIER_COLUMNS.items()})
+    for name in ("has_kv", *_TIER_COLUMNS):
+        column = cols[name]
+        if len(column) and column.max() > 1:
+            raise ValueError(f"cache.tree.{name}: values must be 0 or 1")
+        cols[name] = column.astype(np.bool_)
     return FlatTree(n_slots=fields.get_int("n_slots", 1), **cols)
 
 
 def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
     path = f"cache.plans[{i}]"
-    fields = Fields(obj, path, _PLAN_KEYS)
+    fields = Fields(_with_defaults(obj, _PLAN_KEYS), path, _PLAN_KEYS)
     tokens = as_tokens(fields.get_array("tokens", "<i4"), f"{path}.tokens")
     hit_len = fields.get_int("hit_len", 0)
     hit = fields.get_int("hit_node", 0)
@@ -352,6 +426,8 @@ def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
         fields.get_int("reserved", 0),
         Reclaimed(),
         cache._reason_of(node.state) if hit_len else "",
+        fields.get_int("host_tokens", 0),
+        fields.get_int("host_bytes", 0),
     )
 
 

@@ -65,6 +65,11 @@ class Plan:
     freed: Reclaimed = field(default_factory=Reclaimed)
     hit_reason: str = ""
     """Why the hit's state was admitted ("" without a hit or when unknown)."""
+    host_tokens: int = 0
+    """Hit tokens whose KV was on the host tier when planned (0 in a one-tier cache)."""
+    host_bytes: int = 0
+    """Host bytes the hit reads (its host KV and state), promoted before its prefill
+    (`freed.moves`) or, where the device had no room, read straight from the host."""
 
     @property
     def hit_state(self) -> int:

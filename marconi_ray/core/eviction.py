@@ -26,6 +26,7 @@ from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.tree_types import Match, Node, Reclaimed
 
 RECENCY_MODES = ("timestamp", "inverse_age")
+BoolArray = npt.NDArray[np.bool_]
 _MIN = np.minimum.reduce
 _MAX = np.maximum.reduce
 
@@ -41,8 +42,10 @@ class EvictionPolicy(ABC):
         """Refresh access times after `match` was served."""
 
     @abstractmethod
-    def choose(self, tree: RadixTree, now: float) -> Node | None:
-        """The next victim among unlocked candidates, or None when there is none."""
+    def choose(self, tree: RadixTree, now: float, among: BoolArray | None = None) -> Node | None:
+        """The next victim among unlocked candidates (`among`: only those of this mask
+        over the table's slots, e.g. one tier's `NodeTable.device_candidates`), or None
+        when there is none."""
 
     def evict_until(
         self, tree: RadixTree, now: float, max_bytes: int, freed: Reclaimed
@@ -71,9 +74,20 @@ class LRUEviction(EvictionPolicy):
     def on_hit(self, tree: RadixTree, match: Match, now: float) -> None:
         tree.touch_many(match.path, now)
 
-    def choose(self, tree: RadixTree, now: float) -> Node | None:
-        slot = tree.table.oldest_leaf()
-        return None if slot is None else tree.nodes[slot]
+    def choose(self, tree: RadixTree, now: float, among: BoolArray | None = None) -> Node | None:
+        """The oldest leaf; within a mask (one tier of a two-tier cache, where a node
+        whose subtree left the tier is no leaf yet must be able to go), the oldest
+        candidate of the mask, ties to the deepest (the leaf end of a chain stamped at
+        once), then the lowest slot."""
+        if among is None:
+            slot = tree.table.oldest_leaf()
+            return None if slot is None else tree.nodes[slot]
+        slots = among.nonzero()[0]
+        if not len(slots):
+            return None
+        table = tree.table
+        order = np.lexsort((slots, -table.depth[slots], table.last_access[slots]))
+        return tree.nodes[int(slots[order[0]])]
 
     def evict_until(
         self, tree: RadixTree, now: float, max_bytes: int, freed: Reclaimed
@@ -146,15 +160,22 @@ class FlopAwareEviction(EvictionPolicy):
     def on_hit(self, tree: RadixTree, match: Match, now: float) -> None:
         tree.touch(match.hit_node, now)
 
-    def scores(self, tree: RadixTree, now: float, with_efficiency: bool = True) -> EvictionScores:
+    def scores(
+        self,
+        tree: RadixTree,
+        now: float,
+        with_efficiency: bool = True,
+        among: BoolArray | None = None,
+    ) -> EvictionScores:
         """Every candidate's terms and score, and the victim (what `choose` decides).
 
         Args:
             with_efficiency: evaluate the efficiency terms even when alpha is 0 (they
                 do not change the score then; `choose` skips them).
+            among: score only the candidates of this mask (default: every candidate).
         """
         table = tree.table
-        slots = table.evictable.nonzero()[0]
+        slots = (table.evictable if among is None else among).nonzero()[0]
         if not len(slots):
             empty = np.zeros(0, dtype=np.float64)
             return EvictionScores(slots, empty, empty, empty, empty, None)
@@ -170,8 +191,8 @@ class FlopAwareEviction(EvictionPolicy):
         score = rec_norm + self.alpha * eff_norm if self.alpha else rec_norm
         return EvictionScores(slots, rec_norm, eff_norm, raw, score, int(slots[score.argmin()]))
 
-    def choose(self, tree: RadixTree, now: float) -> Node | None:
-        victim = self.scores(tree, now, with_efficiency=False).victim
+    def choose(self, tree: RadixTree, now: float, among: BoolArray | None = None) -> Node | None:
+        victim = self.scores(tree, now, with_efficiency=False, among=among).victim
         return None if victim is None else tree.nodes[victim]
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from marconi_ray.core.eviction import FlopAwareEviction
+from marconi_ray.core.eviction import BoolArray, FlopAwareEviction
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.tree_types import Node
 
@@ -62,8 +62,8 @@ class ExplainingEviction(FlopAwareEviction):
         self.decisions: list[Decision] = []
         self.request = 0
 
-    def choose(self, tree: RadixTree, now: float) -> Node | None:
-        sc = self.scores(tree, now)
+    def choose(self, tree: RadixTree, now: float, among: BoolArray | None = None) -> Node | None:
+        sc = self.scores(tree, now, among=among)
         if sc.victim is None:
             return None
         i = int(np.searchsorted(sc.slots, sc.victim))

@@ -28,6 +28,8 @@ class FlatTree:
         last_access: float64[N], the nodes' last access times.
         n_slots: the node table's size.
         free: int64[n_slots - N], its free slots, in the order they are handed out last.
+        host: bool[sum(edge_len)], per edge token: its KV is on the host tier.
+        state_host: bool[N], a node's state is on the host tier (False without one).
     """
 
     parent: npt.NDArray[np.int64]
@@ -41,6 +43,8 @@ class FlatTree:
     last_access: npt.NDArray[np.float64]
     n_slots: int
     free: npt.NDArray[np.int64]
+    host: npt.NDArray[np.bool_]
+    state_host: npt.NDArray[np.bool_]
 
 
 _INT64 = np.dtype(np.int64)
@@ -78,8 +82,10 @@ _FLAT_DTYPES = {
     "lock": np.int64,
     "last_access": np.float64,
     "free": np.int64,
+    "host": np.bool_,
+    "state_host": np.bool_,
 }
-_PER_NODE = ("slot", "edge_len", "has_kv", "state", "lock", "last_access")
+_PER_NODE = ("slot", "edge_len", "has_kv", "state", "lock", "last_access", "state_host")
 
 
 def check_flat(flat: FlatTree) -> int:
@@ -109,6 +115,10 @@ def check_flat(flat: FlatTree) -> int:
         raise ValueError(f"{len(flat.edges)} edge tokens, but edge lengths sum to another count")
     if len(flat.edges) and flat.edges.min() < 0:
         raise ValueError("edge tokens must be >= 0")
+    if len(flat.host) != len(flat.edges):
+        raise ValueError(f"{len(flat.host)} host flags for {len(flat.edges)} edge tokens")
+    if (flat.state_host & (flat.state == NO_STATE)).any():
+        raise ValueError("a node without a state has its state on the host")
     if len(flat.kv) != int(flat.edge_len[flat.has_kv].sum()):
         raise ValueError(f"{len(flat.kv)} KV entries, but KV-holding edges hold another count")
     if flat.state.min() < NO_STATE:

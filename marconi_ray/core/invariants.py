@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from marconi_ray.core.cost_model import EFFICIENCY_FORMULAS
+from marconi_ray.core.prefix_cache import PrefixCache
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.tree_types import NO_STATE, Node
 
@@ -13,6 +14,8 @@ def check_tree(tree: RadixTree) -> None:
     """Raise AssertionError naming the first broken invariant of `tree` (see radix_tree)."""
     n_tokens = 0
     n_states = 0
+    n_host_tokens = 0
+    n_host_states = 0
     seen_slots: set[int] = set()
     heap_entries = set(tree.table.lru)
     candidates: list[tuple[Node, int]] = []
@@ -39,6 +42,8 @@ def check_tree(tree: RadixTree) -> None:
         assert node.lock >= 0, f"{node!r} has a negative lock count"
         n_tokens += len(node.edge)
         n_states += node.state != NO_STATE
+        n_host_tokens += _check_tiers(tree, node)
+        n_host_states += node.state_host
         if node.state == NO_STATE and node.lock == 0:
             assert len(node.children) >= 2, f"state-less {node!r} has < 2 children"
         candidate = node.state != NO_STATE and len(node.children) <= 1 and node.lock == 0
@@ -60,6 +65,12 @@ def check_tree(tree: RadixTree) -> None:
     assert tree.table.used_slots() == len(tree.nodes), "node table leaks slots"
     assert n_tokens == tree.n_tokens, f"n_tokens {tree.n_tokens} != sum {n_tokens}"
     assert n_states == tree.n_states, f"n_states {tree.n_states} != sum {n_states}"
+    assert n_host_tokens == tree.n_host_tokens, (
+        f"n_host_tokens {tree.n_host_tokens} != sum {n_host_tokens}"
+    )
+    assert n_host_states == tree.n_host_states, (
+        f"n_host_states {tree.n_host_states} != sum {n_host_states}"
+    )
     _check_efficiencies(tree, candidates)
     live = set(tree.nodes)
     for slot in range(tree.table.n_slots):
@@ -67,6 +78,33 @@ def check_tree(tree: RadixTree) -> None:
             assert not tree.table.evictable[slot] and not tree.table.leaf[slot], (
                 f"free slot {slot} is a candidate"
             )
+
+
+def _check_tiers(tree: RadixTree, node: Node) -> int:
+    """Check `node`'s tier flags against its table columns; return its host tokens."""
+    slot = node.slot
+    n_host = 0
+    if node.host is not None:
+        assert node.host.dtype == np.bool_ and node.host.shape == node.edge.shape, (
+            f"{node!r} host mask does not match its edge"
+        )
+        n_host = int(np.count_nonzero(node.host))
+    assert tree.table.host_tokens[slot] == n_host, f"{node!r} host_tokens column stale"
+    assert bool(tree.table.state_host[slot]) == node.state_host, f"{node!r} state_host stale"
+    assert not node.state_host or node.state != NO_STATE, f"{node!r} has no state on the host"
+    return n_host
+
+
+def check_cache_tiers(cache: PrefixCache) -> None:
+    """Raise AssertionError unless each tier holds at most its capacity (the device with
+    the open plans' reservations) and the tree's invariants hold."""
+    check_tree(cache.tree)
+    device = cache.bytes_used
+    assert device + cache.reserved <= cache.capacity, (
+        f"device holds {device} + {cache.reserved} reserved > capacity {cache.capacity}"
+    )
+    host = cache.tree.host_bytes
+    assert host <= cache.host_capacity, f"host holds {host} > capacity {cache.host_capacity}"
 
 
 def _check_efficiencies(tree: RadixTree, candidates: list[tuple[Node, int]]) -> None:

@@ -17,6 +17,8 @@ Invariants (checked by `core.invariants.check_tree`):
 - for a live node: `depth[s]` is its depth, `edge_len[s]` its edge's length and
   `anchor[s]` the depth of its nearest state-holding proper ancestor (0: none); the
   root's slot holds zeros.
+- `host_tokens[s]` is the count of a live node's edge tokens whose KV is on the host and
+  `state_host[s]` whether its state is (both 0 / False on a one-tier cache).
 - `lru` holds `(last_access[s], s)` for every s with `leaf[s]` (and stale entries, which
   `oldest_leaf` discards: an entry is current iff its slot is a leaf with that time).
 """
@@ -47,6 +49,8 @@ class NodeTable:
             columns above are its views.
         evictable: bool[slots], candidate mask of the FLOP-aware policy.
         leaf: bool[slots], candidate mask of LRU (evictable leaves).
+        host_tokens: int64[slots], edge tokens whose KV is on the host tier.
+        state_host: bool[slots], the node's state is on the host tier.
         lru: min-heap of (last access, slot) covering every `leaf` slot (see above).
     """
 
@@ -55,6 +59,8 @@ class NodeTable:
         self._set_geometry(np.zeros((n_slots, 3), dtype=np.int64))
         self.evictable: npt.NDArray[np.bool_] = np.zeros(n_slots, dtype=np.bool_)
         self.leaf: npt.NDArray[np.bool_] = np.zeros(n_slots, dtype=np.bool_)
+        self.host_tokens: IntArray = np.zeros(n_slots, dtype=np.int64)
+        self.state_host: npt.NDArray[np.bool_] = np.zeros(n_slots, dtype=np.bool_)
         self.lru: list[tuple[float, int]] = []
         self._lru_limit = _LRU_SLACK
         self._free: list[int] = list(range(n_slots - 1, -1, -1))
@@ -82,6 +88,8 @@ class NodeTable:
         self.edge_len[slot] = 0
         self.evictable[slot] = False
         self.leaf[slot] = False
+        self.host_tokens[slot] = 0
+        self.state_host[slot] = False
         return slot
 
     def alloc_many(self, k: int) -> list[int]:
@@ -99,6 +107,8 @@ class NodeTable:
             k -= take
         self.evictable[out] = False
         self.leaf[out] = False
+        self.host_tokens[out] = 0
+        self.state_host[out] = False
         return out
 
     def release(self, slot: int) -> None:
@@ -114,7 +124,25 @@ class NodeTable:
         self._set_geometry(np.concatenate([self.geometry, np.zeros((old, 3), dtype=np.int64)]))
         self.evictable = np.concatenate([self.evictable, np.zeros(old, dtype=np.bool_)])
         self.leaf = np.concatenate([self.leaf, np.zeros(old, dtype=np.bool_)])
+        self.host_tokens = np.concatenate([self.host_tokens, np.zeros(old, dtype=np.int64)])
+        self.state_host = np.concatenate([self.state_host, np.zeros(old, dtype=np.bool_)])
         self._free.extend(range(new - 1, old - 1, -1))
+
+    def device_candidates(self) -> npt.NDArray[np.bool_]:
+        """Eviction candidates whose eviction frees device bytes: a state on the device,
+        or, for a leaf (whose eviction frees its edge), a KV token on the device."""
+        out: npt.NDArray[np.bool_] = self.evictable & (
+            ~self.state_host | (self.leaf & (self.host_tokens < self.edge_len))
+        )
+        return out
+
+    def host_candidates(self) -> npt.NDArray[np.bool_]:
+        """Eviction candidates whose eviction frees host bytes: a state on the host, or,
+        for a leaf, a KV token on the host."""
+        out: npt.NDArray[np.bool_] = self.evictable & (
+            self.state_host | (self.leaf & (self.host_tokens > 0))
+        )
+        return out
 
     def used_slots(self) -> int:
         return self.n_slots - len(self._free)

@@ -10,6 +10,13 @@ Request protocol (the live coordinator and the replay simulator both follow it):
 Capacity is a hard limit: when a request's states cannot fit after evicting every
 unlocked candidate, the deepest ones are dropped (counted in `states_dropped`).
 
+Two tiers (`CacheConfig.host`, see `core.host_tier` and `core.tiering`): `capacity_bytes`
+bounds the device tier and `host.capacity_bytes` the host tier. Making room on the device
+demotes or drops victims; `plan` promotes its hit's host bytes back (a `Plan` says how
+many hit tokens and bytes came from the host); the moves reach the worker in order in
+each mutation's `Reclaimed.moves`. Per tier: bytes held <= its capacity (the device's
+plus the reservations), and what a tier frees or moves is something it holds.
+
 The protocol's values live in `cache_types`, the commit's checks and failure accounting
 in `commit_checks`; both are re-exported here.
 """
@@ -29,6 +36,7 @@ from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.eviction import EvictionPolicy, make_eviction, validate_alpha
 from marconi_ray.core.radix_tree import RadixTree
 from marconi_ray.core.stats import CacheStats
+from marconi_ray.core.tiering import TierPlacer
 from marconi_ray.core.tree_types import (
     NO_STATE,
     KVHandle,
@@ -52,6 +60,8 @@ class PrefixCache:
             config.eviction, config.alpha, config.recency, config.efficiency
         )
         self.stats = CacheStats()
+        self.tiers = TierPlacer(config.host, self.eviction) if config.host.enabled else None
+        """Demotion, host eviction and promotion; None for a one-tier cache."""
         self.clock = 0.0
         self._next_plan = 0
         self._next_state = 0
@@ -77,7 +87,16 @@ class PrefixCache:
 
     @property
     def bytes_used(self) -> int:
-        return self.tree.bytes_used
+        """Bytes held in the device tier (all of them, in a one-tier cache)."""
+        return self.tree.device_bytes
+
+    @property
+    def host_capacity(self) -> int:
+        return self.config.host.capacity_bytes
+
+    def bytes_by_tier(self) -> dict[str, int]:
+        """Bytes held now per tier: `device` and `host`."""
+        return {"device": self.tree.device_bytes, "host": self.tree.host_bytes}
 
     def bytes_by_kind(self) -> dict[str, int]:
         """Bytes held now: attention KV and SSM (+ conv) checkpoints."""
@@ -192,6 +211,18 @@ class PrefixCache:
                 slots.update(int(s) for s in node.kv)
         return states, slots
 
+    def referenced_on_host(self) -> tuple[set[int], set[int]]:
+        """(state ids, KV slot ids) of `referenced` that the tree keeps on the host tier:
+        what a store must hold in host memory."""
+        states: set[int] = set()
+        slots: set[int] = set()
+        for node in self.tree.iter_nodes():
+            if node.state_host:
+                states.add(int(node.state))
+            if node.host is not None and node.kv is not None:
+                slots.update(int(s) for s in np.asarray(node.kv)[node.host])
+        return states, slots
+
     def locked_nodes(self) -> int:
         """Nodes held by a lock (0 when no plan is open)."""
         return sum(n.lock > 0 for n in self.tree.iter_nodes())
@@ -209,14 +240,17 @@ class PrefixCache:
         arr, match = self._match(tokens)
         now = self._tick()
         planned = (self._next_plan, self.tree, self.tree.version, match)
+        if max_output is not None and max_output < 0:
+            raise ValueError(f"max_output must be >= 0, got {max_output}")
         self.eviction.on_hit(self.tree, match, now)
         self.tree.lock(match.hit_node)
         ckpts = tuple(self.admission.prefill_checkpoints(match, len(arr)))
         freed = Reclaimed()
         granted = 0
-        if max_output is not None and max_output < 0:
-            self.tree.unlock(match.hit_node)
-            raise ValueError(f"max_output must be >= 0, got {max_output}")
+        from_host = (0, 0)
+        if self.tiers is not None:
+            room = self.capacity - self.reserved
+            from_host = self.tiers.promote_hit(self.tree, match, now, room, freed, self.stats)
         if max_output is not None:
             granted = self._reserve(
                 self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now
@@ -224,7 +258,15 @@ class PrefixCache:
         self._forget(freed)
         reason = self._reason_of(match.hit_node.state) if match.hit_len else ""
         plan = Plan(
-            self._next_plan, arr, match.hit_len, match.hit_node, ckpts, granted, freed, reason
+            self._next_plan,
+            arr,
+            match.hit_len,
+            match.hit_node,
+            ckpts,
+            granted,
+            freed,
+            reason,
+            *from_host,
         )
         self._next_plan += 1
         self._open[plan.plan_id] = plan
@@ -243,13 +285,22 @@ class PrefixCache:
 
     def _reserve(self, want: int, freed: Reclaimed, now: float) -> int:
         """Hold back up to `want` bytes, evicting unlocked entries; returns what was held."""
-        evicted, _ = self.eviction.evict_until(
-            self.tree, now, self.capacity - self.reserved - want, freed
-        )
-        self.stats.evictions += evicted
+        self._evict(now, self.capacity - self.reserved - want, freed)
         granted = max(0, min(want, self.capacity - self.bytes_used - self.reserved))
         self.reserved += granted
         return granted
+
+    def _evict(self, now: float, max_bytes: int, freed: Reclaimed) -> bool:
+        """Evict (demote or drop, with a host tier) until the device holds at most
+        `max_bytes`; counts the victims; returns whether the candidates ran out first."""
+        if self.tiers is None:
+            evicted, exhausted = self.eviction.evict_until(self.tree, now, max_bytes, freed)
+        else:
+            evicted, exhausted = self.tiers.evict_device(
+                self.tree, now, max_bytes, freed, self.stats
+            )
+        self.stats.evictions += evicted
+        return exhausted
 
     def is_open(self, plan: Plan) -> bool:
         """True until `plan` is committed or aborted."""
@@ -356,6 +407,10 @@ class PrefixCache:
         self._count_reasons(plan, admitted, hit_state)
         self.stats.states_dropped += dropped
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes_used)
+        if self.tiers is not None:
+            self.stats.host_peak_bytes = max(self.stats.host_peak_bytes, self.tree.host_bytes)
+            self.stats.host_hit_tokens += plan.host_tokens
+            self.stats.host_hit_bytes += plan.host_bytes
         self.stats.record_request(
             n_input,
             plan.hit_len,
@@ -448,11 +503,17 @@ class PrefixCache:
     ) -> int:
         """Simulate one request end to end; return its hit length. With `max_output`, plan
         reserves room for that many output tokens, as the live service's planner does."""
+        return self.serve_plan(input_tokens, output_tokens, max_output).hit_len
+
+    def serve_plan(
+        self, input_tokens: object, output_tokens: object, max_output: int | None = None
+    ) -> Plan:
+        """`serve`, returning the committed request's plan (its hit, host part, moves)."""
         inp = as_tokens(input_tokens, "input tokens")
         out = np.asarray(output_tokens, dtype=np.int32)
         plan = self.plan(inp, max_output)
         self.commit(plan, np.concatenate([inp, out]) if len(out) else inp)
-        return plan.hit_len
+        return plan
 
     # ---------------------------------------------------------------- helpers
     def _require_open(self, plan: Plan) -> None:
@@ -529,10 +590,7 @@ class PrefixCache:
             deficit = needed - (self.capacity - self.bytes_used - self.reserved)
             if deficit <= 0:
                 return len(depths), match
-            evicted, exhausted = self.eviction.evict_until(
-                self.tree, now, self.bytes_used - deficit, freed
-            )
-            self.stats.evictions += evicted
+            exhausted = self._evict(now, self.bytes_used - deficit, freed)
             match = self.tree.match(tokens)
             if exhausted:
                 room = self.capacity - self.bytes_used - self.reserved

@@ -16,6 +16,11 @@ Invariants (all checked by `core.invariants.check_tree`):
 3. `n_tokens` and `n_states` equal the sums over nodes; bytes follow from the cost model.
 4. The node table's masks, depth / anchor / edge columns and LRU heap match the nodes
    (see `node_table`).
+5. Tiers: `n_host_tokens` and `n_host_states` equal the sums of the nodes' host flags
+   (`Node.host`, `Node.state_host`), which the table's `host_tokens` and `state_host`
+   columns mirror; a state-less node's `state_host` is False. Device bytes are
+   `bytes_used - host_bytes`. Tiers never change the tree's shape: a hit may use KV and a
+   state of either tier (the store reads each id where it lives).
 A locked node is never removed, merged away or evicted.
 
 Eviction primitives: a leaf gives back its state and its edge's KV; a node with one child
@@ -31,6 +36,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from marconi_ray.core.cost_model import CostModel
 from marconi_ray.core.flat_tree import FlatTree, check_flat, kv_column
@@ -41,6 +47,7 @@ from marconi_ray.core.tree_types import (
     Match,
     Node,
     Reclaimed,
+    TierMove,
     Tokens,
     common_prefix_len,
     tokens_bytes,
@@ -81,6 +88,8 @@ class RadixTree:
         self.nodes: dict[int, Node] = {self.root.slot: self.root}
         self.n_tokens = 0
         self.n_states = 0
+        self.n_host_tokens = 0
+        self.n_host_states = 0
         self.version = 0
         """Bumped by every change of shape or states (insert, evict, unlock): a `Match`
         computed at version v is still the walk's answer while the version is v."""
@@ -96,7 +105,18 @@ class RadixTree:
 
     @property
     def bytes_used(self) -> int:
+        """Bytes held in both tiers."""
         return self.kv_bytes + self.ssm_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes held in the host tier."""
+        return self.cost.kv_bytes(self.n_host_tokens) + self.n_host_states * self.cost.state_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes held in the device tier."""
+        return self.bytes_used - self.host_bytes
 
     def match(self, tokens: Tokens) -> Match:
         """Walk `tokens` down the tree. A divergence inside an edge stops the walk there."""
@@ -297,6 +317,8 @@ class RadixTree:
         self.version += 1
         node.state = NO_STATE
         self.n_states -= 1
+        if node.state_host:
+            self._clear_state_host(node)
         if node.children:
             self._merge_into_child(node)
         else:
@@ -344,6 +366,10 @@ class RadixTree:
                 n += 1
                 states.append(node.state)
                 node.state = NO_STATE
+                if node.state_host:
+                    self._clear_state_host(node)
+                if node.host is not None:
+                    self.n_host_tokens -= node.host_tokens
                 siblings = parent.children
                 if len(siblings) == 1:
                     siblings.clear()
@@ -382,6 +408,62 @@ class RadixTree:
             if pending >= 0:
                 heappush(heap, (float(last[pending]), pending))
             self.version += n
+
+    # ------------------------------------------------------------------ tiers
+    def demote(self, node: Node) -> TierMove | None:
+        """Move `node`'s state and every KV token of its edge to the host tier; return
+        what moved (None when nothing was on the device). The shape is unchanged."""
+        table = self.table
+        slot = node.slot
+        n_dev = len(node.edge) - int(table.host_tokens[slot])
+        move_state = node.state != NO_STATE and not node.state_host
+        if node is self.root or (not n_dev and not move_state):
+            return None
+        kv: tuple[KVHandle, ...] = ()
+        if n_dev:
+            if node.kv is not None:
+                kv = (node.kv if node.host is None else node.kv[~node.host],)
+            node.host = np.ones(len(node.edge), dtype=np.bool_)
+            table.host_tokens[slot] = len(node.edge)
+            self.n_host_tokens += n_dev
+        states: tuple[int, ...] = ()
+        if move_state:
+            states = (node.state,)
+            node.state_host = True
+            table.state_host[slot] = True
+            self.n_host_states += 1
+        n_bytes = self.cost.kv_bytes(n_dev) + len(states) * self.cost.state_bytes
+        return TierMove(True, states, kv, n_bytes)
+
+    def promote(self, node: Node, with_state: bool) -> TierMove | None:
+        """Move `node`'s host KV tokens (and its state, when `with_state` and it is on
+        the host) to the device tier; return what moved (None when nothing did)."""
+        table = self.table
+        slot = node.slot
+        n_host = int(table.host_tokens[slot])
+        move_state = with_state and node.state_host
+        if not n_host and not move_state:
+            return None
+        kv: tuple[KVHandle, ...] = ()
+        if n_host:
+            if node.kv is not None:
+                assert node.host is not None
+                kv = (node.kv[node.host],)
+            node.host = None
+            table.host_tokens[slot] = 0
+            self.n_host_tokens -= n_host
+        states: tuple[int, ...] = ()
+        if move_state:
+            states = (node.state,)
+            self._clear_state_host(node)
+        n_bytes = self.cost.kv_bytes(n_host) + len(states) * self.cost.state_bytes
+        return TierMove(False, states, kv, n_bytes)
+
+    def _clear_state_host(self, node: Node) -> None:
+        """`node`'s state (on the host) is on the device now, or gone."""
+        node.state_host = False
+        self.table.state_host[node.slot] = False
+        self.n_host_states -= 1
 
     # ---------------------------------------------------------------- helpers
     def _add_chain(
@@ -455,6 +537,7 @@ class RadixTree:
         return child
 
     def _set_state(self, node: Node, state: int, now: float) -> None:
+        """Give a state-less `node` a new state (on the device)."""
         node.state = state
         self.n_states += 1
         self.table.last_access[node.slot] = now
@@ -474,6 +557,13 @@ class RadixTree:
         table.edge_len[mid.slot] = k
         table.anchor[mid.slot] = table.anchor[child.slot]
         table.edge_len[child.slot] -= k
+        if child.host is not None:
+            head, tail = child.host[:k], child.host[k:]
+            n_head = int(np.count_nonzero(head))
+            mid.host = head if n_head else None
+            child.host = tail if n_head < table.host_tokens[child.slot] else None
+            table.host_tokens[mid.slot] = n_head
+            table.host_tokens[child.slot] -= n_head
         child.edge = child.edge[k:]
         child.kv = None if child.kv is None else child.kv[k:]
         child.parent = mid
@@ -487,6 +577,9 @@ class RadixTree:
         parent = node.parent
         assert parent is not None and node.state == NO_STATE and len(node.children) == 1
         (child,) = node.children.values()
+        if node.host is not None or child.host is not None:
+            child.host = np.concatenate([_host_mask(node), _host_mask(child)])
+            self.table.host_tokens[child.slot] += self.table.host_tokens[node.slot]
         self.table.edge_len[child.slot] += len(node.edge)
         child.edge = np.concatenate([node.edge, child.edge])
         child.kv = _concat_kv(node.kv, child.kv)
@@ -506,6 +599,8 @@ class RadixTree:
             del siblings[int(node.edge[0])]
         n = node.depth - parent.depth
         self.n_tokens -= n
+        if node.host is not None:
+            self.n_host_tokens -= node.host_tokens
         freed.kv.append(node.kv)
         freed.n_tokens += n
         slot = node.slot
@@ -602,6 +697,11 @@ class RadixTree:
         edges = [n.edge for n in order]
         kvs = [kv_column(n.kv, e, n) for n, e in zip(order, edges, strict=True) if n.kv is not None]
         slots = [n.slot for n in order]
+        n_edge_tokens = sum(len(e) for e in edges)
+        if self.n_host_tokens:
+            host = np.concatenate([_host_mask(n) for n in order])
+        else:
+            host = np.zeros(n_edge_tokens, dtype=np.bool_)
         return FlatTree(
             parent=np.asarray(parents, dtype=np.int64),
             slot=np.asarray(slots, dtype=np.int64),
@@ -614,6 +714,8 @@ class RadixTree:
             last_access=self.table.last_access[slots].astype(np.float64),
             n_slots=self.table.n_slots,
             free=np.asarray(self.table._free, dtype=np.int64),
+            host=host,
+            state_host=self.table.state_host[slots].copy(),
         )
 
     @classmethod
@@ -636,6 +738,8 @@ class RadixTree:
         edge_end = np.cumsum(flat.edge_len).tolist()
         kv_end = np.cumsum(np.where(flat.has_kv, flat.edge_len, 0)).tolist()
         has_kv = flat.has_kv.tolist()
+        state_host = flat.state_host.tolist()
+        any_host = bool(flat.host.any())
         root = Node(None, np.zeros(0, dtype=np.int32), None, 0, slots[0])
         tree.root = root
         tree.nodes = {root.slot: root}
@@ -652,6 +756,10 @@ class RadixTree:
             node = Node(parent, edge, kv, parent.depth + len(edge), slots[i])
             node.state = states[i]
             node.lock = locks[i]
+            node.state_host = state_host[i]
+            if any_host:
+                mask = flat.host[edge_end[i - 1] : edge_end[i]]
+                node.host = mask if mask.any() else None
             parent.children[key] = node
             tree.nodes[node.slot] = node
             built.append(node)
@@ -663,11 +771,23 @@ class RadixTree:
         table.anchor[flat.slot] = anchors
         tree.n_tokens = int(flat.edge_len.sum())
         tree.n_states = int(np.count_nonzero(flat.state != NO_STATE))
+        table.state_host[flat.slot] = flat.state_host
+        tree.n_host_states = int(np.count_nonzero(flat.state_host))
+        if any_host:
+            table.host_tokens[flat.slot] = [node.host_tokens for node in built]
+            tree.n_host_tokens = int(np.count_nonzero(flat.host))
         for i, node in enumerate(built):
             if i and node.state == NO_STATE and node.lock == 0 and len(node.children) < 2:
                 raise ValueError(f"node {i}: unlocked, holds no state and has < 2 children")
             tree._refresh(node)
         return tree
+
+
+def _host_mask(node: Node) -> npt.NDArray[np.bool_]:
+    """`node.host` as a bool array as long as its edge (all False when None)."""
+    if node.host is None:
+        return np.zeros(len(node.edge), dtype=np.bool_)
+    return node.host
 
 
 __all__ = ["FlatTree", "Inserted", "RadixTree"]

@@ -3,6 +3,11 @@
 Requests are served one at a time in arrival order (plan, then commit of input +
 output), as in the paper's simulator. Several runs go to parallel worker processes;
 the trace reaches each worker once (fork), not once per run.
+
+A clock models what the hits are worth in time: each request's time to first token is
+the prefill of its uncached tokens at `prefill_tflops` plus, for a hit whose bytes were
+on the host tier, their copy at `host_gbps` (no queueing: one request at a time). A run
+reports that modelled TTFT (mean, P95) and the fraction of the no-cache TTFT it saves.
 """
 
 from __future__ import annotations
@@ -14,14 +19,26 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, CostModel, validate_efficiency
 from marconi_ray.core.eviction import FlopAwareEviction
 from marconi_ray.core.explain import Decision, ExplainingEviction
-from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.host_tier import (
+    DEFAULT_HOST_GBPS,
+    DEFAULT_PREFILL_TFLOPS,
+    NO_HOST_TIER,
+    HostTier,
+)
+from marconi_ray.core.invariants import check_cache_tiers, check_tree
 from marconi_ray.core.oracle import oracle_hits
 from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.core.reference import ReferenceCache, checked_serve
+from marconi_ray.core.reference import (
+    ReferenceCache,
+    TieredReference,
+    checked_serve,
+    checked_serve_tiered,
+)
 from marconi_ray.core.systems import get_system
 from marconi_ray.core.tuner import BootstrapTuner, MapFn, RequestLike, TunerConfig, run_grid
 
@@ -44,6 +61,10 @@ class RunConfig:
         max_output: reserve room for this many output tokens when each request is
             planned, as the live service does (for comparing a replay with a served run);
             None reserves nothing, as the paper's simulator.
+        host_bytes: the host tier's capacity (0: one tier of `cache_bytes`).
+        host_gbps: copy bandwidth between the tiers, GB/s.
+        prefill_tflops: prefill speed of the clock (and of FLOP-aware placement).
+        placement: `flop_aware` or `lru` (`core.host_tier.PLACEMENTS`).
     """
 
     system: str
@@ -54,14 +75,24 @@ class RunConfig:
     check: bool = False
     efficiency: str = DEFAULT_EFFICIENCY
     max_output: int | None = None
+    host_bytes: int = 0
+    host_gbps: float = DEFAULT_HOST_GBPS
+    prefill_tflops: float = DEFAULT_PREFILL_TFLOPS
+    placement: str = "flop_aware"
 
     def __post_init__(self) -> None:
         get_system(self.system)
+        HostTier(self.host_bytes, self.host_gbps, self.prefill_tflops, self.placement)
         validate_efficiency(self.efficiency)
         if self.max_output is not None and self.max_output < 0:
             raise ValueError(f"max_output must be >= 0, got {self.max_output}")
         if not self.cache_bytes > 0:
             raise ValueError(f"cache size must be > 0 bytes, got {self.cache_bytes}")
+
+    @property
+    def host(self) -> HostTier:
+        """The run's host tier (its clock even when it holds 0 bytes)."""
+        return HostTier(self.host_bytes, self.host_gbps, self.prefill_tflops, self.placement)
 
 
 @dataclass(frozen=True)
@@ -73,6 +104,9 @@ class RunResult:
     the `*_by_reason` maps count per admission reason: states admitted, states that
     served at least one hit, hits served, input tokens those hits reused.
     `speculate` is the `marconi+` knob at the end (None for other systems).
+    Tiers: `host_hit_tokens` of the hit tokens were on the host when planned; moves and
+    bytes copied each way; the clock's modelled TTFT (mean, P95, seconds) and the fraction
+    of the no-cache TTFT the hits saved, copies paid (`ttft_saved_fraction`).
     """
 
     system: str
@@ -100,6 +134,19 @@ class RunResult:
     requests: int
     input_tokens: int
     wall_s: float
+    host_bytes: int = 0
+    placement: str = "flop_aware"
+    hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    promotions: int = 0
+    promoted_bytes: int = 0
+    demotions: int = 0
+    demoted_bytes: int = 0
+    host_evictions: int = 0
+    host_peak_bytes: int = 0
+    ttft_mean_s: float = 0.0
+    ttft_p95_s: float = 0.0
+    ttft_saved_fraction: float = 0.0
 
     def to_record(self) -> dict[str, object]:
         rec = dict(self.__dict__)
@@ -124,7 +171,10 @@ def run_replay(
     system = get_system(cfg.system)
     tuned = system.tuned and cfg.alpha is None
     alpha = 0.0 if cfg.alpha is None else cfg.alpha
-    config = system.cache_config(cfg.cache_bytes, alpha, cfg.recency, cfg.efficiency)
+    host = cfg.host
+    config = system.cache_config(
+        cfg.cache_bytes, alpha, cfg.recency, cfg.efficiency, host if host.enabled else NO_HOST_TIER
+    )
     cache = PrefixCache(cost, config)
     explaining: ExplainingEviction | None = None
     if explain is not None:
@@ -135,15 +185,17 @@ def run_replay(
         explaining = ExplainingEviction(cache.eviction, cache.reasons)
         cache.eviction = explaining
     tuner = BootstrapTuner(cfg.tuner) if tuned else None
-    ref = ReferenceCache() if cfg.check else None
+    serve = _serving(cache, cfg)
+    ttft = np.zeros(len(requests))
+    no_cache = 0.0
     for i, req in enumerate(requests):
         if explaining is not None:
             explaining.request = i
-        if ref is not None:
-            checked_serve(cache, ref, req.input_tokens, req.output_tokens, cfg.max_output)
-            check_tree(cache.tree)
-        else:
-            cache.serve(req.input_tokens, req.output_tokens, cfg.max_output)
+        n = len(req.input_tokens)
+        hit_len, host_read = serve(req.input_tokens, req.output_tokens)
+        ttft[i] = host.prefill_seconds(cost.prefill_flops(n - hit_len, hit_len))
+        ttft[i] += host.copy_seconds(host_read)
+        no_cache += host.prefill_seconds(cost.prefill_flops(n))
         if tuner is not None:
             job = tuner.after_request(cache, req)
             if job is not None:
@@ -179,7 +231,57 @@ def run_replay(
         requests=stats.requests,
         input_tokens=stats.input_tokens,
         wall_s=time.perf_counter() - start,
+        host_bytes=cfg.host_bytes,
+        placement=cfg.placement,
+        hit_tokens=stats.hit_tokens,
+        host_hit_tokens=stats.host_hit_tokens,
+        promotions=stats.promotions,
+        promoted_bytes=stats.promoted_bytes,
+        demotions=stats.demotions,
+        demoted_bytes=stats.demoted_bytes,
+        host_evictions=stats.host_evictions,
+        host_peak_bytes=stats.host_peak_bytes,
+        ttft_mean_s=float(ttft.mean()) if len(ttft) else 0.0,
+        ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else 0.0,
+        ttft_saved_fraction=1.0 - float(ttft.sum()) / no_cache if no_cache else 0.0,
     )
+
+
+Serve = Callable[[npt.NDArray[np.int32], npt.NDArray[np.int32]], tuple[int, int]]
+
+
+def _serving(cache: PrefixCache, cfg: RunConfig) -> Serve:
+    """How a run serves one request: (input, output) -> (hit length, host bytes the hit
+    read), plan then commit, with `cfg.check`'s brute-force reference and invariant
+    checks after every request."""
+    max_output = cfg.max_output
+    if cfg.check and cache.tiers is not None:
+        tiered = TieredReference()
+        next_kv = [0]
+
+        def serve_tiered(inp: npt.NDArray[np.int32], out: npt.NDArray[np.int32]) -> tuple[int, int]:
+            plan, next_kv[0] = checked_serve_tiered(cache, tiered, inp, out, next_kv[0], max_output)
+            check_cache_tiers(cache)
+            return plan.hit_len, plan.host_bytes
+
+        return serve_tiered
+    if cfg.check:
+        ref = ReferenceCache()
+
+        def serve_checked(
+            inp: npt.NDArray[np.int32], out: npt.NDArray[np.int32]
+        ) -> tuple[int, int]:
+            hit = checked_serve(cache, ref, inp, out, max_output)
+            check_tree(cache.tree)
+            return hit, 0
+
+        return serve_checked
+
+    def serve(inp: npt.NDArray[np.int32], out: npt.NDArray[np.int32]) -> tuple[int, int]:
+        plan = cache.serve_plan(inp, out, max_output)
+        return plan.hit_len, plan.host_bytes
+
+    return serve
 
 
 def oracle_record(requests: Sequence[RequestLike]) -> dict[str, object]:

@@ -39,6 +39,18 @@ class CacheStats:
     states_hit: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0))
     """States of each reason that served at least one hit (each counted once)."""
     peak_bytes: int = 0
+    """Most device bytes held after a commit."""
+    host_hit_tokens: int = 0
+    """Hit tokens whose KV was on the host tier when planned (two-tier caches)."""
+    host_hit_bytes: int = 0
+    """Host bytes those hits read (KV and states copied to the device)."""
+    promotions: int = 0
+    promoted_bytes: int = 0
+    demotions: int = 0
+    demoted_bytes: int = 0
+    host_evictions: int = 0
+    """Nodes dropped from the host tier."""
+    host_peak_bytes: int = 0
 
     @property
     def token_hit_rate(self) -> float:
@@ -78,4 +90,12 @@ class CacheStats:
             "hit_tokens_by_reason": dict(self.hit_tokens_by_reason),
             "states_hit": dict(self.states_hit),
             "peak_bytes": self.peak_bytes,
+            "host_hit_tokens": self.host_hit_tokens,
+            "host_hit_bytes": self.host_hit_bytes,
+            "promotions": self.promotions,
+            "promoted_bytes": self.promoted_bytes,
+            "demotions": self.demotions,
+            "demoted_bytes": self.demoted_bytes,
+            "host_evictions": self.host_evictions,
+            "host_peak_bytes": self.host_peak_bytes,
         }

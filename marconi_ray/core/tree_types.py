@@ -16,11 +16,28 @@ NO_STATE = -1
 class Node:
     """One radix tree node. `state` is the SSM checkpoint id, or NO_STATE.
 
+    Tiers (a two-tier cache, `core.host_tier`): `host` is None when every KV token of the
+    edge is on the device, else a bool array as long as the edge, True where that
+    token's KV is on the host (a merge can join edges of both tiers); `state_host` is
+    True when the state is on the host (False when there is no state).
+
     Invariant: `key == edge.tobytes()` with `edge` int32 (the setter keeps them equal), so
     a walk compares an edge with a slice of the input's bytes (one memcmp) instead of
     three numpy calls per node."""
 
-    __slots__ = ("_edge", "children", "depth", "key", "kv", "lock", "parent", "slot", "state")
+    __slots__ = (
+        "_edge",
+        "children",
+        "depth",
+        "host",
+        "key",
+        "kv",
+        "lock",
+        "parent",
+        "slot",
+        "state",
+        "state_host",
+    )
 
     def __init__(
         self,
@@ -46,6 +63,13 @@ class Node:
         self.state = state
         self.lock = 0
         self.children: dict[int, Node] = {}
+        self.host: npt.NDArray[np.bool_] | None = None
+        self.state_host = False
+
+    @property
+    def host_tokens(self) -> int:
+        """Edge tokens whose KV is on the host."""
+        return 0 if self.host is None else int(np.count_nonzero(self.host))
 
     @property
     def edge(self) -> Tokens:
@@ -96,20 +120,33 @@ class Match:
         return None
 
 
+@dataclass(frozen=True)
+class TierMove:
+    """State ids and KV handles a mutation moved to the host (`to_host`) or back to the
+    device; their ids stay the same. `n_bytes`: what the copy moves."""
+
+    to_host: bool
+    states: tuple[int, ...]
+    kv: tuple[KVHandle, ...]
+    n_bytes: int
+
+
 @dataclass
 class Reclaimed:
     """What a cache mutation reclaimed (evicted, rejected or merged away): state ids and
-    KV handles the state store must free. The planner turns it into the worker's
-    `protocol.orders.Release` (state ids and KV slot ids)."""
+    KV handles the state store must free, and before that, in order, the tier moves it
+    made (`moves`). The planner turns it into the worker's `protocol.orders.Release`."""
 
     states: list[int] = field(default_factory=list)
     kv: list[KVHandle] = field(default_factory=list)
     n_tokens: int = 0
+    moves: list[TierMove] = field(default_factory=list)
 
     def extend(self, other: Reclaimed) -> None:
         self.states.extend(other.states)
         self.kv.extend(other.kv)
         self.n_tokens += other.n_tokens
+        self.moves.extend(other.moves)
 
 
 def common_prefix_len(a: Tokens, b: Tokens) -> int:

@@ -28,7 +28,7 @@ from marconi_ray.core.tuner import (
     run_grid,
 )
 from marconi_ray.core.wire import SCHEMA_VERSION, Record, check_header, check_int
-from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, Slots, no_slots
+from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release, Slots, no_slots
 from marconi_ray.protocol.sampling import SamplingParams
 
 PLANNER_KIND = "planner"
@@ -41,9 +41,14 @@ def _slots(handles: Iterable[KVHandle]) -> Slots:
     return np.concatenate(arrays, dtype=np.int64, casting="unsafe") if arrays else no_slots()
 
 
+def moves_of(freed: Reclaimed) -> tuple[Move, ...]:
+    """The tier moves of a cache mutation, in order, as the worker's `Move`s."""
+    return tuple(Move(m.to_host, m.states, _slots(m.kv)) for m in freed.moves)
+
+
 def release_of(freed: Reclaimed) -> Release:
-    """What the store must free after a cache mutation."""
-    return Release(tuple(freed.states), _slots(freed.kv))
+    """What the store must do after a cache mutation: its moves, then its frees."""
+    return Release(tuple(freed.states), _slots(freed.kv), moves_of(freed))
 
 
 class _Served:
@@ -231,6 +236,7 @@ class Planner:
         release = Release(
             (*freed.states, *result.rejected_states, *extra),
             np.concatenate([_slots(freed.kv), *unused]),
+            moves_of(freed),
         )
         self._after_request(prompt, done.tokens)
         return release

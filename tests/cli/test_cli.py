@@ -276,3 +276,43 @@ def test_explain_refuses_what_it_cannot_explain(
     argv = ["replay", "--trace", "sample", "--cache-bytes", sizes, "--systems", systems]
     assert main([*argv, "--explain", "--out", str(out)]) == 2
     assert named in capsys.readouterr().err and not out.exists()
+
+
+def test_replay_with_a_host_tier_reports_each_tier_and_the_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--host-bytes 0,8e8`: each device size runs alone and with 0.8 GB of host memory;
+    the two-tier runs hit at least as much, some of it on the host, and the clock's
+    TTFT saved follows; the table grows the tier columns."""
+    out = tmp_path / "tiers"
+    args = ("--host-bytes", "0,8e8", "--host-gbps", "25", "--prefill-tflops", "300", "--check")
+    argv = ["replay", "--trace", "sample", "--cache-bytes", "2e8", "--systems", "marconi"]
+    assert main([*argv, "--jobs", "1", "--out", str(out), *args]) == 0
+    by_host = {r["host_bytes"]: r for r in _results(out) if r["system"] != "oracle"}
+    alone, tiered = by_host[0], by_host[800_000_000]
+    assert alone["host_hit_tokens"] == alone["demotions"] == 0
+    assert tiered["demotions"] > 0 and tiered["host_hit_tokens"] > 0
+    assert tiered["token_hit_rate"] >= alone["token_hit_rate"]
+    assert tiered["ttft_saved_fraction"] > alone["ttft_saved_fraction"] > 0
+    assert tiered["host_peak_bytes"] <= 800_000_000 and tiered["peak_bytes"] <= 200_000_000
+    stdout = capsys.readouterr().out
+    assert "host hit %" in stdout and "TTFT saved %" in stdout
+    run = json.loads((out / "run.json").read_text())
+    assert run["options"]["host_bytes"] == [0, 800_000_000]
+    assert run["options"]["host_gbps"] == 25.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--host-bytes", "-1", "host size '-1' must be >= 0 bytes"),
+        ("--host-gbps", "0", "'0' must be > 0"),
+        ("--placement", "mru", "invalid choice: 'mru'"),
+    ],
+)
+def test_bad_tier_options_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    assert _replay(tmp_path / "bad", f"{option}={value}") == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.core.cost_model import CostModel
+from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
 
 # 1 KV token = 10 bytes, one SSM checkpoint = 100 bytes: small numbers, easy to reason about.
@@ -27,8 +28,10 @@ def cache(
     alpha: float = 0.0,
     recency: str = "timestamp",
     cost: CostModel = SMALL_COST,
+    host: HostTier = NO_HOST_TIER,
 ) -> PrefixCache:
-    return PrefixCache(cost, CacheConfig(capacity, admission, eviction, alpha, recency))
+    config = CacheConfig(capacity, admission, eviction, alpha, recency, host=host)
+    return PrefixCache(cost, config)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marconi_ray.core import cache_codec, wire
+from marconi_ray.core.host_tier import HostTier
 from marconi_ray.core.invariants import check_tree
 from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache
 from marconi_ray.core.tree_types import Reclaimed
@@ -61,9 +62,13 @@ def cut_point(ops: list[Op], min_open: int = 3) -> int:
     raise AssertionError("no cut point")
 
 
+def _kv_bytes(handles: Any) -> tuple[Any, ...]:
+    return tuple(None if h is None else np.asarray(h, np.int64).tobytes() for h in handles)
+
+
 def freed_view(freed: Reclaimed) -> tuple[Any, ...]:
-    kv = tuple(None if h is None else np.asarray(h, np.int64).tobytes() for h in freed.kv)
-    return tuple(freed.states), kv, freed.n_tokens
+    moves = tuple((m.to_host, m.states, _kv_bytes(m.kv), m.n_bytes) for m in freed.moves)
+    return tuple(freed.states), _kv_bytes(freed.kv), freed.n_tokens, moves
 
 
 def plan_view(plan: Plan) -> tuple[Any, ...]:
@@ -74,6 +79,8 @@ def plan_view(plan: Plan) -> tuple[Any, ...]:
         plan.hit_node.slot,
         plan.checkpoints,
         plan.reserved,
+        plan.host_tokens,
+        plan.host_bytes,
     )
 
 
@@ -139,6 +146,8 @@ def observe(c: PrefixCache) -> dict[str, Any]:
             n.state,
             n.lock,
             float(table.last_access[n.slot]),
+            None if n.host is None else n.host.tobytes(),
+            n.state_host,
         )
         for n in c.tree.iter_nodes()
     ]
@@ -147,6 +156,7 @@ def observe(c: PrefixCache) -> dict[str, Any]:
         "n_slots": table.n_slots,
         "free": list(table._free),
         "bytes_used": c.bytes_used,
+        "bytes_by_tier": c.bytes_by_tier(),
         "bytes_by_kind": c.bytes_by_kind(),
         "reserved": c.reserved,
         "clock": c.clock,
@@ -168,6 +178,13 @@ POLICIES = [
     dict(admission="fine_grained:64", eviction="flop_aware", recency="inverse_age", alpha=0.5),
     dict(admission="marconi+:32", eviction="flop_aware", alpha=1.0),
     dict(admission="fine_grained_refill:48", eviction="lru"),
+    dict(
+        admission="marconi",
+        eviction="flop_aware",
+        alpha=1.0,
+        host=HostTier(40_000, prefill_tflops=2.5),
+    ),
+    dict(admission="marconi+:32", eviction="lru", host=HostTier(25_000, placement="lru")),
 ]
 
 

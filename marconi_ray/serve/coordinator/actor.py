@@ -73,6 +73,7 @@ from marconi_ray.serve.coordinator.leases import LeaseTable
 from marconi_ray.serve.coordinator.recovery import recover
 from marconi_ray.serve.coordinator.replica_choice import choose_replica
 from marconi_ray.serve.coordinator.routing import make_router
+from marconi_ray.serve.coordinator.tier_check import tier_mismatch
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
@@ -205,34 +206,48 @@ class CacheCoordinator:
         return ("ok" if info.confirmed else "reconcile"), info.generation
 
     def reconcile(
-        self, replica_id: str, held_states: list[int], held_slots: npt.NDArray[np.int64]
+        self,
+        replica_id: str,
+        held_states: list[int],
+        held_slots: npt.NDArray[np.int64],
+        host_states: list[int] | None = None,
+        host_slots: npt.NDArray[np.int64] | None = None,
     ) -> tuple[int, Release]:
         """Match a restored tree with what the replica's store holds (not counting what its
         running requests own). A tree that refers to a state or KV slot the store lacks is
-        reset (empty cache, new generation); what the store holds that no tree node refers
-        to is returned to be freed, less what is already on its way to being freed once:
-        releases queued for the replica's next drain, and what the dispatches of its
-        open, unstarted plans carry (the replica frees that when it starts them, the
-        coordinator when they end unstarted). Returns (generation, release)."""
+        reset (empty cache, new generation); so is one whose tiers differ from the store's
+        (`host_states` / `host_slots`: which of the held ids the store keeps in host
+        memory; ids that moves queued for the replica still move are not compared). What
+        the store holds that no tree node refers to is returned to be freed, less what is
+        already on its way to being freed once: releases queued for the replica's next
+        drain, and what the dispatches of its open, unstarted plans carry (the replica
+        frees that when it starts them, the coordinator when they end unstarted). Returns
+        (generation, release)."""
         info = self.replica_info.get(replica_id)
         if info is None:
             raise NoReplicaAvailable(f"replica {replica_id!r} is not registered")
         states = {int(s) for s in held_states}
         slots = {int(s) for s in np.asarray(held_slots, dtype=np.int64)}
-        tree_states, tree_slots = self.planners[replica_id].cache.referenced()
-        if not (tree_states <= states and tree_slots <= slots):
+        cache = self.planners[replica_id].cache
+        tree_states, tree_slots = cache.referenced()
+        pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
+        lacks = not (tree_states <= states and tree_slots <= slots)
+        moved = tier_mismatch(cache, pending, host_states, host_slots)
+        if lacks or moved:
             log.warning(
-                "replica %s lacks %d states / %d KV slots its restored tree refers to: reset",
+                "replica %s lacks %d states / %d KV slots its restored tree refers to, holds "
+                "%d ids in another tier than the tree says: reset",
                 replica_id,
                 len(tree_states - states),
                 len(tree_slots - slots),
+                moved,
             )
             kvb, sb = info.kv_bytes_per_token, info.state_bytes
             self.unregister_replica(replica_id)
             self.register_replica(replica_id, kvb, sb)
             tree_states, tree_slots = set(), set()
+            pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
         self._confirm(replica_id)
-        pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
         keep_states = tree_states | set(pending.states)
         keep_slots = tree_slots | {int(s) for s in pending.slots}
         held = Release(tuple(sorted(states)), np.asarray(sorted(slots), dtype=np.int64))
