@@ -34,6 +34,7 @@ tensors there (pinned on the host of a CUDA device). Nothing is freed twice:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -317,7 +318,7 @@ class StateStore:
                 errors.append(f"KV slots {there[:16].tolist()} are already on {_WHERE[m.to_host]}")
             sids = list(m.states)
             unknown = sorted({s for s in sids if s not in self._states})
-            unknown += sorted({s for s in sids if sids.count(s) > 1} - set(unknown))
+            unknown += sorted({s for s, c in Counter(sids).items() if c > 1} - set(unknown))
             if unknown:
                 errors.append(f"states {unknown[:16]} are not held (or listed twice)")
             done = sorted({s for s in sids if s in self._states and (s in on_host) == m.to_host})

@@ -119,6 +119,7 @@ def test_bad_moves_are_refused_naming_ids_and_nothing_moves(bamba):
         ([Move(True, (), slots[[3, 3]])], rf"KV slots \[{slots[3]}\] are not held"),
         ([Move(True, (sid,))], rf"states \[{sid}\] are already on the host"),
         ([Move(False, (sid + 5,))], rf"states \[{sid + 5}\] are not held"),
+        ([Move(False, (sid, sid))], rf"states \[{sid}\] are not held \(or listed twice\)"),
         # the first move alone is fine: validated as a whole, nothing moves
         ([Move(True, (), slots[3:5]), Move(True, (), slots[4:6])], "move 1 to the host"),
     ]
