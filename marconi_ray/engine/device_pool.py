@@ -10,7 +10,7 @@ run by every `alloc`); an allocation that needs pending rows waits for their eve
 rather than growing the pool.
 
 Token rows (`pack` / `unpack`): one token's KV of every block flattened into one row of
-`row_elems` values, block by block in `blocks` order, K `[n_kv, head_dim]` then V: the
+`row_elems` values, block by block in `shapes` order, K `[n_kv, head_dim]` then V: the
 host tier's layout, so one contiguous run of host rows is one DMA.
 """
 
@@ -131,6 +131,28 @@ class DeviceKVPool:
         """Block -> (k, v) `[n_kv, len(rows), head_dim]`, copies of `rows` in order."""
         idx = device_index(rows, self.device)
         return {i: (self.k[i].index_select(1, idx), self.v[i].index_select(1, idx)) for i in self.k}
+
+    def merge(
+        self, rows: Rows, on_host: npt.NDArray[np.bool_], packed: torch.Tensor
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Block -> (k, v) `[n_kv, len(rows), head_dim]` (new contiguous tensors) of
+        positions taken in order from two tiers: where `on_host`, the next token row of
+        `packed` (`[on_host.sum(), row_elems]`, on this device), elsewhere the pool row
+        `rows[p]` (`rows` at host positions is ignored)."""
+        at_host = device_index(np.flatnonzero(on_host), self.device)
+        at_dev = device_index(np.flatnonzero(~on_host), self.device)
+        from_dev = self.read(rows[~on_host])
+        out = {}
+        for i, pair in self.unpack(packed).items():
+            both = []
+            for host_part, dev_part in zip(pair, from_dev[i], strict=True):
+                h, _, d = host_part.shape
+                t = host_part.new_empty((h, len(rows), d))
+                t.index_copy_(1, at_host, host_part)
+                t.index_copy_(1, at_dev, dev_part)
+                both.append(t)
+            out[i] = (both[0], both[1])
+        return out
 
     def pack(self, rows: Rows) -> torch.Tensor:
         """Token rows `[len(rows), row_elems]` of `rows`, in order (a new tensor)."""

@@ -2,10 +2,11 @@
 model's device and host memory.
 
 - KV: a tree node's KV handle is a numpy array of slot ids, one per token, which the
-  radix tree slices on split and concatenates on merge. Slot ids are logical: a held id
-  lives in one row of the device pool (`DeviceKVPool`: `[n_kv_local, rows, head_dim]` per
-  attention block, for K and for V) or of the host pool (`HostKVPool`: one token row of
-  every block's K and V). `alloc_slots` hands out ids on the device; freed ids are reused.
+  radix tree slices on split and concatenates on merge. Slot ids are logical
+  (`SlotTable`): a held id lives in one row of the device pool (`DeviceKVPool`:
+  `[n_kv_local, rows, head_dim]` per attention block, for K and for V) or of the host pool
+  (`HostKVPool`: one token row of every block's K and V). `alloc_slots` hands out ids on
+  the device; freed ids are reused.
 - SSM checkpoints, by state id: conv and recurrent state per SSM block, plus the
   next-token logits at that depth (so a fully cached prompt needs no prefill), on the
   device or, moved whole, in host memory. Conv states are kept in the store dtype,
@@ -34,27 +35,23 @@ tensors there (pinned on the host of a CUDA device). Nothing is freed twice:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from marconi_ray.engine.device_pool import DeviceKVPool
 from marconi_ray.engine.host_pool import HostKVPool
 from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.model import HybridModel
+from marconi_ray.engine.move_check import check_moves
 from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
-from marconi_ray.engine.tier_copy import CopyEvent, TierCopier, device_index
+from marconi_ray.engine.slot_table import DEVICE, FREE, HOST, TIER_NAMES, Slots, SlotTable
+from marconi_ray.engine.tier_copy import CopyEvent, TierCopier
 from marconi_ray.protocol.orders import Move
 
-Slots = npt.NDArray[np.int64]
 STATE_DTYPE = torch.float32
 """The dtype of stored recurrent states (that of the running ones)."""
-FREE, DEVICE, HOST = 0, 1, 2
-"""Where a slot id lives (`_tier`)."""
-_WHERE = {True: "the host", False: "the device"}
 
 
 def _tensors(ck: StateCheckpoint) -> list[torch.Tensor]:
@@ -99,9 +96,7 @@ class StateStore:
         self.host_kv = HostKVPool(
             self.device_kv.row_elems, self.dtype, self.copier.host_empty, initial_host_slots
         )
-        self._tier = np.zeros(initial_slots, dtype=np.int8)
-        self._row = np.full(initial_slots, -1, dtype=np.int64)
-        self._free_ids: list[int] = list(range(initial_slots - 1, -1, -1))
+        self.slots = SlotTable(initial_slots)
         self._states: dict[int, StateCheckpoint] = {}
         self._host_states: set[int] = set()
         self._next_id = 0
@@ -117,15 +112,15 @@ class StateStore:
     @property
     def live_slots(self) -> int:
         """Slot ids held, in both tiers."""
-        return int(np.count_nonzero(self._tier))
+        return self.device_slots + self.host_slots
 
     @property
     def host_slots(self) -> int:
-        return int(np.count_nonzero(self._tier == HOST))
+        return self.slots.count(HOST)
 
     @property
     def device_slots(self) -> int:
-        return self.live_slots - self.host_slots
+        return self.slots.count(DEVICE)
 
     @property
     def live_states(self) -> int:
@@ -178,37 +173,11 @@ class StateStore:
         }
 
     # ------------------------------------------------------------------ KV slots
-    def _grow_ids(self, need: int) -> None:
-        cap = len(self._tier)
-        new_cap = max(2 * cap, cap + need)
-        self._tier = np.concatenate([self._tier, np.zeros(new_cap - cap, dtype=np.int8)])
-        self._row = np.concatenate([self._row, np.full(new_cap - cap, -1, dtype=np.int64)])
-        self._free_ids = list(range(new_cap - 1, cap - 1, -1)) + self._free_ids
-
-    @staticmethod
-    def _tiers_of(ids: Slots, tier: npt.NDArray[np.int8]) -> npt.NDArray[np.int8]:
-        """The tier of each id in table `tier` (FREE for an id out of its range)."""
-        out = np.zeros(len(ids), dtype=np.int8)
-        ok = (ids >= 0) & (ids < len(tier))
-        out[ok] = tier[ids[ok]]
-        return out
-
-    def _not_held(self, ids: Slots, tier: npt.NDArray[np.int8]) -> list[int]:
-        """Ids of `ids` not held in table `tier`, or listed twice, ascending."""
-        bad = set(ids[self._tiers_of(ids, tier) == FREE].tolist())
-        uniq, counts = np.unique(ids, return_counts=True)
-        bad.update(uniq[counts > 1].tolist())
-        return sorted(bad)
-
     def alloc_slots(self, n: int) -> Slots:
         """`n` free slot ids, on the device (the pools grow when needed)."""
         self.copier.poll()
-        if n > len(self._free_ids):
-            self._grow_ids(n - len(self._free_ids))
-        ids = np.asarray(self._free_ids[len(self._free_ids) - n :][::-1], dtype=np.int64)
-        del self._free_ids[len(self._free_ids) - n :]
-        self._row[ids] = self.device_kv.alloc(n)
-        self._tier[ids] = DEVICE
+        ids = self.slots.alloc(n)
+        self.slots.place(ids, DEVICE, self.device_kv.alloc(n))
         return ids
 
     def free_slots(self, slots: Slots) -> None:
@@ -217,23 +186,21 @@ class StateStore:
         ids = np.asarray(slots, dtype=np.int64)
         if not len(ids):
             return
-        bad = self._not_held(ids, self._tier)
+        bad = self.slots.not_held(ids)
         if bad:
             raise ValueError(f"KV slots {bad[:16]} are not held (freed twice?)")
-        tiers, rows = self._tier[ids], self._row[ids]
+        tiers, rows = self.slots.tier[ids], self.slots.row[ids]
         self.device_kv.free(rows[tiers == DEVICE])
         self.host_kv.free(rows[tiers == HOST])
-        self._tier[ids] = FREE
-        self._row[ids] = -1
-        self._free_ids.extend(ids.tolist())
+        self.slots.free(ids)
 
     def used_slots(self) -> Slots:
         """Ids of the KV slots currently allocated (both tiers), ascending."""
-        return np.flatnonzero(self._tier).astype(np.int64)
+        return self.slots.ids()
 
     def host_slot_ids(self) -> Slots:
         """Ids of the KV slots in host memory, ascending."""
-        return np.flatnonzero(self._tier == HOST).astype(np.int64)
+        return self.slots.ids(HOST)
 
     def state_ids(self) -> list[int]:
         """Ids of the states currently held (both tiers), ascending."""
@@ -249,12 +216,12 @@ class StateStore:
         ids = np.asarray(slots, dtype=np.int64)
         if not len(ids):
             return
-        off = ids[self._tiers_of(ids, self._tier) != DEVICE]
+        off = ids[self.slots.tiers_of(ids) != DEVICE]
         if len(off):
             raise ValueError(f"KV slots {off[:16].tolist()} are not held on the device")
         end = start + len(ids)
         kv = {i: (k[:, start:end], v[:, start:end]) for i, (k, v) in self._kv_views(state)}
-        self.device_kv.write(self._row[ids], kv)
+        self.device_kv.write(self.slots.row[ids], kv)
 
     def _kv_views(self, state: SeqState) -> list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         return [(i, state.kv[i].view()) for i in self.model.attn_blocks]
@@ -292,7 +259,7 @@ class StateStore:
         if not moves:
             return
         self.copier.poll()
-        self._check_moves(moves)
+        check_moves(moves, self.slots, self._states, self._host_states)
         for m in moves:
             ids = np.asarray(m.slots, dtype=np.int64)
             if not len(ids) and not m.states:
@@ -303,35 +270,8 @@ class StateStore:
                 self._promote(ids, list(m.states))
             self._moves[m.to_host] += 1
 
-    def _check_moves(self, moves: Sequence[Move]) -> None:
-        tier = self._tier.copy()
-        on_host = set(self._host_states)
-        for n, m in enumerate(moves):
-            ids = np.asarray(m.slots, dtype=np.int64)
-            target = HOST if m.to_host else DEVICE
-            errors = []
-            bad = self._not_held(ids, tier)
-            if bad:
-                errors.append(f"KV slots {bad[:16]} are not held")
-            there = np.unique(ids[self._tiers_of(ids, tier) == target])
-            if len(there):
-                errors.append(f"KV slots {there[:16].tolist()} are already on {_WHERE[m.to_host]}")
-            sids = list(m.states)
-            unknown = sorted({s for s in sids if s not in self._states})
-            unknown += sorted({s for s, c in Counter(sids).items() if c > 1} - set(unknown))
-            if unknown:
-                errors.append(f"states {unknown[:16]} are not held (or listed twice)")
-            done = sorted({s for s in sids if s in self._states and (s in on_host) == m.to_host})
-            if done:
-                errors.append(f"states {done[:16]} are already on {_WHERE[m.to_host]}")
-            if errors:
-                where = _WHERE[m.to_host]
-                raise ValueError(f"move {n} to {where}: {'; '.join(errors)} (nothing moved)")
-            tier[ids] = target
-            (on_host.update if m.to_host else on_host.difference_update)(sids)
-
     def _demote(self, ids: Slots, sids: list[int]) -> None:
-        rows = self._row[ids]
+        rows = self.slots.row[ids]
         host_rows = self.host_kv.alloc(len(ids))
         old = [self._states[s] for s in sids]
         new = [_like(ck, lambda t: self.copier.host_empty(t.shape, t.dtype)) for ck in old]
@@ -345,20 +285,18 @@ class StateStore:
         n_bytes = len(rows) * self.kv_bytes_per_token + sum(map(_nbytes, old))
         done: CopyEvent | None = self.copier.run(True, n_bytes, enqueue)
         self.device_kv.free(rows, after=done)
-        self._tier[ids] = HOST
-        self._row[ids] = host_rows
+        self.slots.place(ids, HOST, host_rows)
         self._states.update(zip(sids, new, strict=True))
         self._host_states.update(sids)
 
     def _promote(self, ids: Slots, sids: list[int]) -> None:
-        host_rows = self._row[ids]
+        host_rows = self.slots.row[ids]
         rows = self.device_kv.alloc(len(ids))
         packed, new = self._to_device(host_rows, [self._states[s] for s in sids])
         if len(rows):
             self.device_kv.write(rows, self.device_kv.unpack(packed))
         self.host_kv.free(host_rows)
-        self._tier[ids] = DEVICE
-        self._row[ids] = rows
+        self.slots.place(ids, DEVICE, rows)
         self._states.update(zip(sids, new, strict=True))
         self._host_states.difference_update(sids)
 
@@ -397,69 +335,33 @@ class StateStore:
         ckpt = self._states[sid]
         if ckpt.depth != length:
             raise ValueError(f"state {sid} is at depth {ckpt.depth}, the hit is {length}")
-        missing = ids[self._tiers_of(ids, self._tier) == FREE]
+        missing = ids[self.slots.tiers_of(ids) == FREE]
         if len(missing):
             raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
-        on_host = self._tier[ids] == HOST
-        state_on_host = sid in self._host_states
-        if on_host.any() or state_on_host:
-            packed, fetched = self._to_device(
-                self._row[ids[on_host]], [ckpt] if state_on_host else []
-            )
-            ckpt = fetched[0] if state_on_host else _like(ckpt, torch.clone)
+        rows = self.slots.row[ids]
+        on_host = self.slots.tier[ids] == HOST
+        from_host = [ckpt] if sid in self._host_states else []
+        packed: torch.Tensor | None = None
+        fetched: list[StateCheckpoint] = []
+        if on_host.any() or from_host:
+            packed, fetched = self._to_device(rows[on_host], from_host)
+        if packed is not None and on_host.any():
+            kv = self.device_kv.merge(rows, on_host, packed)
         else:
-            packed, ckpt = None, _like(ckpt, torch.clone)
+            kv = self.device_kv.read(rows)
+        ckpt = fetched[0] if from_host else _like(ckpt, torch.clone)
         state = SeqState(length=length, logits=ckpt.logits)
-        for i, (k, v) in self._gather(ids, on_host, packed).items():
+        for i, (k, v) in kv.items():
             state.kv[i] = KVBuffer(k.to(self.model.dtype), v.to(self.model.dtype))
         for i in self.model.ssm_blocks:
             state.conv[i] = ckpt.conv[i].to(self.model.dtype)
             state.ssm[i] = ckpt.ssm[i]
         return state
 
-    def _gather(
-        self, ids: Slots, on_host: npt.NDArray[np.bool_], packed: torch.Tensor | None
-    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Block -> (k, v) `[n_kv, len(ids), head_dim]` (new contiguous tensors) of held
-        `ids`: device rows read in place, host rows from `packed` (their token rows on the
-        device, in order)."""
-        rows = self._row[ids]
-        if packed is None or not on_host.any():
-            return self.device_kv.read(rows)
-        host_kv = self.device_kv.unpack(packed)
-        dev_kv = self.device_kv.read(rows[~on_host])
-        at_host = device_index(np.flatnonzero(on_host), self.device)
-        at_dev = device_index(np.flatnonzero(~on_host), self.device)
-        out = {}
-        for i, pair in host_kv.items():
-            both = []
-            for from_host, from_dev in zip(pair, dev_kv[i], strict=True):
-                h, _, d = from_host.shape
-                t = from_host.new_empty((h, len(ids), d))
-                t.index_copy_(1, at_host, from_host)
-                t.index_copy_(1, at_dev, from_dev)
-                both.append(t)
-            out[i] = (both[0], both[1])
-        return out
-
     # ------------------------------------------------------------------ checks
     def check(self) -> None:
         """Raise AssertionError unless the invariant of the module docstring holds."""
-        free = np.asarray(self._free_ids, dtype=np.int64)
-        want_free = np.flatnonzero(self._tier == FREE)
-        if len(free) != len(want_free) or not np.array_equal(np.sort(free), want_free):
-            raise AssertionError("the free id list is not exactly the ids without a tier")
-        if (self._row[want_free] != -1).any():
-            raise AssertionError("a free slot id still has a row")
-        for tier, pool in ((DEVICE, self.device_kv), (HOST, self.host_kv)):
-            rows = self._row[self._tier == tier]
-            name = _WHERE[tier == HOST]
-            if ((rows < 0) | (rows >= pool.capacity)).any():
-                raise AssertionError(f"a slot id on {name} has no row there")
-            if len(np.unique(rows)) != len(rows):
-                raise AssertionError(f"two slot ids share a row on {name}")
-            if not pool.is_held(rows).all() or pool.held != len(rows):
-                raise AssertionError(f"the rows held on {name} are not those of its slot ids")
+        self.slots.check({DEVICE: self.device_kv, HOST: self.host_kv})
         self.device_kv.check()
         if not self._host_states <= set(self._states):
             raise AssertionError("a host state id is not held")
@@ -468,4 +370,5 @@ class StateStore:
             want = "cpu" if host else self.device.type
             for t in _tensors(ck):
                 if t.device.type != want or (host and self.copier.pinned and not t.is_pinned()):
-                    raise AssertionError(f"state {sid}'s tensors are not all on {_WHERE[host]}")
+                    name = TIER_NAMES[HOST if host else DEVICE]
+                    raise AssertionError(f"state {sid}'s tensors are not all on {name}")
