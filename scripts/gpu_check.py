@@ -9,7 +9,11 @@ Sections, each recorded even when another fails (its error is kept in the JSON):
   prefill   the `paper-7b-shape` model in bf16: prefill tokens/s of a 4k-token prompt,
             ours (triton) vs transformers' implementation of the same weights;
   ttft      time to first token of a turn whose 90% prefix is cached vs a cold prompt;
-  decode    decode tokens/s at batch 1, 16 and 64 (model steps, and the engine end to end).
+  decode    decode tokens/s at batch 1, 16 and 64 (model steps, and the engine end to end);
+  tiers     the state store's host tier on the `small` preset: `--tier-mb` MB of KV slots
+            and as many of SSM states demoted to pinned host memory and promoted back
+            (`apply_moves`), GB/s per direction by the store's copy-stream events, the
+            host time the call takes (it only queues the copies), data equal afterwards.
 Writes <out>/gpu_check.json and <out>/summary.md. `--device cpu --preset tiny --quick`
 runs the same code on a CPU under TRITON_INTERPRET=1 (a dry run of the script itself).
 """
@@ -37,6 +41,8 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import build_model
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.engine.state_store import StateStore
+from marconi_ray.protocol.orders import Move
 from marconi_ray.protocol.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,9 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small kernel shapes (CPU dry run)")
     p.add_argument(
         "--sections",
-        default="kernels,exactness,prefill,ttft,decode",
+        default="kernels,exactness,tiers,prefill,ttft,decode",
         help="comma-separated sections to run",
     )
+    p.add_argument("--tier-mb", type=int, default=256, help="MB of KV (and of states) moved")
     return p.parse_args(argv)
 
 
@@ -205,6 +212,90 @@ def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
     return out
 
 
+def run_tiers(dev: torch.device, preset: str, mb: int, reps: int = 3) -> dict[str, Any]:
+    """Host tier copies of a `StateStore` (NemotronH `preset`, bf16): `mb` MB of KV slots
+    and about as many of SSM states, each kind moved on its own to the host and back
+    `reps` times. Per kind and direction (medians): GB/s by the store's copy-stream events
+    (`tier_stats`), GB/s by wall time to a device sync, and the host time `apply_moves`
+    took to return. Then the data is checked: read straight from the host and after the
+    round trips it equals what was stored, and the store's invariant holds."""
+    hf, folder = hf_on_device(preset, "nemotron_h", dev, "bfloat16")
+    model = load_model(
+        folder,
+        dtype=torch.bfloat16,
+        device=dev,
+        kernels=get_kernels(dev, "ref"),
+        weights=hf.state_dict(),
+    )
+    del hf
+    store = StateStore(model)
+    n_slots = max(16, mb * 2**20 // store.kv_bytes_per_token)
+    n_states = max(1, mb * 2**20 // store.state_bytes)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, model.cfg.vocab_size, (16,), generator=g).to(dev)
+    (ckpt,) = model.prefill(ids, model.new_state(), [16])
+    sids = tuple(store.put_state(ckpt) for _ in range(n_states))
+    slots = store.alloc_slots(n_slots)
+    for t in store.device_kv.tensors():
+        t.normal_()
+
+    def probe() -> list[torch.Tensor]:
+        out = []
+        for part, sid in ((slots[:16], sids[0]), (slots[-16:], sids[-1])):
+            st = store.load(part, sid, 16)
+            out += [t for kv in st.kv.values() for t in kv.view()]
+            out += [*st.conv.values(), *st.ssm.values(), st.logits]
+        return out
+
+    want = probe()
+    result: dict[str, Any] = {
+        "preset": preset,
+        "kv_slots": n_slots,
+        "kv_mb": round(n_slots * store.kv_bytes_per_token / 2**20, 1),
+        "states": n_states,
+        "states_mb": round(n_states * store.state_bytes / 2**20, 1),
+    }
+    for kind, slot_ids, state_ids in (("kv", slots, ()), ("states", slots[:0], sids)):
+        runs: dict[str, list[tuple[float, float, float]]] = {"to_host": [], "to_device": []}
+        for _ in range(reps):
+            for to_host in (True, False):
+                key = "to_host" if to_host else "to_device"
+                before = store.tier_stats()
+                sync(dev)
+                t0 = time.perf_counter()
+                store.apply_moves([Move(to_host, state_ids, slot_ids)])
+                call_s = time.perf_counter() - t0
+                sync(dev)
+                wall_s = time.perf_counter() - t0
+                after = store.tier_stats()
+                n_bytes = after[f"bytes_{key}"] - before[f"bytes_{key}"]
+                event_s = after[f"seconds_{key}"] - before[f"seconds_{key}"]
+                runs[key].append((n_bytes / max(event_s, 1e-12), n_bytes / wall_s, call_s))
+        for key, rows in runs.items():
+            result[f"{kind}_{key}"] = {
+                "gbps": round(statistics.median(r[0] for r in rows) / 1e9, 2),
+                "wall_gbps": round(statistics.median(r[1] for r in rows) / 1e9, 2),
+                "call_ms": round(1e3 * statistics.median(r[2] for r in rows), 2),
+            }
+        print(
+            f"  tiers {kind}: {result[f'{kind}_to_host']} / {result[f'{kind}_to_device']}",
+            flush=True,
+        )
+    store.apply_moves([Move(True, sids, slots)])
+    result["host_read_equal"] = all(torch.equal(a, b) for a, b in zip(probe(), want, strict=True))
+    store.apply_moves([Move(False, sids, slots)])
+    result["round_trip_equal"] = all(torch.equal(a, b) for a, b in zip(probe(), want, strict=True))
+    store.check()
+    result["stats"] = store.tier_stats()
+    result["ok"] = result["host_read_equal"] and result["round_trip_equal"]
+    print(
+        f"  tiers: equal after the host read {result['host_read_equal']}, after the round "
+        f"trips {result['round_trip_equal']}",
+        flush=True,
+    )
+    return result
+
+
 def hf_prefill(hf: Any, ids: torch.Tensor, dev: torch.device) -> tuple[float, torch.Tensor]:
     """Median seconds of transformers' forward over `ids` and its logits [L, V] (fp32)."""
     with torch.no_grad():
@@ -317,7 +408,7 @@ def decode(engine: Engine, batches: list[int], dev: torch.device) -> dict[str, A
 
 def summary(result: dict[str, Any]) -> str:
     lines = ["# GPU check", "", f"device: {result['env'].get('device_name')}", ""]
-    for section in ("kernels", "exactness", "prefill", "ttft", "decode"):
+    for section in ("kernels", "exactness", "tiers", "prefill", "ttft", "decode"):
         value = result.get(section)
         if value is None:
             continue
@@ -352,8 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(result, indent=1) + "\n")
         (out_dir / "summary.md").write_text(summary(result))
 
-    for name, fn in (("kernels", lambda: run_kernels(dev, args.quick)),
-                     ("exactness", lambda: run_exactness(dev, "tiny" if args.quick else "small"))):
+    for name, fn in (
+        ("kernels", lambda: run_kernels(dev, args.quick)),
+        ("exactness", lambda: run_exactness(dev, "tiny" if args.quick else "small")),
+        ("tiers", lambda: run_tiers(dev, "tiny" if args.quick else "small", args.tier_mb)),
+    ):
         if name in sections:
             print(f"[gpu_check] {name}", flush=True)
             t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot GPU check of the engine's CUDA path: the Triton kernel set against the torch
-# references, engine exactness, and prefill / TTFT / decode figures (scripts/gpu_check.py),
-# plus the `triton` and `gpu` pytest markers on CUDA. Engine-level: no Ray, no network.
+# references, engine exactness, the state store's host-tier copy GB/s, and prefill / TTFT /
+# decode figures (scripts/gpu_check.py), plus the `triton` and `gpu` pytest markers on
+# CUDA. Engine-level: no Ray, no network.
 #
 #   make gpu-bundle              # anywhere with PyPI: wheels the GPU machine may lack
 #   bash scripts/gpu_check.sh    # on the GPU machine, from the repository root
@@ -47,5 +48,5 @@ echo "pytest exit $?"; tail -5 "$RESULTS/pytest.txt"
 
 echo "== scripts/gpu_check.py"
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of flags
-timeout 300 "$PY" scripts/gpu_check.py --device "$DEVICE" --out "$RESULTS" ${GPU_CHECK_ARGS:-}
+timeout 330 "$PY" scripts/gpu_check.py --device "$DEVICE" --out "$RESULTS" ${GPU_CHECK_ARGS:-}
 echo "gpu_check exit $?"

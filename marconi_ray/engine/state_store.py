@@ -1,150 +1,235 @@
-"""`StateStore`: the tensors behind cached tree nodes, on the model's device, per TP rank.
+"""`StateStore`: the tensors behind cached tree nodes, per TP rank, in two tiers: the
+model's device and host memory.
 
-- KV lives in a token-slot pool per attention block, `[n_kv_local, n_slots, head_dim]`
-  for K and for V (SGLang-style): a tree node's KV handle is a numpy array of slot ids,
-  which the radix tree slices on split and concatenates on merge. The pool grows by
-  doubling; freed slots are reused.
-- SSM checkpoints live by state id: conv and recurrent state per SSM block, plus the
-  next-token logits at that depth (so a fully cached prompt needs no prefill). Conv
-  states are kept in the store dtype, recurrent states (Mamba, Gated DeltaNet) in float32,
-  the precision the model runs them at: a resumed state is exactly the one captured, in
-  any dtype.
+- KV: a tree node's KV handle is a numpy array of slot ids, one per token, which the
+  radix tree slices on split and concatenates on merge. Slot ids are logical
+  (`SlotTable`): a held id lives in one row of the device pool (`DeviceKVPool`:
+  `[n_kv_local, rows, head_dim]` per attention block, for K and for V) or of the host pool
+  (`HostKVPool`: one token row of every block's K and V). `alloc_slots` hands out ids on
+  the device; freed ids are reused.
+- SSM checkpoints, by state id: conv and recurrent state per SSM block, plus the
+  next-token logits at that depth (so a fully cached prompt needs no prefill), on the
+  device or, moved whole, in host memory. Conv states are kept in the store dtype,
+  recurrent states (Mamba, Gated DeltaNet) in float32, the precision the model runs them
+  at: a resumed state is exactly the one captured, in any dtype. State ids are never
+  reused.
 
-Byte accounting (`bytes_used`) counts K+V of live slots and conv (store dtype) +
-recurrent (float32) of live states; it equals `core.model_spec`'s prediction for the same
-config with `state_dtype_bytes=4` (logits are bookkeeping, reported apart in
-`logits_bytes`).
+Tiers: `apply_moves` moves ids between the tiers; ids never change, only where their
+tensors live. A demotion copies device rows and states to the host (on CUDA on a copy
+stream, without blocking: see `tier_copy`), and the device rows it leaves are reused only
+once that copy has completed; a promotion copies them back, and the compute stream waits
+for it. `load` reads every slot and the state from whichever tier holds it (a hit the
+cache could not promote is read straight from the host).
+
+Byte accounting: `bytes_used` is the device tier's: K+V of device slots and conv (store
+dtype) + recurrent (float32) of device states; it equals `core.model_spec`'s prediction
+for the same config with `state_dtype_bytes=4`. `host_bytes_used` counts the host tier
+alike. Logits are bookkeeping, reported apart (`logits_bytes`, device states').
+
+Invariant (`check`): a held slot id has exactly one location (a tier and a row of that
+tier's pool); a device row or host row belongs to at most one id, and a pool row is held
+exactly when an id lives there; a free id has no row; every state is in one tier, its
+tensors there (pinned on the host of a CUDA device). Nothing is freed twice:
+`free_slots` and `apply_moves` validate every id before changing anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
-import numpy.typing as npt
 import torch
 
+from marconi_ray.engine.device_pool import DeviceKVPool
+from marconi_ray.engine.host_pool import HostKVPool
 from marconi_ray.engine.kv_buffer import KVBuffer
 from marconi_ray.engine.model import HybridModel
+from marconi_ray.engine.move_check import check_moves
 from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.slot_table import DEVICE, FREE, HOST, TIER_NAMES, Slots, SlotTable
+from marconi_ray.engine.tier_copy import CopyEvent, TierCopier
+from marconi_ray.protocol.orders import Move
 
-Slots = npt.NDArray[np.int64]
 STATE_DTYPE = torch.float32
 """The dtype of stored recurrent states (that of the running ones)."""
 
 
-class StateStore:
-    """KV slot pool + SSM checkpoints of one model rank (KV and conv states in
-    `model.dtype`, recurrent states in float32).
+def _tensors(ck: StateCheckpoint) -> list[torch.Tensor]:
+    return [*ck.conv.values(), *ck.ssm.values(), ck.logits]
 
-    Invariant: a KV slot is free or held, never both; freeing one that is not held (a
-    second free would hand it out twice: two sequences writing one slot) is refused with
-    a ValueError naming it, before anything is freed. State ids are never reused.
+
+def _nbytes(ck: StateCheckpoint) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(ck))
+
+
+def _like(ck: StateCheckpoint, make: Callable[[torch.Tensor], torch.Tensor]) -> StateCheckpoint:
+    """A checkpoint of `make(t)` for each of `ck`'s tensors (same depth and blocks)."""
+    return StateCheckpoint(
+        ck.depth,
+        {i: make(t) for i, t in ck.conv.items()},
+        {i: make(t) for i, t in ck.ssm.items()},
+        make(ck.logits),
+    )
+
+
+class StateStore:
+    """KV slots + SSM checkpoints of one model rank, on its device and in host memory (KV
+    and conv states in `model.dtype`, recurrent states in float32).
+
+    Args:
+        model: the rank's model.
+        initial_slots: initial device rows (and slot ids); both grow by doubling.
+        initial_host_slots: rows of the host pool's first segment.
     """
 
-    def __init__(self, model: HybridModel, initial_slots: int = 256) -> None:
+    def __init__(
+        self, model: HybridModel, initial_slots: int = 256, initial_host_slots: int = 256
+    ) -> None:
         self.model = model
         self.dtype = model.dtype
         self.device = model.device
-        self._k: dict[int, torch.Tensor] = {}
-        self._v: dict[int, torch.Tensor] = {}
-        for i in model.attn_blocks:
-            attn = model.attention(i)
-            shape = (attn.n_kv, initial_slots, attn.cfg.head_dim)
-            self._k[i] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            self._v[i] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self._free: list[int] = list(range(initial_slots - 1, -1, -1))
-        self._held = np.zeros(initial_slots, dtype=np.bool_)
-        self._capacity = initial_slots
-        self._states: dict[int, StateCheckpoint] = {}
-        self._next_id = 0
-        self.kv_bytes_per_token = sum(
-            2 * self._k[i].shape[0] * self._k[i].shape[2] * self._k[i].element_size()
-            for i in model.attn_blocks
+        shapes = {
+            i: (model.attention(i).n_kv, model.attention(i).cfg.head_dim) for i in model.attn_blocks
+        }
+        self.copier = TierCopier(self.device)
+        self.device_kv = DeviceKVPool(shapes, self.dtype, self.device, initial_slots)
+        self.host_kv = HostKVPool(
+            self.device_kv.row_elems, self.dtype, self.copier.host_empty, initial_host_slots
         )
+        self.slots = SlotTable(initial_slots)
+        self._states: dict[int, StateCheckpoint] = {}
+        self._host_states: set[int] = set()
+        self._next_id = 0
+        self._moves = {True: 0, False: 0}
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        self.kv_bytes_per_token = self.device_kv.row_elems * elem
         self.state_bytes = sum(
-            c.numel() * self._k_elem() + s.numel() * STATE_DTYPE.itemsize
+            c.numel() * elem + s.numel() * STATE_DTYPE.itemsize
             for c, s in (model.ssm(i).empty_state(self.device) for i in model.ssm_blocks)
         )
-
-    def _k_elem(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
 
     # ------------------------------------------------------------------ bytes
     @property
     def live_slots(self) -> int:
-        return self._capacity - len(self._free)
+        """Slot ids held, in both tiers."""
+        return self.device_slots + self.host_slots
+
+    @property
+    def host_slots(self) -> int:
+        return self.slots.count(HOST)
+
+    @property
+    def device_slots(self) -> int:
+        return self.slots.count(DEVICE)
 
     @property
     def live_states(self) -> int:
+        """States held, in both tiers."""
         return len(self._states)
 
     @property
+    def host_states(self) -> int:
+        return len(self._host_states)
+
+    @property
+    def device_states(self) -> int:
+        return self.live_states - self.host_states
+
+    @property
     def bytes_used(self) -> int:
-        """KV + SSM bytes held (what the prefix cache budgets)."""
-        return self.live_slots * self.kv_bytes_per_token + self.live_states * self.state_bytes
+        """KV + SSM bytes held on the device (what the prefix cache budgets there)."""
+        return self.device_slots * self.kv_bytes_per_token + self.device_states * self.state_bytes
+
+    @property
+    def host_bytes_used(self) -> int:
+        """KV + SSM bytes held in host memory (the cache's host tier)."""
+        return self.host_slots * self.kv_bytes_per_token + self.host_states * self.state_bytes
 
     @property
     def logits_bytes(self) -> int:
-        return sum(s.logits.numel() * s.logits.element_size() for s in self._states.values())
+        """Bytes of the device states' logits (not in `bytes_used`)."""
+        return sum(
+            s.logits.numel() * s.logits.element_size()
+            for sid, s in self._states.items()
+            if sid not in self._host_states
+        )
+
+    def tier_stats(self) -> dict[str, float]:
+        """The host tier's holdings and the copies between the tiers so far: bytes and
+        seconds per direction (see `tier_copy` for how seconds are measured on CUDA:
+        copies still in flight are not counted yet) and `Move`s applied per direction.
+        A hit read straight from the host counts as bytes to the device, not as a move."""
+        self.copier.poll()
+        return {
+            "host_bytes": float(self.host_bytes_used),
+            "host_slots": float(self.host_slots),
+            "host_states": float(self.host_states),
+            "bytes_to_host": float(self.copier.bytes[True]),
+            "bytes_to_device": float(self.copier.bytes[False]),
+            "seconds_to_host": self.copier.seconds[True],
+            "seconds_to_device": self.copier.seconds[False],
+            "moves_to_host": float(self._moves[True]),
+            "moves_to_device": float(self._moves[False]),
+        }
 
     # ------------------------------------------------------------------ KV slots
-    def _grow(self, need: int) -> None:
-        new_cap = max(2 * self._capacity, self._capacity + need)
-        for pool in (self._k, self._v):
-            for i, t in pool.items():
-                grown = t.new_zeros(t.shape[0], new_cap, t.shape[2])
-                grown[:, : self._capacity] = t
-                pool[i] = grown
-        self._free = list(range(new_cap - 1, self._capacity - 1, -1)) + self._free
-        self._held = np.concatenate([self._held, np.zeros(new_cap - self._capacity, np.bool_)])
-        self._capacity = new_cap
-
     def alloc_slots(self, n: int) -> Slots:
-        """`n` free slot ids (the pool grows when needed)."""
-        if n > len(self._free):
-            self._grow(n - len(self._free))
-        out = np.asarray([self._free.pop() for _ in range(n)], dtype=np.int64)
-        self._held[out] = True
-        return out
+        """`n` free slot ids, on the device (the pools grow when needed)."""
+        self.copier.poll()
+        ids = self.slots.alloc(n)
+        self.slots.place(ids, DEVICE, self.device_kv.alloc(n))
+        return ids
 
     def free_slots(self, slots: Slots) -> None:
-        """Return held slots to the pool; ValueError (nothing freed) naming the slots that
-        are not held or are listed twice."""
+        """Return held slots, in either tier, to the pool; ValueError (nothing freed)
+        naming the slots that are not held or are listed twice."""
         ids = np.asarray(slots, dtype=np.int64)
         if not len(ids):
             return
-        in_range = (ids >= 0) & (ids < self._capacity)
-        bad = ids[~in_range].tolist()
-        ok = ids[in_range]
-        bad += ok[~self._held[ok]].tolist()
-        uniq, counts = np.unique(ok, return_counts=True)
-        bad += uniq[counts > 1].tolist()
+        bad = self.slots.not_held(ids)
         if bad:
-            raise ValueError(f"KV slots {sorted(set(bad))[:16]} are not held (freed twice?)")
-        self._held[ids] = False
-        self._free.extend(ids.tolist())
+            raise ValueError(f"KV slots {bad[:16]} are not held (freed twice?)")
+        tiers, rows = self.slots.tier[ids], self.slots.row[ids]
+        self.device_kv.free(rows[tiers == DEVICE])
+        self.host_kv.free(rows[tiers == HOST])
+        self.slots.free(ids)
 
     def used_slots(self) -> Slots:
-        """Ids of the KV slots currently allocated, ascending."""
-        return np.flatnonzero(self._held).astype(np.int64)
+        """Ids of the KV slots currently allocated (both tiers), ascending."""
+        return self.slots.ids()
+
+    def host_slot_ids(self) -> Slots:
+        """Ids of the KV slots in host memory, ascending."""
+        return self.slots.ids(HOST)
 
     def state_ids(self) -> list[int]:
-        """Ids of the states currently held, ascending."""
+        """Ids of the states currently held (both tiers), ascending."""
         return sorted(self._states)
 
+    def host_state_ids(self) -> list[int]:
+        """Ids of the states in host memory, ascending."""
+        return sorted(self._host_states)
+
     def write_kv(self, slots: Slots, state: SeqState, start: int) -> None:
-        """Copy `state`'s KV at positions [start, start + len(slots)) into `slots`."""
-        if len(slots) == 0:
+        """Copy `state`'s KV at positions [start, start + len(slots)) into `slots`, which
+        must be device slots (ValueError naming the others)."""
+        ids = np.asarray(slots, dtype=np.int64)
+        if not len(ids):
             return
-        idx = torch.as_tensor(slots, device=self.device)
-        for i in self.model.attn_blocks:
-            k, v = state.kv[i].view()
-            self._k[i][:, idx] = k[:, start : start + len(slots)].to(self.dtype)
-            self._v[i][:, idx] = v[:, start : start + len(slots)].to(self.dtype)
+        off = ids[self.slots.tiers_of(ids) != DEVICE]
+        if len(off):
+            raise ValueError(f"KV slots {off[:16].tolist()} are not held on the device")
+        end = start + len(ids)
+        kv = {i: (k[:, start:end], v[:, start:end]) for i, (k, v) in self._kv_views(state)}
+        self.device_kv.write(self.slots.row[ids], kv)
+
+    def _kv_views(self, state: SeqState) -> list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+        return [(i, state.kv[i].view()) for i in self.model.attn_blocks]
 
     # ------------------------------------------------------------------ states
     def put_state(self, ckpt: StateCheckpoint) -> int:
-        """Store a copy of `ckpt` (conv in the store dtype, recurrent in float32); returns
-        its new state id."""
+        """Store a copy of `ckpt` on the device (conv in the store dtype, recurrent in
+        float32); returns its new state id."""
         sid = self._next_id
         self._next_id += 1
         self._states[sid] = StateCheckpoint(
@@ -159,25 +244,131 @@ class StateStore:
         return sid in self._states
 
     def free_state(self, sid: int) -> None:
-        """Drop a state; freeing an unknown id is a KeyError (a bookkeeping bug)."""
+        """Drop a state, in either tier; freeing an unknown id is a KeyError (a
+        bookkeeping bug)."""
         del self._states[sid]
+        self._host_states.discard(sid)
+
+    # ------------------------------------------------------------------ tiers
+    def apply_moves(self, moves: Sequence[Move]) -> None:
+        """Apply `moves` in order: copy each one's slots and states to the tier it names
+        and free the rows they leave. Validated first, as a whole: a slot that is not held
+        (or listed twice), a state that is not held, or an id already in the tier a move
+        sends it to (counting the earlier moves) is a ValueError naming the ids, and
+        nothing moves."""
+        if not moves:
+            return
+        self.copier.poll()
+        check_moves(moves, self.slots, self._states, self._host_states)
+        for m in moves:
+            ids = np.asarray(m.slots, dtype=np.int64)
+            if not len(ids) and not m.states:
+                continue
+            if m.to_host:
+                self._demote(ids, list(m.states))
+            else:
+                self._promote(ids, list(m.states))
+            self._moves[m.to_host] += 1
+
+    def _demote(self, ids: Slots, sids: list[int]) -> None:
+        rows = self.slots.row[ids]
+        host_rows = self.host_kv.alloc(len(ids))
+        old = [self._states[s] for s in sids]
+        new = [_like(ck, lambda t: self.copier.host_empty(t.shape, t.dtype)) for ck in old]
+
+        def enqueue() -> None:
+            if len(rows):
+                self.copier.touch(*self.device_kv.tensors())
+                self.host_kv.write(host_rows, self.device_kv.pack(rows), self.copier.copy)
+            self._copy_states(new, old)
+
+        n_bytes = len(rows) * self.kv_bytes_per_token + sum(map(_nbytes, old))
+        done: CopyEvent | None = self.copier.run(True, n_bytes, enqueue)
+        self.device_kv.free(rows, after=done)
+        self.slots.place(ids, HOST, host_rows)
+        self._states.update(zip(sids, new, strict=True))
+        self._host_states.update(sids)
+
+    def _promote(self, ids: Slots, sids: list[int]) -> None:
+        host_rows = self.slots.row[ids]
+        rows = self.device_kv.alloc(len(ids))
+        packed, new = self._to_device(host_rows, [self._states[s] for s in sids])
+        if len(rows):
+            self.device_kv.write(rows, self.device_kv.unpack(packed))
+        self.host_kv.free(host_rows)
+        self.slots.place(ids, DEVICE, rows)
+        self._states.update(zip(sids, new, strict=True))
+        self._host_states.difference_update(sids)
+
+    def _to_device(
+        self, host_rows: Slots, ckpts: list[StateCheckpoint]
+    ) -> tuple[torch.Tensor, list[StateCheckpoint]]:
+        """Device copies of host token rows (`[len(host_rows), row_elems]`, in order) and
+        of host checkpoints, as one copy the compute stream waits for."""
+        packed = torch.empty(
+            (len(host_rows), self.device_kv.row_elems), dtype=self.dtype, device=self.device
+        )
+        new = [_like(ck, lambda t: torch.empty_like(t, device=self.device)) for ck in ckpts]
+
+        def enqueue() -> None:
+            self.host_kv.read(host_rows, packed, self.copier.copy)
+            self._copy_states(new, ckpts)
+
+        n_bytes = len(host_rows) * self.kv_bytes_per_token + sum(map(_nbytes, ckpts))
+        self.copier.run(False, n_bytes, enqueue)
+        return packed, new
+
+    def _copy_states(self, dst: list[StateCheckpoint], src: list[StateCheckpoint]) -> None:
+        for d, s in zip(dst, src, strict=True):
+            for dt, st in zip(_tensors(d), _tensors(s), strict=True):
+                self.copier.copy(dt, st)
 
     # ------------------------------------------------------------------ hits
     def load(self, slots: Slots, sid: int, length: int) -> SeqState:
-        """A `SeqState` resuming after `length` cached tokens: the KV of `slots` (one per
-        token, in order) and state `sid`'s SSM states and logits."""
-        if len(slots) != length:
-            raise ValueError(f"{len(slots)} KV slots for a hit of {length} tokens")
+        """A `SeqState` on the device resuming after `length` cached tokens: the KV of
+        `slots` (one per token, in order; each in either tier), `[n_kv_local, length,
+        head_dim]` per attention block, and state `sid`'s SSM states and logits (either
+        tier). The store is unchanged: nothing moves."""
+        ids = np.asarray(slots, dtype=np.int64)
+        if len(ids) != length:
+            raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
         ckpt = self._states[sid]
         if ckpt.depth != length:
             raise ValueError(f"state {sid} is at depth {ckpt.depth}, the hit is {length}")
-        state = SeqState(length=length, logits=ckpt.logits.clone())
-        idx = torch.as_tensor(slots, device=self.device)
-        for i in self.model.attn_blocks:
-            k = self._k[i].index_select(1, idx).to(self.model.dtype)
-            v = self._v[i].index_select(1, idx).to(self.model.dtype)
-            state.kv[i] = KVBuffer(k, v)
+        missing = ids[self.slots.tiers_of(ids) == FREE]
+        if len(missing):
+            raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
+        rows = self.slots.row[ids]
+        on_host = self.slots.tier[ids] == HOST
+        from_host = [ckpt] if sid in self._host_states else []
+        packed: torch.Tensor | None = None
+        fetched: list[StateCheckpoint] = []
+        if on_host.any() or from_host:
+            packed, fetched = self._to_device(rows[on_host], from_host)
+        if packed is not None and on_host.any():
+            kv = self.device_kv.merge(rows, on_host, packed)
+        else:
+            kv = self.device_kv.read(rows)
+        ckpt = fetched[0] if from_host else _like(ckpt, torch.clone)
+        state = SeqState(length=length, logits=ckpt.logits)
+        for i, (k, v) in kv.items():
+            state.kv[i] = KVBuffer(k.to(self.model.dtype), v.to(self.model.dtype))
         for i in self.model.ssm_blocks:
-            state.conv[i] = ckpt.conv[i].to(self.model.dtype, copy=True)
-            state.ssm[i] = ckpt.ssm[i].clone()
+            state.conv[i] = ckpt.conv[i].to(self.model.dtype)
+            state.ssm[i] = ckpt.ssm[i]
         return state
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Raise AssertionError unless the invariant of the module docstring holds."""
+        self.slots.check({DEVICE: self.device_kv, HOST: self.host_kv})
+        self.device_kv.check()
+        if not self._host_states <= set(self._states):
+            raise AssertionError("a host state id is not held")
+        for sid, ck in self._states.items():
+            host = sid in self._host_states
+            want = "cpu" if host else self.device.type
+            for t in _tensors(ck):
+                if t.device.type != want or (host and self.copier.pinned and not t.is_pinned()):
+                    name = TIER_NAMES[HOST if host else DEVICE]
+                    raise AssertionError(f"state {sid}'s tensors are not all on {name}")

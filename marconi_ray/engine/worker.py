@@ -235,7 +235,10 @@ class Worker:
         return [sid for sid in self.store.state_ids() if sid not in owned], slots
 
     def release(self, release: Release) -> None:
-        """Free states and slots the cache side no longer references."""
+        """Apply the cache side's tier moves, in order (see `StateStore.apply_moves`: a bad
+        move is a ValueError and nothing moves), then free the states and slots it no
+        longer references, in whichever tier they are."""
+        self.store.apply_moves(release.moves)
         for sid in release.states:
             if self.store.has_state(sid):
                 self.store.free_state(sid)

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.invariants import check_cache_tiers
 from marconi_ray.core.tuner import TuneJob
 from marconi_ray.core.wire import decode_array, encode_array
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
-from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
+from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.serve.coordinator.leases import LeaseTable
 from marconi_ray.serve.coordinator.route_state import RouteState
@@ -243,9 +243,7 @@ class CacheState:
         for request, (rid, _) in self.carried.items():
             assert self.is_planned(rid, request), (request, rid)
         for planner in self.planners.values():
-            cache = planner.cache
-            check_tree(cache.tree)
-            assert cache.bytes_used + cache.reserved <= cache.capacity
+            check_cache_tiers(planner.cache)
         self.routing.check(self)
         return self.node_count()
 
@@ -263,7 +261,19 @@ class CacheState:
                     "planner": self.planners[rid].to_record(),
                     "leases": self.leases.of_replica(rid),
                     "carried": [
-                        [request, [int(x) for x in c.states], encode_array(c.slots, "<i8")]
+                        [
+                            request,
+                            [int(x) for x in c.states],
+                            encode_array(c.slots, "<i8"),
+                            [
+                                [
+                                    m.to_host,
+                                    [int(x) for x in m.states],
+                                    encode_array(m.slots, "<i8"),
+                                ]
+                                for m in c.moves
+                            ],
+                        ]
                         for request, (owner, c) in self.carried.items()
                         if owner == rid
                     ],
@@ -291,9 +301,17 @@ class CacheState:
             )
             for request, deadline in entry["leases"]:
                 self.leases.grant(int(request), rid, float(deadline))
-            for request, states, slots in entry.get("carried", []):  # older: no key
-                kv = decode_array(slots, "<i8", f"carried of request {request}")
-                self.carried[int(request)] = (rid, Release(tuple(int(s) for s in states), kv))
+            for request, states, slots, *tiers in entry.get("carried", []):  # older: no key
+                where = f"carried of request {request}"
+                kv = decode_array(slots, "<i8", where)
+                moves = tuple(
+                    Move(bool(to_host), tuple(int(x) for x in ids), decode_array(ms, "<i8", where))
+                    for to_host, ids, ms in (tiers[0] if tiers else ())  # older: no moves
+                )
+                self.carried[int(request)] = (
+                    rid,
+                    Release(tuple(int(s) for s in states), kv, moves),
+                )
         self.routing.rebuild(self)
 
     def clear(self) -> None:
