@@ -304,6 +304,7 @@ def test_step_graph_teardown_is_bounded_with_a_stuck_shard(ray_session):
         ("cancel", (1,)),
         ("holdings", ()),
         ("store_stats", ()),
+        ("tier_stats", ()),
         ("shutdown", ()),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 
@@ -36,6 +37,7 @@ def services(tmp_path_factory):
         tp=2,
         replicas=2,
         cache_bytes=10**8,
+        host_cache_bytes=10**8,  # checked against this node's free memory at start
         port=PORT,
         app_name="marconi",
     )
@@ -191,14 +193,38 @@ def test_bad_input_is_4xx_and_harmless(services, body, status):
     assert ok.usage.completion_tokens == 2
 
 
+def _scrape() -> dict[str, list]:
+    with urllib.request.urlopen(BASE + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
 def test_health_and_metrics_parse(services):
     with urllib.request.urlopen(BASE + "/health", timeout=30) as resp:
         assert resp.status == 200
-    with urllib.request.urlopen(BASE + "/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    names = {f.name for f in text_string_to_metric_families(text)}
+    families = _scrape()
     for name in ("marconi_ttft_seconds", "marconi_cache_token_hit_rate", "marconi_cache_bytes"):
-        assert any(n.startswith(name) for n in names), name
+        assert any(n.startswith(name) for n in families), name
+    # the host tier: the caches' figures per tier, and each replica's store figures,
+    # which its heartbeats (every second) bring to the coordinator
+    deadline = time.monotonic() + 30
+    while not families.get("marconi_store_tier_copied_bytes") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        families = _scrape()
+    budgets = {
+        (s.labels["replica"], s.labels["tier"]): s.value
+        for s in families["marconi_cache_tier_capacity_bytes"]
+    }
+    replicas = {replica for replica, _ in budgets}
+    assert len(replicas) == 2
+    assert {budgets[r, "host"] for r in replicas} == {10**8}
+    for name in ("marconi_cache_tier_bytes", "marconi_cache_tier_hit_tokens"):
+        assert {(s.labels["replica"], s.labels["tier"]) for s in families[name]} == set(budgets)
+    copied = families["marconi_store_tier_copied_bytes"]
+    assert {(s.labels["replica"], s.labels["direction"]) for s in copied} == {
+        (r, way) for r in replicas for way in ("to_host", "to_device")
+    }
+    assert {s.labels["replica"] for s in families["marconi_store_host_bytes"]} == replicas
 
 
 def test_a_host_tier_no_node_can_hold_is_refused_before_anything_starts(services):

@@ -98,13 +98,14 @@ class LocalBackend:
         return LocalStream(self, self._requests[rid])
 
     async def stats(self) -> list[ReplicaStats]:
-        """This engine's cache figures as one replica's `ReplicaStats`."""
+        """This engine's cache figures as one replica's `ReplicaStats` (with its store's
+        tier figures when the cache has a host tier)."""
         async with self._lock:
             cache = self.engine.cache
             planner = self.engine.planner
-            return [
-                ReplicaStats.of(self.replica_id, cache, planner.open_requests, self._tuner_runs())
-            ]
+            store = self.engine.worker.store.tier_stats() if cache.host_capacity else None
+            runs = self._tuner_runs()
+            return [ReplicaStats.of(self.replica_id, cache, planner.open_requests, runs, store)]
 
     async def tuner_runs(self) -> int:
         """Alpha searches adopted so far."""

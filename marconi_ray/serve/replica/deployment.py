@@ -19,12 +19,14 @@ a request that runs here is stopped as above; one that never arrived is refused 
 on and its plan abandoned at the coordinator, so no plan waits for its lease to expire.
 
 Faults: the replica heartbeats the coordinator every `heartbeat_s` (renewing the leases
-of the requests it runs and queues); when a restarted coordinator asks, the loop
-reconciles the store with the restored tree between two steps. A dispatch of another
-generation or past its lease deadline is refused (`MisroutedDispatch`: the ingress plans
-it again). When a shard actor dies, every request in flight fails with `ReplicaFailed`
-(the ingress resumes it elsewhere), the coordinator drops this replica's cache, the TP
-group is rebuilt from scratch and the replica registers again under a new generation.
+of the requests it runs and queues; with a host tier they also carry its rank-0 store's
+tier figures for `/metrics`, read between heartbeats so a long step never delays one);
+when a restarted coordinator asks, the loop reconciles the store with the restored tree
+between two steps. A dispatch of another generation or past its lease deadline is
+refused (`MisroutedDispatch`: the ingress plans it again). When a shard actor dies,
+every request in flight fails with `ReplicaFailed` (the ingress resumes it elsewhere),
+the coordinator drops this replica's cache, the TP group is rebuilt from scratch and
+the replica registers again under a new generation.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class ModelReplica:
         self._rebuild_due: bool = False
         """A health check found a shard dead: the loop verifies and rebuilds."""
         self._beat_task: asyncio.Task[None] | None = None
+        self._store_figures: dict[str, float] | None = None
+        """Rank 0's `tier_stats()` as last read, sent with the next heartbeat."""
+        self._figures_task: asyncio.Task[None] | None = None
 
     def shard_name(self, rank: int) -> str:
         """Ray actor name of a shard of the current TP group (namespace `marconi`)."""
@@ -354,12 +359,16 @@ class ModelReplica:
     async def _heartbeats(self) -> None:
         """Every `heartbeat_s`: renew the leases of what runs and queues here; when the
         coordinator does not know this replica, register again; when it asks (or after
-        registering), have the loop reconcile the store between two steps."""
+        registering), have the loop reconcile the store between two steps. With a host
+        tier each heartbeat carries the store figures read after the one before."""
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
+            self._read_store_figures()
             try:
                 (live, started), sent = self._live(), time.time()
-                status, _ = await self.coordinator.heartbeat.remote(self.replica_id, live, started)
+                status, _ = await self.coordinator.heartbeat.remote(
+                    self.replica_id, live, started, self._store_figures
+                )
                 if status == "ok":
                     self._renew(live, sent)
                 if status == "register":
@@ -372,6 +381,21 @@ class ModelReplica:
             if status in ("register", "reconcile"):
                 self._reconcile_due = True
                 self._ensure_loop()
+
+    def _read_store_figures(self) -> None:
+        """Start reading rank 0's store figures (`tier_stats`) for a later heartbeat, in
+        a task of its own, one at a time: it waits behind a step in progress, the
+        heartbeats never do. Nothing to read without a host tier."""
+        if not self.settings.host_cache_bytes:
+            return
+        if self._figures_task is None or self._figures_task.done():
+            self._figures_task = detached(self._fetch_store_figures())
+
+    async def _fetch_store_figures(self) -> None:
+        try:
+            self._store_figures = dict(await self.shards.rank0("tier_stats"))
+        except Exception as exc:  # a shard lost: the loop rebuilds the group
+            log.warning("replica %s: store figures not read (%s)", self.replica_id, exc)
 
     async def _reconcile(self) -> None:
         """Report what the store holds for the cache; free what no tree refers to. Runs

@@ -61,10 +61,10 @@ def free_address() -> str:
 class ShardActor:
     """Rank `rank` of `world`; call `setup` on every rank (concurrently) before use.
 
-    Thread-safe: `advance`, `release`, `stop`, `cancel`, `holdings`, `store_stats` and
-    `shutdown` each hold `self.lock` for their whole run, so a call arriving on another
-    thread (see the module docstring) waits for the one in progress. `setup` runs before
-    any of them and takes no lock."""
+    Thread-safe: `advance`, `release`, `stop`, `cancel`, `holdings`, `store_stats`,
+    `tier_stats` and `shutdown` each hold `self.lock` for their whole run, so a call
+    arriving on another thread (see the module docstring) waits for the one in progress.
+    `setup` runs before any of them and takes no lock."""
 
     def __init__(self, rank: int, world: int) -> None:
         torch.set_num_threads(1)
@@ -177,6 +177,12 @@ class ShardActor:
                 "live_states": worker.store.live_states,
                 "running": worker.num_running,
             }
+
+    def tier_stats(self) -> dict[str, float]:
+        """The store's host-tier holdings and copies between the tiers so far
+        (`StateStore.tier_stats`)."""
+        with self.lock:
+            return self._w().store.tier_stats()
 
     def shutdown(self) -> None:
         with self.lock:
