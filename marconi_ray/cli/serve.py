@@ -37,6 +37,7 @@ _FLAG_KEYS = (
     "system",
     "cache_bytes",
     "host_cache_bytes",
+    "host_placement",
     "routing",
     "kernels",
 )
@@ -91,6 +92,14 @@ def add_parser(subparsers: Any) -> None:
         "e.g. 8e9: device evictions are demoted there and promoted back on a hit; the "
         "start is refused when a model node's free memory cannot hold tp x B "
         "(default: 0, no host tier)",
+    )
+    p.add_argument(
+        "--host-placement",
+        choices=("flop_aware", "lru"),
+        help="what a device eviction does with a host tier: flop_aware demotes a victim "
+        "only when a hit on it saves more prefill time than copying it back costs "
+        "(host_gbps, prefill_tflops in the config), else drops it; lru demotes every "
+        "victim (default: flop_aware)",
     )
     p.add_argument(
         "--routing",

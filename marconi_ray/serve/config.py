@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from marconi_ray.core.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS
 from marconi_ray.core.systems import SYSTEMS, get_system
 from marconi_ray.core.tuner import default_grid
 from marconi_ray.protocol.model_files import checkpoint_dtype
@@ -133,6 +134,24 @@ class ServeConfig(BaseModel):
         "needs tp x this on its node); device evictions are demoted to it and promoted "
         "back on a hit. 0: no host tier. A start is refused when a node's free memory "
         "(MemAvailable) cannot hold a replica's share.",
+    )
+    host_placement: Literal["flop_aware", "lru"] = Field(
+        default="flop_aware",
+        description="What a device eviction does with a host tier: flop_aware demotes a "
+        "victim only when a hit on it saves more prefill time than copying it back costs "
+        "(at host_gbps and prefill_tflops), else drops it; lru demotes every victim.",
+    )
+    host_gbps: float = Field(
+        default=DEFAULT_HOST_GBPS,
+        gt=0,
+        description="Host <-> device copy bandwidth in GB/s that flop_aware placement "
+        "weighs (PCIe 5.0 x16: about 50).",
+    )
+    prefill_tflops: float = Field(
+        default=DEFAULT_PREFILL_TFLOPS,
+        gt=0,
+        description="Prefill speed in TFLOP/s that flop_aware placement weighs against the "
+        "copy (an H200 at about 40% of its dense bf16 peak: 400).",
     )
     system: str = Field(
         default="marconi",
@@ -414,6 +433,9 @@ class ServeConfig(BaseModel):
             replicas=self.replicas,
             cache_bytes=self.cache_bytes,
             host_cache_bytes=self.host_cache_bytes,
+            host_placement=self.host_placement,
+            host_gbps=self.host_gbps,
+            prefill_tflops=self.prefill_tflops,
             system=self.system,
             alpha=None if self.alpha == AUTO else float(self.alpha),
             host=self.host,

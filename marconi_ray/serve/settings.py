@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marconi_ray.core.host_tier import HostTier
+from marconi_ray.core.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, HostTier
 from marconi_ray.core.tuner import TunerConfig
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.hub_model import HubModel
@@ -53,6 +53,8 @@ class ServeSettings:
         host_cache_bytes: budget of the cache's host tier per replica, per device rank
             (each shard process holds its shard's host copies, so one replica needs
             `tp` times this in its node's memory); 0: no host tier.
+        host_placement, host_gbps, prefill_tflops: the host tier's placement (`flop_aware`
+            or `lru`), copy bandwidth and prefill clock (`core.host_tier.HostTier`).
         system: `marconi`, `marconi+`, `sglang+`, `vllm+`, `vllm+refill` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
@@ -105,6 +107,9 @@ class ServeSettings:
     replicas: int = 1
     cache_bytes: int = 1 << 30
     host_cache_bytes: int = 0
+    host_placement: str = "flop_aware"
+    host_gbps: float = DEFAULT_HOST_GBPS
+    prefill_tflops: float = DEFAULT_PREFILL_TFLOPS
     system: str = "marconi"
     alpha: float | None = None
     host: str = "127.0.0.1"
@@ -136,11 +141,16 @@ class ServeSettings:
         host = self.host_cache_bytes
         if isinstance(host, bool) or not isinstance(host, int) or host < 0:
             raise ValueError(f"host_cache_bytes must be an integer >= 0, got {host!r}")
+        HostTier(host, self.host_gbps, self.prefill_tflops, self.host_placement)
 
     @property
     def host_tier(self) -> HostTier | None:
         """The caches' host tier, or None without one (`host_cache_bytes` 0)."""
-        return HostTier(self.host_cache_bytes) if self.host_cache_bytes else None
+        if not self.host_cache_bytes:
+            return None
+        return HostTier(
+            self.host_cache_bytes, self.host_gbps, self.prefill_tflops, self.host_placement
+        )
 
     def local_model_dir(self) -> str:
         """The model folder on this node: `model_dir`, or for a Hugging Face model its

@@ -115,3 +115,23 @@ def test_model_nodes_follow_the_placement() -> None:
     assert model_node_ids(nodes, "m", False) == ["gpu", "cpu"]
     assert model_node_ids(nodes, "m", True) == ["gpu"]
     assert model_node_ids(nodes, "x", False) == []
+
+
+def test_placement_and_clock_reach_the_caches_and_bad_ones_are_named() -> None:
+    conf = config_from_mapping(
+        {"host_cache_bytes": 5000, "host_placement": "lru", "host_gbps": 25, "prefill_tflops": 1}
+    )
+    tier = ServeSettings(
+        model_dir="/x",
+        model_name="t",
+        **{
+            k: getattr(conf, k)
+            for k in ("host_cache_bytes", "host_placement", "host_gbps", "prefill_tflops")
+        },
+    ).host_tier
+    assert tier is not None and (tier.placement, tier.gbps, tier.prefill_tflops) == ("lru", 25, 1)
+    for key, value in (("host_placement", "mru"), ("host_gbps", 0), ("prefill_tflops", -1)):
+        with pytest.raises(ValueError, match=f"{key}: "):
+            config_from_mapping({key: value})
+    with pytest.raises(ValueError, match="unknown placement 'mru'"):
+        settings(host_cache_bytes=1, host_placement="mru")
