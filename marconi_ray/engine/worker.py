@@ -234,6 +234,12 @@ class Worker:
             slots = slots[~np.isin(slots, np.concatenate(pending))]
         return [sid for sid in self.store.state_ids() if sid not in owned], slots
 
+    def host_holdings(self) -> tuple[list[int], Slots]:
+        """(state ids, KV slot ids) of `holdings` that the store keeps in host memory
+        (requests own only device ids: what they computed): reconciliation compares the
+        tree's tiers with these."""
+        return self.store.host_state_ids(), self.store.host_slot_ids()
+
     def release(self, release: Release) -> None:
         """Apply the cache side's tier moves, in order (see `StateStore.apply_moves`: a bad
         move is a ValueError and nothing moves), then free the states and slots it no

@@ -401,9 +401,9 @@ class ModelReplica:
         """Report what the store holds for the cache; free what no tree refers to. Runs
         between steps, after every finished request was committed."""
         await self.shards.call("release", self._take_release())
-        states, slots = await self.shards.rank0("holdings")
+        states, slots, host_states, host_slots = await self.shards.rank0("holdings")
         generation, release = await self.coordinator.reconcile.remote(
-            self.replica_id, states, slots
+            self.replica_id, states, slots, host_states, host_slots
         )
         await self.shards.call("release", release)
         self.generation = generation

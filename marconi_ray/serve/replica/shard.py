@@ -164,10 +164,13 @@ class ShardActor:
             return self._w().cancel(request_id)
 
     # ------------------------------------------------------------------ views
-    def holdings(self) -> tuple[list[int], Slots]:
-        """What the store holds on the cache's behalf (see `Worker.holdings`)."""
+    def holdings(self) -> tuple[list[int], Slots, list[int], Slots]:
+        """What the store holds on the cache's behalf (state ids, KV slot ids; see
+        `Worker.holdings`) and which of them it keeps on the host (`host_holdings`)."""
         with self.lock:
-            return self._w().holdings()
+            worker = self._w()
+            states, slots = worker.holdings()
+            return (states, slots, *worker.host_holdings())
 
     def store_stats(self) -> dict[str, Any]:
         with self.lock:
