@@ -23,6 +23,7 @@ from coordinator_helpers import (
 )
 
 from marconi_ray.engine.factory import make_model
+from marconi_ray.protocol.orders import Move, Release
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal, RedisJournal
 
@@ -245,3 +246,44 @@ def test_lease_table_tracks_exactly_the_open_plans(model_dir):
     coord.unregister_replica(dispatches[2].replica_id)
     assert len(coord.leases) == sum(st.in_flight for st in coord.stats())
     assert coord.check_invariants() > 0
+
+
+def test_restart_replays_both_tiers_and_reconciles_them(model_dir, redis_server):
+    """A coordinator with a host tier (LRU placement: the tiny model is never worth a copy
+    under FLOP-aware placement) demotes and promotes while it serves; a restart from the
+    journal has the same tiers, and a store whose tiers agree reconciles with nothing to
+    free. A store that holds one of the tree's host ids on the device (a move it never
+    got) does not: the tree is reset, as for a missing id."""
+    worker = make_worker(model_dir)
+    store = worker.store
+    device = 2 * (70 * store.kv_bytes_per_token + 3 * store.state_bytes)
+    settings = make_settings(
+        model_dir, cache_bytes=device, host_cache_bytes=10**8, host_placement="lru"
+    )
+    a = CacheCoordinator(settings, journal=redis_journal(redis_server))
+    generation = register(a, worker)
+    sessions(a, worker, n=4, turns=3)
+    cache = a.planners["r0"].cache
+    assert cache.stats.demotions and cache.stats.promotions and cache.stats.host_hit_tokens
+    host_states, host_slots = cache.referenced_on_host()
+    assert host_slots and (host_states, host_slots) == (
+        set(store.host_state_ids()),
+        set(store.host_slot_ids().tolist()),
+    )
+
+    b = CacheCoordinator(settings, journal=redis_journal(redis_server))
+    restored = b.planners["r0"].cache
+    assert tree_of(b) == tree_of(a)
+    assert restored.referenced_on_host() == (host_states, host_slots)
+    assert restored.bytes_by_tier() == cache.bytes_by_tier()
+    states, slots = worker.holdings()
+    got, release = b.reconcile("r0", states, slots, *worker.host_holdings())
+    assert got == generation and not release.states and not len(release.slots)
+
+    c = CacheCoordinator(settings, journal=redis_journal(redis_server))
+    one = np.asarray([min(host_slots)], dtype=np.int64)
+    worker.release(Release(moves=(Move(False, (), one),)))  # the store moves it back alone
+    states, slots = worker.holdings()
+    got, release = c.reconcile("r0", states, slots, *worker.host_holdings())
+    assert got != generation and len(c.planners["r0"].cache.tree.iter_nodes()) == 1
+    assert sorted(release.states) == sorted(states) and len(release.slots) == len(slots)

@@ -133,9 +133,7 @@ def test_catch_up_hole_is_replaced_by_a_snapshot_at_once(model_dir, redis_server
     records): the coordinator names them and writes a snapshot with that very operation
     instead of appending on top of the hole; a restart from Redis equals it."""
     worker = make_worker(model_dir)
-    a = CacheCoordinator(
-        make_settings(model_dir), journal=redis_journal(redis_server, retry_s=0.0)
-    )
+    a = CacheCoordinator(make_settings(model_dir), journal=redis_journal(redis_server, retry_s=0.0))
     register(a, worker)
     histories = sessions(a, worker, n=2, turns=1)
     older = redis_server.workdir.parent / "older-aof"

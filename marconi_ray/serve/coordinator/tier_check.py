@@ -26,8 +26,8 @@ def tier_mismatch(
     tree_host_states, tree_host_slots = cache.referenced_on_host()
     moving_states = {int(s) for move in pending.moves for s in move.states}
     moving_slots = {int(s) for move in pending.moves for s in np.asarray(move.slots).tolist()}
-    store_states = {int(s) for s in host_states or ()}
-    store_slots = {int(s) for s in np.asarray(list(host_slots or ()), dtype=np.int64).tolist()}
+    store_states = {int(s) for s in (() if host_states is None else host_states)}
+    store_slots = {int(s) for s in (() if host_slots is None else host_slots)}
     states = ((tree_host_states ^ store_states) & tree_states) - moving_states
     slots = ((tree_host_slots ^ store_slots) & tree_slots) - moving_slots
     return len(states) + len(slots)
