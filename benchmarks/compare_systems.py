@@ -110,8 +110,8 @@ def settings_for(cfg: CompareConfig, system: str) -> ServeSettings:
 
 
 def sim_config(settings: ServeSettings, max_output: int | None = None) -> RunConfig:
-    """The replay run matching a deployment: system, capacity, alpha and tuner window, and
-    the output room each request's plan reserved (the load's `max_output`)."""
+    """The replay run matching a deployment: system, capacity, host tier, alpha and tuner
+    window, and the output room each request's plan reserved (the load's `max_output`)."""
     t = settings.tuner
     tuner = TunerConfig(t.multiplier, tuple(t.grid), retune_every=t.retune_every)
     return RunConfig(
@@ -120,6 +120,10 @@ def sim_config(settings: ServeSettings, max_output: int | None = None) -> RunCon
         alpha=settings.alpha,
         tuner=tuner,
         max_output=max_output,
+        host_bytes=settings.host_cache_bytes,
+        host_gbps=settings.host_gbps,
+        prefill_tflops=settings.prefill_tflops,
+        placement=settings.host_placement,
     )
 
 

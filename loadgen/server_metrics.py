@@ -2,7 +2,8 @@
 
 ``scrape`` returns a flat dict: counters summed over replicas (``hit_tokens``,
 ``input_tokens``, ``requests``, ``hit_requests``, ``flops_total``, ``flops_saved``,
-``evictions``, ``states_dropped``, ``tuner_runs``) and per-replica gauges
+``evictions``, ``states_dropped``, ``tuner_runs``; of the host tier ``promotions``,
+``demotions``, ``host_evictions``, ``host_hit_tokens``) and per-replica gauges
 (``alpha``, ``used_bytes``, ``capacity_bytes`` as ``{replica: value}``), plus
 ``replicas`` (sorted ids). ``delta`` turns a before/after pair into the run's figures.
 """
@@ -25,7 +26,12 @@ SUMMED = {
     "marconi_cache_evictions_total": "evictions",
     "marconi_cache_states_dropped_total": "states_dropped",
     "marconi_tuner_runs_total": "tuner_runs",
+    "marconi_cache_promotions_total": "promotions",
+    "marconi_cache_demotions_total": "demotions",
+    "marconi_cache_host_evictions_total": "host_evictions",
 }
+BY_TIER = {("marconi_cache_tier_hit_tokens_total", "host"): "host_hit_tokens"}
+"""Labelled series summed over replicas for one `tier` label value."""
 PER_REPLICA = {
     "marconi_cache_alpha": "alpha",
     "marconi_cache_used_bytes": "used_bytes",
@@ -41,12 +47,16 @@ DELTA_KEYS = (
     "evictions",
     "states_dropped",
     "tuner_runs",
+    "promotions",
+    "demotions",
+    "host_evictions",
+    "host_hit_tokens",
 )
 
 
 def parse(text: str) -> dict[str, Any]:
     """The flat dict (module docstring) of a Prometheus text exposition."""
-    out: dict[str, Any] = dict.fromkeys(SUMMED.values(), 0.0)
+    out: dict[str, Any] = dict.fromkeys((*SUMMED.values(), *BY_TIER.values()), 0.0)
     for key in PER_REPLICA.values():
         out[key] = {}
     replicas: set[str] = set()
@@ -57,6 +67,8 @@ def parse(text: str) -> dict[str, Any]:
                 replicas.add(replica)
             if sample.name in SUMMED:
                 out[SUMMED[sample.name]] += float(sample.value)
+            elif (sample.name, sample.labels.get("tier")) in BY_TIER:
+                out[BY_TIER[(sample.name, sample.labels["tier"])]] += float(sample.value)
             elif sample.name in PER_REPLICA and replica is not None:
                 out[PER_REPLICA[sample.name]][replica] = float(sample.value)
     out["replicas"] = sorted(replicas)

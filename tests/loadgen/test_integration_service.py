@@ -75,20 +75,25 @@ def _vocab(model_dir: Path) -> int:
 
 
 @pytest.mark.parametrize(
-    ("system", "alpha"), [("marconi", 1.0), ("vllm+", None), ("marconi+:16", 1.0)]
+    ("system", "alpha", "host"),
+    [("marconi", 1.0, 0), ("vllm+", None, 0), ("marconi+:16", 1.0, 0), ("marconi", 1.0, 10**7)],
 )
-def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, system, alpha):
+def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, system, alpha, host):
     """One session at a time, one request at a time: no interleaving, so the live cache
     and the simulator see the same sequence and must agree exactly, evictions included
-    (the capacity holds about one session)."""
+    (the capacity holds about one session); with a host tier (LRU placement: the tiny
+    model is never worth a copy under FLOP-aware placement), demotions, promotions and
+    the hit tokens read from the host agree too."""
     settings = ServeSettings(
         model_dir=str(model_dir),
         model_name="tiny",
         cache_bytes=400_000,
+        host_cache_bytes=host,
+        host_placement="lru",
         system=system,
         alpha=alpha,
         port=PORT,
-        app_name="lg-seq-" + system.replace("+", "plus").replace(":", "-"),
+        app_name="lg-seq-" + system.replace("+", "plus").replace(":", "-") + f"-{host}",
     )
     load = LoadConfig(
         url=URL,
@@ -127,6 +132,11 @@ def test_sequential_run_hits_and_matches_the_simulator(model_dir, local_serve, s
     assert sim.states_dropped == server["states_dropped"]
     if system.startswith("marconi+"):  # the live cache speculated as the simulator did
         assert sim.states_by_reason["speculative"] > 0
+    if host:
+        assert sim.host_hit_tokens == server["host_hit_tokens"] > 0
+        assert sim.demotions == server["demotions"] > 0
+        assert sim.promotions == server["promotions"] > 0
+        assert sim.host_evictions == server["host_evictions"]
     assert summary["client_token_hit_rate"] == pytest.approx(server["token_hit_rate"])
 
 
