@@ -17,8 +17,12 @@ model's device and host memory.
 Tiers: `apply_moves` moves ids between the tiers; ids never change, only where their
 tensors live. A demotion copies device rows and states to the host (on CUDA on a copy
 stream, without blocking: see `tier_copy`), and the device rows it leaves are reused only
-once that copy has completed; a promotion copies them back, and the compute stream waits
-for it. `load` reads every slot and the state from whichever tier holds it (a hit the
+once that copy has completed; a promotion copies them back on the copy stream too, into
+their device rows, and nothing waits for it but what reads them: `load`, a free of rows
+(which a later write may reuse) and a growth of the pool make the compute stream wait for
+the promotions in flight (`promotions_in_flight` tells a scheduler when a hit may start
+without waiting; decodes of running requests never read the pool, so they keep stepping
+meanwhile). `load` reads every slot and the state from whichever tier holds it (a hit the
 cache could not promote is read straight from the host).
 
 Byte accounting: `bytes_used` is the device tier's: K+V of device slots and conv (store
@@ -35,6 +39,7 @@ tensors there (pinned on the host of a CUDA device). Nothing is freed twice:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -101,6 +106,8 @@ class StateStore:
         self._host_states: set[int] = set()
         self._next_id = 0
         self._moves = {True: 0, False: 0}
+        self._inbound: deque[CopyEvent] = deque()
+        """Events of the promotions still copying on CUDA (oldest first)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.kv_bytes_per_token = self.device_kv.row_elems * elem
         self.state_bytes = sum(
@@ -173,9 +180,24 @@ class StateStore:
         }
 
     # ------------------------------------------------------------------ KV slots
+    def promotions_in_flight(self) -> bool:
+        """Whether promoted rows or states are still being copied to the device (only
+        ever on CUDA: on CPU a promotion is done when `apply_moves` returns)."""
+        while self._inbound and self._inbound[0].query():
+            self._inbound.popleft()
+        return bool(self._inbound)
+
+    def _await_promotions(self) -> None:
+        """Make the compute stream wait for every promotion in flight: before it reads
+        promoted rows or states, reuses rows (a free), or grows the pool they land in."""
+        while self._inbound:
+            self.copier.wait(self._inbound.popleft())
+
     def alloc_slots(self, n: int) -> Slots:
         """`n` free slot ids, on the device (the pools grow when needed)."""
         self.copier.poll()
+        if n > self.device_kv.capacity - self.device_kv.held:
+            self._await_promotions()
         ids = self.slots.alloc(n)
         self.slots.place(ids, DEVICE, self.device_kv.alloc(n))
         return ids
@@ -189,6 +211,7 @@ class StateStore:
         bad = self.slots.not_held(ids)
         if bad:
             raise ValueError(f"KV slots {bad[:16]} are not held (freed twice?)")
+        self._await_promotions()
         tiers, rows = self.slots.tier[ids], self.slots.row[ids]
         self.device_kv.free(rows[tiers == DEVICE])
         self.host_kv.free(rows[tiers == HOST])
@@ -290,11 +313,29 @@ class StateStore:
         self._host_states.update(sids)
 
     def _promote(self, ids: Slots, sids: list[int]) -> None:
+        """Copy host rows and states to new device rows and states on the copy stream;
+        the compute stream waits only where they are read (`_await_promotions`)."""
         host_rows = self.slots.row[ids]
+        if len(ids) > self.device_kv.capacity - self.device_kv.held:
+            self._await_promotions()  # the pool grows: earlier promotions must have landed
         rows = self.device_kv.alloc(len(ids))
-        packed, new = self._to_device(host_rows, [self._states[s] for s in sids])
-        if len(rows):
-            self.device_kv.write(rows, self.device_kv.unpack(packed))
+        old = [self._states[s] for s in sids]
+        new = [_like(ck, lambda t: torch.empty_like(t, device=self.device)) for ck in old]
+
+        def enqueue() -> None:
+            if len(rows):
+                packed = torch.empty(
+                    (len(rows), self.device_kv.row_elems), dtype=self.dtype, device=self.device
+                )
+                self.host_kv.read(host_rows, packed, self.copier.copy)
+                self.copier.touch(*self.device_kv.tensors())
+                self.device_kv.write(rows, self.device_kv.unpack(packed))
+            self._copy_states(new, old)
+
+        n_bytes = len(rows) * self.kv_bytes_per_token + sum(map(_nbytes, old))
+        done = self.copier.run(False, n_bytes, enqueue, wait=False)
+        if done is not None:
+            self._inbound.append(done)
         self.host_kv.free(host_rows)
         self.slots.place(ids, DEVICE, rows)
         self._states.update(zip(sids, new, strict=True))
@@ -332,6 +373,7 @@ class StateStore:
         ids = np.asarray(slots, dtype=np.int64)
         if len(ids) != length:
             raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
+        self._await_promotions()
         ckpt = self._states[sid]
         if ckpt.depth != length:
             raise ValueError(f"state {sid} is at depth {ckpt.depth}, the hit is {length}")

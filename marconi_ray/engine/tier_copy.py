@@ -92,12 +92,15 @@ class TierCopier:
         dst.copy_(src, non_blocking=self.stream is not None)
         self.touch(dst, src)
 
-    def run(self, to_host: bool, n_bytes: int, enqueue: Callable[[], None]) -> CopyEvent | None:
+    def run(
+        self, to_host: bool, n_bytes: int, enqueue: Callable[[], None], wait: bool = True
+    ) -> CopyEvent | None:
         """Run `enqueue` (which queues the copies, through `copy` and `touch`) on the copy
         stream after the compute stream's queued work; count `n_bytes` to the host
         (`to_host`) or to the device. Returns the event that completes with the copies on
-        CUDA (a copy to the device is also waited for by the compute stream), None on CPU,
-        where the copies are done on return."""
+        CUDA (with `wait`, a copy to the device is also waited for by the compute stream
+        now; without, the caller has it `wait` before reading what it wrote), None on
+        CPU, where the copies are done on return."""
         self.bytes[to_host] += n_bytes
         if self.stream is None:
             t0 = time.perf_counter()
@@ -112,10 +115,15 @@ class TierCopier:
             start.record(self.stream)
             enqueue()
             done.record(self.stream)
-        if not to_host:
+        if not to_host and wait:
             compute.wait_event(done)
         self._timed.append((to_host, start, done))
         return done
+
+    def wait(self, event: CopyEvent) -> None:
+        """Make the compute stream wait for `event` (work queued after it sees the copy)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)  # type: ignore[arg-type]
 
     def poll(self) -> None:
         """Add the seconds of the completed copies (in stream order) to `seconds`."""

@@ -65,6 +65,9 @@ class Worker:
         self.sampler = Sampler()
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
+        self._waiting: list[PrefillOrder] = []
+        """Orders with a hit held back by `advance` while promotions copy to the device
+        (CUDA), so running requests keep decoding; started in order once they land."""
         self._finished: list[Finished] = []
         self._taken: list[Finished] = []
         """The last `take_finished`'s requests, until the next `advance`: a replica that
@@ -73,11 +76,13 @@ class Worker:
 
     @property
     def num_running(self) -> int:
-        """Requests started and not finished (decoding or still prefilling)."""
-        return len(self._running) + len(self._prefilling)
+        """Requests started and not finished (decoding, still prefilling, or waiting for
+        their hit's promotion)."""
+        return len(self._running) + len(self._prefilling) + len(self._waiting)
 
     def running_ids(self) -> list[int]:
-        return [s.request_id for s in (*self._running, *self._prefilling)]
+        ids = [s.request_id for s in (*self._running, *self._prefilling)]
+        return ids + [order.request_id for order in self._waiting]
 
     # ------------------------------------------------------------------ requests
     def start(self, order: PrefillOrder) -> list[TokenEvent]:
@@ -172,7 +177,13 @@ class Worker:
         self.release(step.release)
         events: list[TokenEvent] = []
         failed: list[tuple[int, str]] = []
-        for order in step.start:
+        orders, self._waiting = [*self._waiting, *step.start], []
+        started = False
+        for order in orders:
+            if order.hit_len and (self._waiting or self.store.promotions_in_flight()):
+                self._waiting.append(order)  # its hit is still copying: decodes go on
+                continue
+            started = True
             try:
                 events += self.start(order)
             except Exception as exc:  # reported: the replica aborts its plan
@@ -181,7 +192,7 @@ class Worker:
         cancelled += [rid for rid in step.cancel if self.cancel(rid)]
         # a step that started requests runs no long-prompt chunk: their first tokens
         # (and the decodes) go out after their own prefills, not after a chunk too
-        events += self.step(prefill_chunk=not step.start)
+        events += self.step(prefill_chunk=not started)
         return StepOutput(
             tuple(events), tuple(self.take_finished()), tuple(failed), tuple(cancelled)
         )
@@ -199,6 +210,10 @@ class Worker:
         for seq in (*self._running, *self._prefilling):
             if seq.request_id == request_id:
                 self._drop(seq)
+                return True
+        for order in self._waiting:
+            if order.request_id == request_id:
+                self._waiting.remove(order)  # it stored nothing yet
                 return True
         for done in self._taken:
             if done.request_id == request_id:

@@ -17,7 +17,8 @@ from marconi_ray.engine.model_presets import FAMILIES
 from marconi_ray.engine.seq_state import SeqState
 from marconi_ray.engine.state_store import StateStore
 from marconi_ray.engine.worker import Worker
-from marconi_ray.protocol.orders import Move, Release
+from marconi_ray.protocol.orders import Move, PrefillOrder, Release, StepInput
+from marconi_ray.protocol.sampling import SamplingParams
 
 HIT = 7
 PROMPT = 10
@@ -253,3 +254,39 @@ def test_host_rows_grow_in_segments_and_copy_in_runs():
     assert torch.equal(out, data[order])
     pool.free(rows[1:3])
     assert pool.alloc(3).tolist() == [1, 2, 6] and pool.held == 7
+
+
+def test_a_hit_waits_for_its_promotion_while_running_requests_keep_decoding(bamba):
+    """`advance` holds an order with a hit back while a promotion is still copying (an
+    event not yet complete, as on CUDA), decodes the running request meanwhile, starts
+    the order once the copy landed, and it then gives the tokens it gives at once; a
+    waiting order is counted as running and can be cancelled (it stored nothing)."""
+    model, worker, sid, slots = bamba
+    ids = prompts(6, 1, PROMPT, model.cfg.vocab_size)[0]
+
+    def order(rid: int, hit: int, n: int = NEW) -> PrefillOrder:
+        sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        return PrefillOrder(
+            rid, np.asarray(ids, np.int32), sp, n, hit, sid if hit else -1,
+            slots[:hit] if hit else np.zeros(0, np.int64),
+        )  # fmt: skip
+
+    alone = Worker(model)
+    alone.store = worker.store
+    want = alone.advance(StepInput(start=(order(9, HIT),))).events
+    while alone.num_running:
+        want += alone.advance(StepInput()).events
+    running = worker.advance(StepInput(start=(order(1, 0, 4 * NEW),))).events
+    assert {e.request_id for e in running} == {1}
+    copying = _Event()
+    worker.store._inbound.append(copying)  # a promotion still in flight
+    out = worker.advance(StepInput(start=(order(2, HIT), order(3, HIT)))).events
+    assert {e.request_id for e in out} == {1} and set(worker.running_ids()) == {1, 2, 3}
+    assert worker.cancel(3) and worker.num_running == 2
+    copying.done = True
+    got = worker.advance(StepInput()).events
+    while worker.num_running:
+        got += worker.advance(StepInput()).events
+    mine = [e.token for e in got if e.request_id == 2]
+    assert mine == [e.token for e in want] and len(mine) == NEW
+    assert not copying.waited
