@@ -111,6 +111,8 @@ class Engine:
             (under tensor parallelism: on each rank, which holds its shard of every state).
         host_cache_bytes: budget of the cache's host tier, in host memory (same unit;
             0: no host tier). Device evictions then demote to it (see `core.host_tier`).
+        host_placement: `flop_aware` (demote what a hit would save more prefill time on
+            than its copy costs) or `lru` (demote every victim).
         dtype: model and cache dtype (`float32`, `bfloat16`, `float16`).
         alpha: fixed FLOP-aware eviction weight; None lets a tuned system bootstrap it.
         tuner: bootstrap tuner settings for tuned systems.
@@ -143,6 +145,7 @@ class Engine:
         kernels: str = "auto",
         weights: Mapping[str, torch.Tensor] | None = None,
         host_cache_bytes: int = 0,
+        host_placement: str = "flop_aware",
     ) -> None:
         get_system(system)
         self.model_dir = Path(model_dir)
@@ -151,7 +154,9 @@ class Engine:
         self.system = system
         model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
         self.worker = Worker(model, max_batch, max_batch_tokens)
-        host = HostTier(int(host_cache_bytes)) if host_cache_bytes else None
+        host = (
+            HostTier(int(host_cache_bytes), placement=host_placement) if host_cache_bytes else None
+        )
         self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner, host)
         self._prompts: dict[int, int] = {}
         self._hits: dict[int, int] = {}

@@ -8,9 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marconi_ray.core.host_tier import HostTier
-from marconi_ray.engine.engine import Engine, build_planner
-from marconi_ray.engine.loader import read_config
+from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model_presets import FAMILIES
 from marconi_ray.protocol.sampling import SamplingParams
 
@@ -22,13 +20,15 @@ def _two_tier_engine(model_dir, turns_kept: float) -> Engine:
     """A Marconi engine whose device tier holds about `turns_kept` requests' bytes, with
     a large host tier whose placement demotes every device victim (`lru`): at the default
     clock, flop-aware placement finds no demotion of a tiny model worth its copy."""
-    engine = Engine(model_dir, system="marconi", host_cache_bytes=HOST_BYTES)
-    store = engine.store
-    device_bytes = int(turns_kept * (40 * store.kv_bytes_per_token + 2 * store.state_bytes))
-    _, raw = read_config(model_dir)
-    host = HostTier(HOST_BYTES, placement="lru")
-    engine.planner = build_planner(raw, engine.worker, "marconi", device_bytes, host=host)
-    return engine
+    probe = Engine(model_dir, system="vanilla").store
+    device_bytes = int(turns_kept * (40 * probe.kv_bytes_per_token + 2 * probe.state_bytes))
+    return Engine(
+        model_dir,
+        system="marconi",
+        cache_bytes=device_bytes,
+        host_cache_bytes=HOST_BYTES,
+        host_placement="lru",
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
