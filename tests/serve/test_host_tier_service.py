@@ -13,14 +13,12 @@ import torch
 from coordinator_helpers import Clock, make_settings, make_worker, register, turn
 from prometheus_client.parser import text_string_to_metric_families
 
-from marconi_ray.core.host_tier import HostTier
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.ingress.local_backend import LocalBackend
 from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
-from marconi_ray.serve.settings import ServeSettings
 
 torch.set_num_threads(1)
 
@@ -63,16 +61,14 @@ def test_heartbeats_carry_store_figures_to_metrics(model_dir: Path) -> None:
     assert coord.stats()[0].store == {}  # a new cache: the old store's figures are gone
 
 
-def test_a_real_store_and_the_coordinator_agree(
-    model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_real_store_and_the_coordinator_agree(model_dir: Path) -> None:
     """Three interleaved chats through a device tier that holds about one: the store's
     moves per direction are the cache's demotions and promotions, and its host bytes
     the cache's host tier. LRU placement: on the tiny model no copy is slower than the
     prefill it saves at the default clock, so `flop_aware` would demote nothing."""
-    lru = property(lambda s: HostTier(s.host_cache_bytes, placement="lru"))
-    monkeypatch.setattr(ServeSettings, "host_tier", lru)
-    settings = make_settings(model_dir, cache_bytes=100_000, host_cache_bytes=10**7)
+    settings = make_settings(
+        model_dir, cache_bytes=100_000, host_cache_bytes=10**7, host_placement="lru"
+    )
     coord = CacheCoordinator(settings, journal=MemoryJournal(), clock=Clock())
     worker = make_worker(model_dir)
     register(coord, worker)
