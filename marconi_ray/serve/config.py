@@ -238,6 +238,12 @@ class ServeConfig(BaseModel):
         description="Largest request body in bytes (413 beyond it; checked on Content-Length "
         "and while reading chunked bodies).",
     )
+    stream_interval: int = Field(
+        default=1,
+        ge=1,
+        description="Tokens a streamed chunk carries at least (the last chunk: the rest), "
+        "like vLLM's --stream-interval: fewer, larger SSE chunks cost less CPU per token.",
+    )
     redis_url: str | None = Field(
         default=None,
         repr=False,
@@ -453,6 +459,7 @@ class ServeConfig(BaseModel):
             tuner=self.tuner.to_settings(),
             api_key=self.api_key,
             max_body_bytes=self.max_body_bytes,
+            stream_interval=self.stream_interval,
             redis_url=self.redis_url,
             lease_s=self.lease_s,
             heartbeat_s=self.heartbeat_s,

@@ -55,6 +55,7 @@ class ServeSettings:
             `tp` times this in its node's memory); 0: no host tier.
         host_placement, host_gbps, prefill_tflops: the host tier's placement (`flop_aware`
             or `lru`), copy bandwidth and prefill clock (`core.host_tier.HostTier`).
+        stream_interval: tokens a streamed chunk carries at least (the last: the rest).
         system: `marconi`, `marconi+`, `sglang+`, `vllm+`, `vllm+refill` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
@@ -128,6 +129,7 @@ class ServeSettings:
     app_name: str = "marconi"
     api_key: str | None = field(default=None, repr=False)
     max_body_bytes: int = 1_048_576
+    stream_interval: int = 1
     redis_url: str | None = field(default=None, repr=False)
     lease_s: float = 30.0
     heartbeat_s: float = 1.0

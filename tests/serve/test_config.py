@@ -296,3 +296,11 @@ def test_replica_resources_follow_the_worker() -> None:
     assert shard_bundles(gpu1) == [{"CPU": 1.0, "GPU": 1.0}]
     assert replica_resources(gpu2) == {"num_cpus": 1.0}
     assert shard_bundles(gpu2) == [{"CPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
+
+
+def test_stream_interval_is_a_count_of_tokens_from_one() -> None:
+    assert config_from_mapping({}).stream_interval == 1
+    assert config_from_mapping({"stream_interval": 8}).stream_interval == 8
+    for bad in (0, -2, "x"):
+        with pytest.raises(ValueError, match="stream_interval"):
+            config_from_mapping({"stream_interval": bad})

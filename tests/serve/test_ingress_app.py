@@ -332,3 +332,30 @@ def test_return_token_ids_extension(client):
     ).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 10
     assert "token_ids" not in again["choices"][0]
+
+
+def test_stream_interval_sends_fewer_chunks_with_exact_usage(model_dir: Path) -> None:
+    """`stream_interval=4`: every streamed chunk but the last carries at least 4 tokens,
+    the chunks' texts and token ids are the whole answer's, and the usage is exact; a
+    stop string still cuts where it does in the whole answer."""
+    engine = Engine(model_dir, system="marconi", cache_bytes=50_000_000)
+    app = build_app(LocalBackend(engine), ServedModel.load(model_dir, NAME), stream_interval=4)
+    body = {**GREEDY, "prompt": "interval", "max_tokens": 14, "return_token_ids": True}
+    with TestClient(app) as client:
+        whole = post(client, "/v1/completions", body)["choices"][0]
+        stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        *content, last = events(client.post("/v1/completions", json=stream_body))
+        text = whole["text"]
+        stop = text[next(k for k in range(6, len(text)) if text[k] != "\ufffd")]
+        cut = events(client.post("/v1/completions", json={**stream_body, "stop": stop}))
+    ids = [choice["token_ids"] for choice in (c["choices"][0] for c in content)]
+    assert all(len(chunk) >= 4 for chunk in ids[:-1]) and len(ids) <= 4
+    assert [t for chunk in ids for t in chunk] == whole["token_ids"]
+    assert "".join(c["choices"][0]["text"] for c in content) == text
+    assert last["usage"]["completion_tokens"] == 14
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+    *cut_content, _ = cut
+    assert "".join(c["choices"][0]["text"] for c in cut_content) == text[: text.find(stop)]
+    assert cut_content[-1]["choices"][0]["finish_reason"] == "stop"
+    with pytest.raises(ValueError, match="stream_interval must be an integer >= 1, got 0"):
+        build_app(LocalBackend(engine), ServedModel.load(model_dir, NAME), stream_interval=0)

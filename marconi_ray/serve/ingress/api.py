@@ -106,10 +106,17 @@ class ClosingStreamingResponse(StreamingResponse):
 class _Server:
     """Request handling shared by the two generation endpoints."""
 
-    def __init__(self, backend: Backend, model: ServedModel, metrics: IngressMetrics) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        model: ServedModel,
+        metrics: IngressMetrics,
+        stream_interval: int = 1,
+    ) -> None:
         self.backend = backend
         self.model = model
         self.metrics = metrics
+        self.stream_interval = stream_interval
         self._orphans: set[asyncio.Task[None]] = set()
 
     async def plan(self, prepared: Prepared, arrival: float) -> Dispatch:
@@ -182,7 +189,8 @@ class _Server:
         fmt.token_ids = req.return_token_ids
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
         events = self.backend.generate(dispatch, req.stream)
-        pieces = run_request(events, dispatch, detok, arrival, self.metrics)
+        interval = self.stream_interval if req.stream else 1
+        pieces = run_request(events, dispatch, detok, arrival, self.metrics, interval)
         if req.stream:
             # the response starts with the first piece: a request that no replica can
             # take gets its status (503) instead of a 200 with an error event
@@ -245,14 +253,21 @@ def build_app(
     metrics: IngressMetrics | None = None,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    stream_interval: int = 1,
 ) -> FastAPI:
     """The OpenAI API over `backend` for `model` (a fresh `IngressMetrics` unless given).
 
     With `api_key`, every request but `GET /health` needs `Authorization: Bearer <api_key>`
     (401 otherwise); bodies over `max_body_bytes` get 413 (see `security.SecurityMiddleware`).
+    A streamed answer sends a chunk per `stream_interval` tokens at least (the last one
+    carries the rest), like vLLM's `--stream-interval`.
     """
     check_options(api_key, max_body_bytes)  # fail here, not at the first request
-    server = _Server(backend, model, metrics or IngressMetrics())
+    if isinstance(stream_interval, bool) or not isinstance(stream_interval, int):
+        raise ValueError(f"stream_interval must be an integer >= 1, got {stream_interval!r}")
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval must be an integer >= 1, got {stream_interval}")
+    server = _Server(backend, model, metrics or IngressMetrics(), stream_interval)
     app = FastAPI(title="marconi-ray", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
@@ -345,6 +360,7 @@ class IngressServer:
             model,
             api_key=self.settings.api_key,
             max_body_bytes=self.settings.max_body_bytes,
+            stream_interval=self.settings.stream_interval,
         )
 
 

@@ -128,23 +128,29 @@ async def run_request(
     detok: Detokenizer,
     arrival: float,
     metrics: IngressMetrics,
+    interval: int = 1,
 ) -> AsyncGenerator[Piece, None]:
     """The pieces of one started request, observing TTFT and end-to-end latency.
 
-    A stop string cancels the stream (usage then counts the tokens received and the
-    planned hit). If the consumer stops early, the stream is cancelled. RuntimeError when
-    the stream ends without `Completed`.
+    Each piece but the last carries at least `interval` tokens (a streamed response's
+    `stream_interval`: fewer, larger chunks) and released text; the last carries what is
+    left, the finish reason and the usage. A stop string cancels the stream (usage then
+    counts the tokens received and the planned hit). If the consumer stops early, the
+    stream is cancelled. RuntimeError when the stream ends without `Completed`.
     """
+    if interval < 1:
+        raise ValueError(f"stream interval must be >= 1, got {interval}")
     order = dispatch.order
     count = 0
     finished = False
     ids: list[int] = []  # tokens not yet handed out in a piece
+    held = ""  # their released text
     try:
         async for event in stream:
             if isinstance(event, Completed):
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
-                yield Piece(detok.finish(), event.finish_reason, event.usage, tuple(ids))
+                yield Piece(held + detok.finish(), event.finish_reason, event.usage, tuple(ids))
                 return
             if count == 0:
                 metrics.ttft.observe(time.perf_counter() - arrival)
@@ -156,11 +162,12 @@ async def run_request(
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
                 usage = Usage(len(order.prompt), count, order.hit_len)
-                yield Piece(text, "stop", usage, tuple(ids))
+                yield Piece(held + text, "stop", usage, tuple(ids))
                 return
-            if text:
-                yield Piece(text, token_ids=tuple(ids))
-                ids = []
+            held += text
+            if held and len(ids) >= interval:
+                yield Piece(held, token_ids=tuple(ids))
+                ids, held = [], ""
         finished = True
         raise RuntimeError(f"request {order.request_id}: the stream ended without completing")
     finally:
