@@ -2,7 +2,8 @@
 
 Systems, measured side by side on one local Ray instance:
 - S, the service: the `tiny` preset (1 replica, tp 1, marconi, max_batch = the largest
-  client count) streaming `/v1/completions`.
+  client count) streaming `/v1/completions`; once per `--stream-intervals` value (rows
+  `service` for 1, `service/N` for N tokens per chunk at least).
 - F, the bare Ray Serve streaming floor built here: a FastAPI ingress that per request
   awaits `plan` on a plain actor, streams from a second deployment (a generator through a
   DeploymentHandle with `stream=True`) that yields the N tokens at once, writes one SSE
@@ -285,6 +286,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--systems", default="service,floor,engine", help="which systems to run [%(default)s]"
     )
+    p.add_argument(
+        "--stream-intervals",
+        default="1,8",
+        help="the service's stream_interval values to run, comma list [%(default)s]",
+    )
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -292,6 +298,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown system(s) {sorted(bad)}; choose from service, floor, engine")
     if not args.clients or min(args.clients) < 1:
         p.error(f"--clients must be counts >= 1, got {args.clients}")
+    args.stream_intervals = [int(n) for n in args.stream_intervals.split(",") if n.strip()]
+    if not args.stream_intervals or min(args.stream_intervals) < 1:
+        p.error(f"--stream-intervals must be counts >= 1, got {args.stream_intervals}")
     return args
 
 
@@ -332,23 +341,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
             serve.delete(FLOOR_APP)
             ray.kill(actor)
-        if "service" in args.systems:
-            start_actors(settings)
+        for interval in args.stream_intervals if "service" in args.systems else ():
+            served = replace(settings, stream_interval=interval)
+            start_actors(served)
             try:
-                serve.run(build_app(settings), name=settings.app_name, route_prefix="/")
+                serve.run(build_app(served), name=served.app_name, route_prefix="/")
                 url = f"{base}/v1/completions"
-                raw["service"] = {
+                raw["service" if interval == 1 else f"service/{interval}"] = {
                     c: asyncio.run(stream_load(url, c, args.requests, args.tokens, rng))
                     for c in args.clients
                 }
             finally:
-                shutdown_app(settings)
+                shutdown_app(served)
     finally:
         serve.shutdown()
         ray.shutdown()
     for system, by_clients in raw.items():
         results[system] = {c: summarize(r) for c, r in by_clients.items()}
-    order = [s for s in ("service", "floor", "engine") if s in results]
+    services = sorted((s for s in results if s.startswith("service")), key=len)
+    order = [*services, *(s for s in ("floor", "engine") if s in results)]
     results = {s: results[s] for s in order}
     print(table(results))
     out.mkdir(parents=True, exist_ok=True)
