@@ -42,7 +42,7 @@ import httpx
 import numpy as np
 import run_info
 import torch
-from bench_overhead import LETTERS, cpu_delta, cpu_seconds
+from bench_overhead import FLOOR_ACTOR, LETTERS, cpu_delta, cpu_seconds, start_floor
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the annotations
 from fastapi.responses import StreamingResponse
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -52,7 +52,7 @@ from tqdm import tqdm
 from marconi_ray.protocol.sampling import SamplingParams
 
 HERE = Path(__file__).resolve().parent
-FLOOR_APP, FLOOR_ACTOR = "stream-floor", "stream-floor-actor"
+FLOOR_APP = "stream-floor"
 GROUPS = ("outside", "replica", "ray")
 
 
@@ -72,27 +72,10 @@ def group_of(process: str) -> str | None:
 
 
 # ---------------------------------------------------------------------- the floor (F)
-def start_floor() -> Any:
-    """The floor's plain actor (a local class: pickled by value)."""
-    import ray
-
-    from marconi_ray.serve.settings import NAMESPACE
-
-    class FloorActor:
-        def plan(self, prompt: str) -> int:
-            return len(prompt)
-
-        def commit(self, request: int) -> int:
-            return request
-
-    opts = {"name": FLOOR_ACTOR, "namespace": NAMESPACE, "num_cpus": 0}
-    return ray.remote(FloorActor).options(**opts).remote()
-
-
 def floor_app() -> Any:
-    """FastAPI ingress -> actor.plan, FloorReplica.tokens (a generator yielding every token
-    at once, streamed through the handle), one SSE chunk per token, actor.commit; CPU and
-    queue options as the service's ingress and replica."""
+    """FastAPI ingress -> actor.plan (bench_overhead's floor actor), FloorReplica.tokens (a
+    generator yielding every token at once, streamed through the handle), one SSE chunk
+    per token, actor.commit; CPU and queue options as the service's ingress and replica."""
     import ray
     from ray import serve
 
