@@ -141,12 +141,8 @@ class TieredReference(ReferenceCache):
         states, slots = cache.referenced()
         assert states == set(self.states), "the tree's states differ from the reference's"
         assert slots == set(self.kv), "the tree's KV ids differ from the reference's"
-        host_states = {n.state for n in cache.tree.iter_nodes() if n.state_host}
+        host_states, host_kv = cache.referenced_on_host()
         assert host_states == self.host_states, "states on the host differ"
-        host_kv: set[int] = set()
-        for node in cache.tree.iter_nodes():
-            if node.host is not None and node.kv is not None:
-                host_kv.update(np.asarray(node.kv)[node.host].tolist())
         assert host_kv == self.host_kv, "KV ids on the host differ"
         cost = cache.cost
         host = cost.kv_bytes(len(self.host_kv)) + len(self.host_states) * cost.state_bytes

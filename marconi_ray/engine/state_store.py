@@ -319,33 +319,20 @@ class StateStore:
         if len(ids) > self.device_kv.capacity - self.device_kv.held:
             self._await_promotions()  # the pool grows: earlier promotions must have landed
         rows = self.device_kv.alloc(len(ids))
-        old = [self._states[s] for s in sids]
-        new = [_like(ck, lambda t: torch.empty_like(t, device=self.device)) for ck in old]
-
-        def enqueue() -> None:
-            if len(rows):
-                packed = torch.empty(
-                    (len(rows), self.device_kv.row_elems), dtype=self.dtype, device=self.device
-                )
-                self.host_kv.read(host_rows, packed, self.copier.copy)
-                self.copier.touch(*self.device_kv.tensors())
-                self.device_kv.write(rows, self.device_kv.unpack(packed))
-            self._copy_states(new, old)
-
-        n_bytes = len(rows) * self.kv_bytes_per_token + sum(map(_nbytes, old))
-        done = self.copier.run(False, n_bytes, enqueue, wait=False)
-        if done is not None:
-            self._inbound.append(done)
+        _, new = self._to_device(host_rows, [self._states[s] for s in sids], rows)
         self.host_kv.free(host_rows)
         self.slots.place(ids, DEVICE, rows)
         self._states.update(zip(sids, new, strict=True))
         self._host_states.difference_update(sids)
 
     def _to_device(
-        self, host_rows: Slots, ckpts: list[StateCheckpoint]
+        self, host_rows: Slots, ckpts: list[StateCheckpoint], rows: Slots | None = None
     ) -> tuple[torch.Tensor, list[StateCheckpoint]]:
         """Device copies of host token rows (`[len(host_rows), row_elems]`, in order) and
-        of host checkpoints, as one copy the compute stream waits for."""
+        of host checkpoints, as one copy the compute stream waits for. With `rows` (a
+        promotion), the token rows are also written into those device rows on the copy
+        stream, and the compute stream does not wait: the copy's event joins the
+        promotions in flight (`_await_promotions`)."""
         packed = torch.empty(
             (len(host_rows), self.device_kv.row_elems), dtype=self.dtype, device=self.device
         )
@@ -353,10 +340,15 @@ class StateStore:
 
         def enqueue() -> None:
             self.host_kv.read(host_rows, packed, self.copier.copy)
+            if rows is not None and len(rows):
+                self.copier.touch(*self.device_kv.tensors())
+                self.device_kv.write(rows, self.device_kv.unpack(packed))
             self._copy_states(new, ckpts)
 
         n_bytes = len(host_rows) * self.kv_bytes_per_token + sum(map(_nbytes, ckpts))
-        self.copier.run(False, n_bytes, enqueue)
+        done = self.copier.run(False, n_bytes, enqueue, wait=rows is None)
+        if rows is not None and done is not None:
+            self._inbound.append(done)
         return packed, new
 
     def _copy_states(self, dst: list[StateCheckpoint], src: list[StateCheckpoint]) -> None:

@@ -26,9 +26,17 @@ def test_the_store_must_hold_the_trees_host_ids_on_the_host() -> None:
     cache = _two_tier_cache()
     states, slots = cache.referenced_on_host()
     assert (states, slots) == ({1}, set(range(20)))
-    assert tier_mismatch(cache, Release(), None, None) == 0  # the store did not say
-    assert tier_mismatch(cache, Release(), [1], list(range(20))) == 0
-    assert tier_mismatch(cache, Release(), [], list(range(20))) == 1  # state 1 on the device
-    assert tier_mismatch(cache, Release(), [1], [*range(19), 100]) == 2  # 19 down, 100 up
+    assert (
+        tier_mismatch(cache, cache.referenced(), Release(), None, None) == 0
+    )  # the store did not say
+    assert tier_mismatch(cache, cache.referenced(), Release(), [1], list(range(20))) == 0
+    assert (
+        tier_mismatch(cache, cache.referenced(), Release(), [], list(range(20))) == 1
+    )  # state 1 on the device
+    assert (
+        tier_mismatch(cache, cache.referenced(), Release(), [1], [*range(19), 100]) == 2
+    )  # 19 down, 100 up
     queued = Release(moves=(Move(True, (1,), np.asarray([19], dtype=np.int64)),))
-    assert tier_mismatch(cache, queued, [], list(range(19))) == 0  # still on its way
+    assert (
+        tier_mismatch(cache, cache.referenced(), queued, [], list(range(19))) == 0
+    )  # still on its way

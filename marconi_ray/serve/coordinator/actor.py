@@ -243,7 +243,7 @@ class CacheCoordinator:
         tree_states, tree_slots = cache.referenced()
         pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
         lacks = not (tree_states <= states and tree_slots <= slots)
-        moved = tier_mismatch(cache, pending, host_states, host_slots)
+        moved = tier_mismatch(cache, (tree_states, tree_slots), pending, host_states, host_slots)
         if lacks or moved:
             log.warning(
                 "replica %s lacks %d states / %d KV slots its restored tree refers to, holds "

@@ -138,8 +138,6 @@ async def run_request(
     counts the tokens received and the planned hit). If the consumer stops early, the
     stream is cancelled. RuntimeError when the stream ends without `Completed`.
     """
-    if interval < 1:
-        raise ValueError(f"stream interval must be >= 1, got {interval}")
     order = dispatch.order
     count = 0
     finished = False
