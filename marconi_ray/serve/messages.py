@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.protocol.orders import PrefillOrder, Release
+from marconi_ray.protocol.orders import PrefillOrder, Release, TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 
 
@@ -27,6 +27,39 @@ class Dispatch:
     release: Release = field(default_factory=Release)
     generation: int = 0
     deadline: float = math.inf
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """An ingress's request for its multiplexed stream from one replica (`channel`: the
+    ingress's id for that stream, unique per stream it opens).
+
+    The replica answers with one `StepMessage` per loop step that produced something for
+    the channel's requests (several steps' worth when the ingress reads late)."""
+
+    replica_id: str
+    channel: str
+
+
+@dataclass(frozen=True)
+class Submissions:
+    """Dispatches an ingress starts on one replica in one call, their events to come
+    through the stream of `channel`. `streamed[i]` False: dispatch i's client wants the
+    whole answer, so its tokens come in one message with its end."""
+
+    replica_id: str
+    channel: str
+    dispatches: tuple[Dispatch, ...]
+    streamed: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Settlements:
+    """Dispatches whose clients left (or no longer listen): each is stopped where it runs,
+    or refused and abandoned if it never arrived (see `ModelReplica.settle`)."""
+
+    replica_id: str
+    dispatches: tuple[Dispatch, ...]
 
 
 class MisroutedDispatch(RuntimeError):
@@ -116,3 +149,16 @@ class ReplicaStats:
             host_capacity=cache.host_capacity,
             store=dict(store or {}),
         )
+
+
+StreamItem = TokenEvent | Completed | BaseException
+"""What a channel carries for one request: its tokens in order, then exactly one end (its
+`Completed`, or the exception that ended it there: `MisroutedDispatch`, `ReplicaFailed`,
+a failure)."""
+
+StepMessage = dict[int, list[StreamItem]]
+"""One message of a channel: request id -> its items since the last message."""
+
+PINNED = (Dispatch, Subscription, Submissions, Settlements)
+"""Calls whose first `replica_id`-bearing argument pins them to one replica (see
+`ingress.pinned_router`)."""

@@ -359,3 +359,66 @@ def test_stream_interval_sends_fewer_chunks_with_exact_usage(model_dir: Path) ->
     assert cut_content[-1]["choices"][0]["finish_reason"] == "stop"
     with pytest.raises(ValueError, match="stream_interval must be an integer >= 1, got 0"):
         build_app(LocalBackend(engine), ServedModel.load(model_dir, NAME), stream_interval=0)
+
+
+class BehindStream:
+    """A request's events all generated before its consumer reads the first: the stream
+    of a client that is behind (everything ready at every read)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.items: list[Any] | None = None
+
+    def __aiter__(self) -> BehindStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.items is None:
+            self.items = [event async for event in self.inner]
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    def ready(self) -> bool:
+        return bool(self.items)
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+class BehindBackend(LocalBackend):
+    def generate(self, dispatch: Any, stream: bool = True) -> Any:
+        return BehindStream(super().generate(dispatch, stream))
+
+
+def test_a_client_behind_gets_every_ready_token_in_one_chunk_with_exact_usage(
+    model_dir: Path,
+) -> None:
+    """When tokens wait for the client, the next chunk carries all of them: here the
+    whole answer in one chunk, its ids and text the whole answer's, usage exact; with a
+    stop string the chunk ends where the whole answer does and usage counts the tokens
+    up to the stop, as the whole answer's does."""
+    model = ServedModel.load(model_dir, NAME)
+    engine = Engine(model_dir, system="marconi", cache_bytes=50_000_000)
+    body = {**GREEDY, "prompt": "behind", "max_tokens": 14, "return_token_ids": True}
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with TestClient(build_app(LocalBackend(engine), model)) as client:
+        whole = post(client, "/v1/completions", body)
+        text = whole["choices"][0]["text"]
+        stop = text[next(k for k in range(6, len(text)) if text[k] != "\ufffd")]
+        whole_cut = post(client, "/v1/completions", {**body, "stop": stop})
+    with TestClient(build_app(BehindBackend(engine), model)) as client:
+        *content, last = events(client.post("/v1/completions", json=stream_body))
+        *cut, cut_last = events(client.post("/v1/completions", json={**stream_body, "stop": stop}))
+    (chunk,) = content
+    assert chunk["choices"][0]["token_ids"] == whole["choices"][0]["token_ids"]
+    assert chunk["choices"][0]["text"] == text and chunk["choices"][0]["finish_reason"] == "length"
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the hits differ
+    assert [last["usage"][k] for k in counts] == [whole["usage"][k] for k in counts]
+    assert last["usage"]["completion_tokens"] == 14
+    (cut_chunk,) = cut
+    assert cut_chunk["choices"][0]["text"] == text[: text.find(stop)]
+    assert cut_chunk["choices"][0]["finish_reason"] == "stop"
+    assert [cut_last["usage"][k] for k in counts] == [whole_cut["usage"][k] for k in counts]
+    assert cut_last["usage"]["completion_tokens"] < 14
+    assert cut_chunk["choices"][0]["token_ids"] == whole_cut["choices"][0]["token_ids"]

@@ -8,6 +8,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
@@ -197,6 +198,66 @@ def _scrape() -> dict[str, list]:
     with urllib.request.urlopen(BASE + "/metrics", timeout=30) as resp:
         text = resp.read().decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _counter(families: dict[str, list], name: str) -> float:
+    return sum(s.value for s in families.get(name, []) if s.name == name + "_total")
+
+
+def _stream_completion(client: OpenAI, prompt: str) -> tuple[list[list[int]], str, object]:
+    """(token ids of each chunk with text, the text, usage) of one streamed completion."""
+    chunks = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    ids, text, usage = [], [], None
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].text:
+            ids.append(chunk.choices[0].token_ids)
+            text.append(chunk.choices[0].text)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return ids, "".join(text), usage
+
+
+def test_concurrent_streams_share_one_message_per_replica_step(services):
+    """Eight clients stream at once from the one-replica app: their tokens reach the
+    ingress over one multiplexed stream (fewer messages than tokens), every chunk's
+    token ids add up to exactly the usage, and each text equals the whole answer."""
+    client = services["vanilla"]
+
+    def scrape() -> dict[str, list]:
+        with urllib.request.urlopen(BASE + "/vanilla/metrics", timeout=30) as resp:
+            return {f.name: f.samples for f in text_string_to_metric_families(resp.read().decode())}
+
+    before = scrape()
+    prompts = [f"Stream number {i} goes" for i in range(8)]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: _stream_completion(client, p), prompts))
+    after = scrape()
+    tokens = 0
+    for prompt, (ids, text, usage) in zip(prompts, results, strict=True):
+        assert usage.completion_tokens == sum(len(chunk) for chunk in ids) == 16
+        tokens += 16
+        whole = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=16,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert text == whole.choices[0].text
+    messages = _counter(after, "marconi_replica_messages") - _counter(
+        before, "marconi_replica_messages"
+    )
+    sent = _counter(after, "marconi_output_tokens") - _counter(before, "marconi_output_tokens")
+    assert sent == tokens
+    assert 16 <= messages < tokens  # one per step at most: 16 steps at least, shared
 
 
 def test_health_and_metrics_parse(services):

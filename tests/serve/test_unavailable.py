@@ -44,6 +44,9 @@ class FailingStream:
         event: TokenEvent | Completed = await self.inner.__anext__()
         return event
 
+    def ready(self) -> bool:
+        return self.after > 0 and self.inner.ready()
+
     def cancel(self) -> None:
         self.inner.cancel()
 

@@ -355,9 +355,11 @@ class IngressServer:
     async def __serve_build_asgi_app__(self) -> FastAPI:
         coordinator = await find_coordinator(self.settings.coordinator_name)
         model = ServedModel.load(self.settings.local_model_dir(), self.settings.model_name)
+        metrics = IngressMetrics()
         return build_app(
-            RayBackend(coordinator, self.replicas),
+            RayBackend(coordinator, self.replicas, metrics),
             model,
+            metrics,
             api_key=self.settings.api_key,
             max_body_bytes=self.settings.max_body_bytes,
             stream_interval=self.settings.stream_interval,

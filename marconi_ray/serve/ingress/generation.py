@@ -39,9 +39,12 @@ REPLACEMENT = "\ufffd"
 
 class EventStream(Protocol):
     """A request's events: a `TokenEvent` per sampled token, then one `Completed`.
+    `ready()` says whether the next event is already here (reading it will not wait);
     `cancel()` stops the request early (the stream then ends or raises)."""
 
     def __aiter__(self) -> AsyncIterator[TokenEvent | Completed]: ...
+
+    def ready(self) -> bool: ...
 
     def cancel(self) -> None: ...
 
@@ -90,7 +93,25 @@ class Detokenizer:
 
     def add(self, token: int) -> tuple[str, bool]:
         """(newly released text, whether a stop string ended the output)."""
-        self.ids.append(token)
+        text, stopped, _ = self.add_many([token])
+        return text, stopped
+
+    def add_many(self, tokens: list[int]) -> tuple[str, bool, int]:
+        """`add` for several tokens: (newly released text, whether a stop string ended
+        the output, how many of `tokens` it took: all of them, or up to the one that
+        completed the stop). Without stop strings the output is decoded once for all."""
+        if not self.stops:
+            return *self._add(tokens), len(tokens)
+        text = ""
+        for n, token in enumerate(tokens, 1):
+            piece, stopped = self._add([token])
+            text += piece
+            if stopped:
+                return text, True, n
+        return text, False, len(tokens)
+
+    def _add(self, tokens: list[int]) -> tuple[str, bool]:
+        self.ids.extend(tokens)
         self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         cuts = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
         if cuts:
@@ -132,45 +153,62 @@ async def run_request(
 ) -> AsyncGenerator[Piece, None]:
     """The pieces of one started request, observing TTFT and end-to-end latency.
 
-    Each piece but the last carries at least `interval` tokens (a streamed response's
-    `stream_interval`: fewer, larger chunks) and released text; the last carries what is
-    left, the finish reason and the usage. A stop string cancels the stream (usage then
-    counts the tokens received and the planned hit). If the consumer stops early, the
-    stream is cancelled. RuntimeError when the stream ends without `Completed`.
+    A piece carries every token that is ready: the tokens read while the stream had more
+    waiting go out together (a consumer that is behind gets fewer, larger pieces), and
+    nothing is held once the stream has to wait. Each piece but the last carries at least
+    `interval` tokens (a streamed response's `stream_interval`) and released text; the last
+    carries what is left, the finish reason and the usage. A stop string cancels the
+    stream (usage then counts the tokens up to the one completing it and the planned hit).
+    If the consumer stops early, the stream is cancelled. RuntimeError when the stream ends
+    without `Completed`.
     """
     order = dispatch.order
-    count = 0
+    count = 0  # tokens taken into the output
     finished = False
+    new: list[int] = []  # tokens read, not yet detokenized
     ids: list[int] = []  # tokens not yet handed out in a piece
     held = ""  # their released text
     try:
         async for event in stream:
+            if isinstance(event, TokenEvent):
+                if count == 0 and not new:
+                    metrics.ttft.observe(time.perf_counter() - arrival)
+                new.append(event.token)
+                if stream.ready():
+                    continue
+            if new:
+                text, stopped, used = detok.add_many(new)
+                ids.extend(new[:used])
+                count += used
+                held += text
+                new = []
+                if stopped:
+                    stream.cancel()
+                    finished = True
+                    metrics.e2e.observe(time.perf_counter() - arrival)
+                    usage = Usage(len(order.prompt), count, order.hit_len)
+                    yield _counted(Piece(held, "stop", usage, tuple(ids)), metrics)
+                    return
             if isinstance(event, Completed):
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
-                yield Piece(held + detok.finish(), event.finish_reason, event.usage, tuple(ids))
+                last = Piece(held + detok.finish(), event.finish_reason, event.usage, tuple(ids))
+                yield _counted(last, metrics)
                 return
-            if count == 0:
-                metrics.ttft.observe(time.perf_counter() - arrival)
-            count += 1
-            ids.append(event.token)
-            text, stopped = detok.add(event.token)
-            if stopped:
-                stream.cancel()
-                finished = True
-                metrics.e2e.observe(time.perf_counter() - arrival)
-                usage = Usage(len(order.prompt), count, order.hit_len)
-                yield Piece(held + text, "stop", usage, tuple(ids))
-                return
-            held += text
             if held and len(ids) >= interval:
-                yield Piece(held, token_ids=tuple(ids))
+                yield _counted(Piece(held, token_ids=tuple(ids)), metrics)
                 ids, held = [], ""
         finished = True
         raise RuntimeError(f"request {order.request_id}: the stream ended without completing")
     finally:
         if not finished:
             stream.cancel()
+
+
+def _counted(piece: Piece, metrics: IngressMetrics) -> Piece:
+    metrics.pieces.inc()
+    metrics.output_tokens.inc(len(piece.token_ids))
+    return piece
 
 
 def _usage(usage: Usage) -> UsageInfo:

@@ -60,6 +60,10 @@ class LocalStream:
             await self._backend.advance(req)
         return req.events.popleft()
 
+    def ready(self) -> bool:
+        """Whether an event is here already."""
+        return bool(self._request.events)
+
     def cancel(self) -> None:
         """Stop the request; its plan is aborted before the engine's next stage."""
         self._backend.cancel(self._request)

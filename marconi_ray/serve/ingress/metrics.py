@@ -240,6 +240,11 @@ class IngressMetrics:
         ttft: seconds from a request's arrival at the ingress to its first token.
         e2e: seconds from arrival to the last byte of the answer.
         requests: completion requests by final HTTP status (`status` label, e.g. "200").
+        output_tokens: completion tokens handed to clients.
+        pieces: pieces of output they went out in (one SSE chunk each when streamed:
+            `pieces / output_tokens` is the chunks per token).
+        replica_messages: messages read from the replicas' multiplexed streams (one per
+            replica step at most, for all of this ingress's requests there).
     """
 
     def __init__(self) -> None:
@@ -260,6 +265,19 @@ class IngressMetrics:
             "marconi_requests",
             "Completion requests by final HTTP status.",
             ["status"],
+            registry=self.registry,
+        )
+        self.output_tokens = Counter(
+            "marconi_output_tokens", "Completion tokens sent to clients.", registry=self.registry
+        )
+        self.pieces = Counter(
+            "marconi_output_pieces",
+            "Pieces of output sent to clients (one SSE chunk each when streamed).",
+            registry=self.registry,
+        )
+        self.replica_messages = Counter(
+            "marconi_replica_messages",
+            "Messages read from the replicas' multiplexed streams.",
             registry=self.registry,
         )
 

@@ -1,24 +1,26 @@
 """`PinnedReplicaRouter`: a Ray Serve request router that sends each `Dispatch` to the
-replica the coordinator chose for it (the one holding its cached prefix).
+replica the coordinator chose for it (the one holding its cached prefix), and each call
+about one replica (`Subscription`, `Submissions`, `Settlements`: the `PINNED` messages)
+to that replica.
 
-The coordinator's decision travels in the request's first argument. Calls without one
-(e.g. stats) and dispatches whose replica is gone are routed to any replica; a replica
-refuses a dispatch planned for another one, and the ingress then re-plans.
+The replica id travels in the call's first such argument. Calls without one (e.g.
+stats) and calls for a replica that is gone are routed to any replica; a replica refuses
+a call meant for another one, and the ingress then re-plans.
 """
 
 from __future__ import annotations
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from marconi_ray.serve.messages import Dispatch
+from marconi_ray.serve.messages import PINNED
 
 
 def target_replica(pending: PendingRequest | None) -> str | None:
-    """The replica id a pending request was planned for, if it carries a `Dispatch`."""
+    """The replica id a pending request is meant for, if it carries a `PINNED` message."""
     if pending is None:
         return None
     for arg in (*pending.args, *pending.kwargs.values()):
-        if isinstance(arg, Dispatch):
+        if isinstance(arg, PINNED):
             return arg.replica_id
     return None
 

@@ -17,9 +17,10 @@ from ray.serve.handle import DeploymentHandle
 from marconi_ray.protocol.orders import TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.detached import detached
 from marconi_ray.serve.ingress.generation import EventStream
+from marconi_ray.serve.ingress.metrics import IngressMetrics
 from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
+from marconi_ray.serve.ingress.replica_channel import ChannelStream, ReplicaChannel
 from marconi_ray.serve.messages import (
     Completed,
     Dispatch,
@@ -71,9 +72,10 @@ class GuardedStream:
     draw fresh randomness). The caller sees one uninterrupted stream whose `Completed`
     counts the original prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
 
-    `cancel` before anything came back from the current dispatch also settles it at its
-    replica (`RayBackend.settle`): a client that leaves before the first token, or before
-    the stream is even read, releases the plan at once instead of at its lease's end.
+    `cancel` settles the current dispatch at its replica (`ChannelStream.cancel`): a
+    client that leaves mid-stream stops its request there, and one that leaves before the
+    first token, or before the stream is even read, releases the plan at once instead of
+    at its lease's end.
     """
 
     def __init__(
@@ -88,8 +90,6 @@ class GuardedStream:
         self._ended = False
         self._pending: Completed | None = None
         self._buffered: list[TokenEvent] = []
-        self._heard = False  # anything (events, an answer, an error) from this dispatch
-        self._cancelled = False
         self._done = False  # the replica's Completed arrived: nothing left to cancel
         self.attempts = 1
 
@@ -107,16 +107,13 @@ class GuardedStream:
             try:
                 item: list[TokenEvent] | Completed = await self._stream.__anext__()
             except RayTaskError as exc:
-                self._heard = True
                 if not isinstance(exc.cause, REPLANNABLE):
                     raise
                 await self._resume(exc.cause)
                 continue
-            except LOST_REPLICA as exc:
-                self._heard = True
+            except REPLANNABLE as exc:  # an end the channel carried, or the channel broke
                 await self._resume(exc)
                 continue
-            self._heard = True
             if isinstance(item, list):  # one replica step's tokens of this request
                 self._buffered.extend(item)
                 continue
@@ -159,63 +156,34 @@ class GuardedStream:
         except (NoReplicaAvailable, Overloaded, ValueError) as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc}") from None
         self._stream = self._backend.stream(self._dispatch, self._streamed)
-        self._heard = False
+
+    def ready(self) -> bool:
+        """Whether the next event is here already (reading it will not wait)."""
+        return bool(self._buffered) or self._pending is not None or self._stream.ready()
 
     def cancel(self) -> None:
-        """Stop the request (idempotent; nothing to do once it completed); settle its
-        dispatch if nothing came back yet."""
+        """Stop the request (idempotent; nothing to do once it completed): its stream
+        settles it at its replica."""
         if self._done:
             return
         self._stream.cancel()
-        if not self._heard and not self._cancelled:
-            self._backend.settle(self._dispatch)
-        self._cancelled = True
-
-
-class UnaryStream:
-    """A replica's `generate_all` answer as an event stream: its token events in one
-    batch, then its `Completed` (errors surface on the first read, as a stream's do)."""
-
-    def __init__(self, response: Any) -> None:
-        self._response = response
-        self._items: list[list[TokenEvent] | Completed] | None = None
-
-    def __aiter__(self) -> UnaryStream:
-        return self
-
-    async def __anext__(self) -> list[TokenEvent] | Completed:
-        if self._items is None:
-            events, done = await self._response
-            self._items = [list(events), done]
-        if not self._items:
-            raise StopAsyncIteration
-        return self._items.pop(0)
-
-    def cancel(self) -> None:
-        self._response.cancel()
 
 
 class RayBackend:
     """`Backend` over the coordinator actor and the replica deployment."""
 
-    def __init__(self, coordinator: Any, replicas: DeploymentHandle[Any]) -> None:
+    def __init__(
+        self,
+        coordinator: Any,
+        replicas: DeploymentHandle[Any],
+        metrics: IngressMetrics | None = None,
+    ) -> None:
         self.coordinator = coordinator
+        self.metrics = metrics
         self.replicas = replicas
         self.batcher = PlanBatcher(coordinator)
-        self._settling: set[asyncio.Task[None]] = set()
-
-    def settle(self, dispatch: Dispatch) -> None:
-        """Tell the dispatch's replica that its client left before any event came back
-        (see `ModelReplica.settle`). Runs in the background, outside the client's request
-        context (`detached`: its cancellation cannot cancel the call); a failure is logged,
-        and the plan's lease is the backstop."""
-        detached(self._settle(dispatch), self._settling)
-
-    async def _settle(self, dispatch: Dispatch) -> None:
-        try:
-            await self.replicas.settle.remote(dispatch)
-        except Exception as exc:
-            log.warning("settling request %d failed: %s", dispatch.order.request_id, exc)
+        self.channels: dict[str, ReplicaChannel] = {}
+        """Replica id -> this ingress's open stream from it."""
 
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
@@ -244,13 +212,21 @@ class RayBackend:
     def generate(self, dispatch: Dispatch, stream: bool = True) -> EventStream:
         return GuardedStream(self.stream(dispatch, stream), self, dispatch, stream)
 
-    def stream(self, dispatch: Dispatch, stream: bool = True) -> Any:
-        """The chosen replica's raw events (pinned routing): a Serve stream of per-step
-        token batches, or (`stream=False`) one call that returns them all at the end:
-        one object through Serve instead of one per step."""
-        if stream:
-            return self.replicas.options(stream=True).generate.remote(dispatch)
-        return UnaryStream(self.replicas.generate_all.remote(dispatch))
+    def stream(self, dispatch: Dispatch, stream: bool = True) -> ChannelStream:
+        """The chosen replica's events for `dispatch` over this ingress's channel from
+        that replica (opened on first use, again after it broke, and for each event loop
+        the backend is used from). `stream=False`: the replica sends the tokens with the
+        end, in one message."""
+        channel = self.channels.get(dispatch.replica_id)
+        if channel is None or channel.loop is not asyncio.get_running_loop():
+            counter = None if self.metrics is None else self.metrics.replica_messages
+            channel = ReplicaChannel(self.replicas, dispatch.replica_id, self._closed, counter)
+            self.channels[dispatch.replica_id] = channel
+        return channel.open(dispatch, stream)
+
+    def _closed(self, channel: ReplicaChannel) -> None:
+        if self.channels.get(channel.replica_id) is channel:
+            del self.channels[channel.replica_id]
 
     async def stats(self) -> list[ReplicaStats]:
         return list(await self.coordinator.stats.remote())

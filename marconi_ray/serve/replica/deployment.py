@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 from ray import serve
@@ -45,8 +45,19 @@ from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInp
 from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.coordinator.actor import LEASE_GRACE
 from marconi_ray.serve.detached import detached
-from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch, ReplicaFailed
+from marconi_ray.serve.messages import (
+    Completed,
+    Dispatch,
+    MisroutedDispatch,
+    ReplicaFailed,
+    Settlements,
+    StepMessage,
+    StreamItem,
+    Submissions,
+    Subscription,
+)
 from marconi_ray.serve.placement import model_bundle_resources
+from marconi_ray.serve.replica.outbox import Outbox
 from marconi_ray.serve.replica.shard_group import (
     ActorShards,
     LocalShard,
@@ -79,6 +90,12 @@ def replica_resources(settings: ServeSettings) -> dict[str, float]:
     return out
 
 
+class Sink(Protocol):
+    """Where the loop puts one request's items (an `asyncio.Queue`, an `OutboxSink`)."""
+
+    def put_nowait(self, item: StreamItem) -> None: ...
+
+
 class ModelReplica:
     """One model replica: its shard group driven by one continuous-batching loop."""
 
@@ -104,7 +121,11 @@ class ModelReplica:
         self._stops: set[int] = set()
         self._cancels: set[int] = set()
         self._release: Release = Release()
-        self._queues: dict[int, asyncio.Queue[Any]] = {}
+        self._queues: dict[int, Sink] = {}
+        """Request id -> where its items go: its own stream's queue, or its channel's
+        outbox."""
+        self._outboxes: dict[str, Outbox] = {}
+        """Channel id -> the outbox of an ingress's multiplexed stream."""
         self._orders: dict[int, Dispatch] = {}
         self._known: dict[int, float] = {}
         """Request id -> its dispatch's deadline, for every dispatch that reached
@@ -134,23 +155,56 @@ class ModelReplica:
         return self._shard_actors().wait()
 
     # ------------------------------------------------------------------ API
+    async def subscribe(self, sub: Subscription) -> AsyncIterator[StepMessage]:
+        """The multiplexed stream of channel `sub.channel`: one `StepMessage` per read,
+        carrying the items of every request submitted for the channel since the last
+        one (see `replica.outbox`). Lasts until the ingress stops reading; then every
+        request of the channel still here is stopped, as a departed client's is."""
+        self._check_pinned(sub.replica_id)
+        outbox = self._outbox(sub.channel)
+        if outbox.subscribed:
+            raise MisroutedDispatch(f"channel {sub.channel!r} already has a subscriber")
+        outbox.subscribed = True
+        try:
+            while True:
+                yield await outbox.take()
+        finally:
+            self._outboxes.pop(sub.channel, None)
+            self._stops.update(rid for rid in outbox.rids if rid in self._orders)
+            self._wake.set()
+
+    async def submit_many(self, batch: Submissions) -> list[MisroutedDispatch | None]:
+        """Start `batch`'s dispatches here, their events to go through the stream of
+        `batch.channel` (which may be subscribed to before or after). Per dispatch: None,
+        or the `MisroutedDispatch` refusing it (its request was seen here already)."""
+        self._check_pinned(batch.replica_id)
+        self._prune_outboxes()
+        outbox = self._outbox(batch.channel)
+        results: list[MisroutedDispatch | None] = []
+        for dispatch, streamed in zip(batch.dispatches, batch.streamed, strict=True):
+            refusal = self._refusal(dispatch)
+            if refusal is None:
+                self._accept(dispatch, outbox.sink(dispatch.order.request_id, streamed))
+            results.append(refusal)
+        self._ensure_loop()
+        return results
+
+    async def settle_many(self, batch: Settlements) -> list[str]:
+        """`settle` for each of `batch`'s dispatches (their answers, in order)."""
+        self._check_pinned(batch.replica_id)
+        return [await self.settle(dispatch) for dispatch in batch.dispatches]
+
     async def generate(self, dispatch: Dispatch) -> AsyncIterator[list[TokenEvent] | Completed]:
-        """Run one planned request; stream its tokens in batches, then its `Completed`."""
-        if dispatch.replica_id != self.replica_id:
-            self.coordinator.report_unreachable.remote(dispatch.replica_id)
-            raise MisroutedDispatch(
-                f"dispatch planned for replica {dispatch.replica_id!r} reached {self.replica_id!r}"
-            )
+        """Run one planned request on a stream of its own (the ingress multiplexes its
+        requests instead: `subscribe`, `submit_many`); stream its tokens in batches,
+        then its `Completed`."""
+        self._check_pinned(dispatch.replica_id)
         rid = dispatch.order.request_id
-        if rid in self._known:
-            raise MisroutedDispatch(
-                f"request {rid} already reached {self.replica_id!r} (or was settled)"
-            )
-        self._remember(rid, dispatch.deadline)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._queues[rid] = queue
-        self._orders[rid] = dispatch
-        self._pending.append(dispatch)
+        refusal = self._refusal(dispatch)
+        if refusal is not None:
+            raise refusal
+        self._accept(dispatch, queue)
         self._ensure_loop()
         done = False
         try:
@@ -173,15 +227,46 @@ class ModelReplica:
                 self._stops.add(rid)
                 self._wake.set()
 
-    async def generate_all(self, dispatch: Dispatch) -> tuple[list[TokenEvent], Completed]:
-        """`generate` for a client that wants the whole answer: every token event and the
-        `Completed`, returned at once (one object through Serve, not one per step)."""
-        events: list[TokenEvent] = []
-        async for item in self.generate(dispatch):
-            if isinstance(item, Completed):
-                return events, item
-            events.extend(item)
-        raise RuntimeError(f"request {dispatch.order.request_id} ended without completing")
+    def _check_pinned(self, replica_id: str) -> None:
+        """Refuse a call meant for another replica (it has gone: the coordinator is told)."""
+        if replica_id != self.replica_id:
+            self.coordinator.report_unreachable.remote(replica_id)
+            raise MisroutedDispatch(
+                f"dispatch planned for replica {replica_id!r} reached {self.replica_id!r}"
+            )
+
+    def _refusal(self, dispatch: Dispatch) -> MisroutedDispatch | None:
+        """Why `dispatch` cannot be accepted here (None when it can): its request was
+        seen here already (it ran, runs, or was settled)."""
+        rid = dispatch.order.request_id
+        if rid in self._known:
+            return MisroutedDispatch(
+                f"request {rid} already reached {self.replica_id!r} (or was settled)"
+            )
+        return None
+
+    def _accept(self, dispatch: Dispatch, sink: Sink) -> None:
+        """Queue `dispatch` (not refused: `_refusal`) for the loop, its items to `sink`."""
+        rid = dispatch.order.request_id
+        self._remember(rid, dispatch.deadline)
+        self._queues[rid] = sink
+        self._orders[rid] = dispatch
+        self._pending.append(dispatch)
+
+    def _outbox(self, channel: str) -> Outbox:
+        outbox = self._outboxes.get(channel)
+        if outbox is None:
+            outbox = self._outboxes[channel] = Outbox()
+        return outbox
+
+    def _prune_outboxes(self) -> None:
+        """Drop outboxes no subscriber came for (its ingress failed to subscribe, or
+        died first) once their requests ended and a lease passed since the last was
+        submitted: by then no subscription for them can still be on its way."""
+        cutoff = time.monotonic() - self.settings.lease_s
+        for channel, outbox in list(self._outboxes.items()):
+            if not outbox.subscribed and not outbox.rids and outbox.touched < cutoff:
+                del self._outboxes[channel]
 
     async def settle(self, dispatch: Dispatch) -> str:
         """The client of `dispatch` left before any of its events came back. A request

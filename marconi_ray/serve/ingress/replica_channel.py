@@ -1,0 +1,230 @@
+"""`ReplicaChannel`: one multiplexed stream from one model replica to this ingress.
+
+Every request this ingress runs on a replica travels over one long-lived Serve stream
+(`ModelReplica.subscribe`) instead of a stream of its own: the replica sends one message
+per loop step with the new tokens of all of them (`StepMessage`), and the channel hands
+each request its items (`ChannelStream`, an event stream for `GuardedStream`). Requests
+start in batches (`submit_many`, coalesced like plans) and clients that leave are
+settled in batches (`settle_many`). Per streamed token this costs one dictionary entry
+instead of a Ray object, an RPC and a Serve wrapper on each side.
+
+Faults: when the stream breaks (the replica died, was replaced, refused the
+subscription), every request of the channel gets the error as its next item (its
+`GuardedStream` re-plans it), the requests are settled at the replica in case it still
+runs them, and the channel closes; the next request to that replica opens a new one.
+A refused submission (`MisroutedDispatch`) or a failed call reaches its request alone.
+Every task here is `detached`: one client leaving cancels nothing shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter
+
+from marconi_ray.protocol.orders import TokenEvent
+from marconi_ray.serve.detached import detached
+from marconi_ray.serve.ingress.coalescer import Coalescer
+from marconi_ray.serve.messages import (
+    Completed,
+    Dispatch,
+    ReplicaFailed,
+    Settlements,
+    StreamItem,
+    Submissions,
+    Subscription,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    """One request's items as the channel delivered them, until its stream reads them."""
+
+    __slots__ = ("_waiter", "items")
+
+    def __init__(self) -> None:
+        self.items: list[StreamItem] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, items: list[StreamItem]) -> None:
+        self.items.extend(items)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list[StreamItem]:
+        """Every item delivered since the last `take` (waits for one)."""
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        items, self.items = self.items, []
+        return items
+
+
+def _ends(item: StreamItem) -> bool:
+    return not isinstance(item, TokenEvent)
+
+
+class ChannelStream:
+    """One request's events off its replica's channel: lists of `TokenEvent` (what came
+    since the last read), then its `Completed`; an exception that ended it on the replica
+    (or broke the channel) is raised. `cancel` settles the request at its replica."""
+
+    def __init__(self, channel: ReplicaChannel, dispatch: Dispatch, inbox: Inbox) -> None:
+        self._channel = channel
+        self._dispatch = dispatch
+        self._inbox = inbox
+        self._items: list[StreamItem] = []
+        self._over = False  # its end was read (or it was cancelled)
+
+    def __aiter__(self) -> ChannelStream:
+        return self
+
+    async def __anext__(self) -> list[TokenEvent] | Completed:
+        if not self._items:
+            if self._over:
+                raise StopAsyncIteration
+            self._items = await self._inbox.take()
+        n = 0
+        while n < len(self._items) and isinstance(self._items[n], TokenEvent):
+            n += 1
+        if n:
+            tokens, self._items = self._items[:n], self._items[n:]
+            return tokens  # type: ignore[return-value]  # the first n are TokenEvents
+        end = self._items.pop(0)
+        self._over = True
+        if isinstance(end, BaseException):
+            raise end
+        assert isinstance(end, Completed), f"a channel item must be an event, got {end!r}"
+        return end
+
+    def ready(self) -> bool:
+        """Whether the next read returns without waiting."""
+        return bool(self._items) or bool(self._inbox.items)
+
+    def cancel(self) -> None:
+        """Stop listening; unless its end came, stop the request at its replica (or
+        refuse and abandon it there if it never arrived). Idempotent."""
+        if self._over:
+            return
+        self._over = True
+        self._channel.forget(self._dispatch)
+
+
+class ReplicaChannel:
+    """This ingress's stream from replica `replica_id` (see the module docstring).
+
+    Args:
+        replicas: the model replicas' deployment handle (pinned routing).
+        replica_id: the replica this channel reads.
+        on_close: called once, with this channel, when its stream has broken.
+        counter: counts the messages read (a Prometheus `Counter`), if given.
+    """
+
+    def __init__(
+        self,
+        replicas: Any,
+        replica_id: str,
+        on_close: Callable[[ReplicaChannel], None],
+        counter: Counter | None = None,
+    ) -> None:
+        self.replica_id = replica_id
+        self.id = uuid.uuid4().hex
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+        """The event loop its tasks run on (a channel serves that loop's requests only)."""
+        self._replicas = replicas
+        self._on_close = on_close
+        self._inboxes: dict[int, tuple[Dispatch, Inbox]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._submit: Coalescer[tuple[Dispatch, bool], None] = Coalescer(self._send_submissions)
+        self._settle: Coalescer[Dispatch, str] = Coalescer(self._send_settlements)
+        self.messages = 0
+        """Messages read from the replica so far."""
+        self._counter = counter
+        detached(self._listen(), self._tasks)
+
+    def open(self, dispatch: Dispatch, streamed: bool) -> ChannelStream:
+        """Start `dispatch` on the replica; its events come through the returned stream."""
+        inbox = Inbox()
+        self._inboxes[dispatch.order.request_id] = (dispatch, inbox)
+        detached(self._start(dispatch, streamed, inbox), self._tasks)
+        return ChannelStream(self, dispatch, inbox)
+
+    def forget(self, dispatch: Dispatch) -> None:
+        """The request's client no longer listens: settle it at the replica."""
+        if self._inboxes.pop(dispatch.order.request_id, None) is not None and not self.closed:
+            detached(self._settle_one(dispatch), self._tasks)
+
+    async def _start(self, dispatch: Dispatch, streamed: bool, inbox: Inbox) -> None:
+        try:
+            await self._submit.submit((dispatch, streamed))
+        except Exception as exc:  # refused here, or the call failed: this request only
+            if self._inboxes.pop(dispatch.order.request_id, None) is not None:
+                inbox.put([exc])
+
+    async def _settle_one(self, dispatch: Dispatch) -> None:
+        try:
+            await self._settle.submit(dispatch)
+        except Exception as exc:  # the lease is the backstop
+            log.warning("settling request %d failed: %s", dispatch.order.request_id, exc)
+
+    async def _send_submissions(
+        self, batch: list[tuple[Dispatch, bool]]
+    ) -> list[BaseException | None]:
+        dispatches = tuple(d for d, _ in batch)
+        streamed = tuple(s for _, s in batch)
+        sub = Submissions(self.replica_id, self.id, dispatches, streamed)
+        results: list[BaseException | None] = await self._replicas.submit_many.remote(sub)
+        return results
+
+    async def _send_settlements(self, batch: list[Dispatch]) -> list[str]:
+        answers: list[str] = await self._replicas.settle_many.remote(
+            Settlements(self.replica_id, tuple(batch))
+        )
+        return answers
+
+    async def _listen(self) -> None:
+        """Read the replica's messages into the requests' inboxes until the stream breaks."""
+        error: BaseException
+        try:
+            stream = self._replicas.options(stream=True).subscribe.remote(
+                Subscription(self.replica_id, self.id)
+            )
+            async for message in stream:
+                self.messages += 1
+                if self._counter is not None:
+                    self._counter.inc()
+                for rid, items in message.items():
+                    entry = self._inboxes.get(rid)
+                    if entry is None:  # cancelled meanwhile
+                        continue
+                    if _ends(items[-1]):
+                        del self._inboxes[rid]
+                    entry[1].put(items)
+            error = ReplicaFailed(f"replica {self.replica_id!r} ended its stream to this ingress")
+        except Exception as exc:
+            error = exc
+        self._close(error)
+
+    def _close(self, error: BaseException) -> None:
+        """The stream broke: every request gets `error`; those the replica may still run
+        are settled there (best effort: it may be gone)."""
+        self.closed = True
+        self._on_close(self)
+        entries, self._inboxes = self._inboxes, {}
+        for _, inbox in entries.values():
+            inbox.put([error])
+        if entries:
+            dispatches = tuple(d for d, _ in entries.values())
+            detached(self._settle_all(dispatches), self._tasks)
+
+    async def _settle_all(self, dispatches: tuple[Dispatch, ...]) -> None:
+        try:
+            await self._replicas.settle_many.remote(Settlements(self.replica_id, dispatches))
+        except Exception as exc:
+            log.info("replica %s: settling after its stream broke failed: %s", self.replica_id, exc)
