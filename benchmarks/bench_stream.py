@@ -18,7 +18,8 @@ prompt each: no cache hit) back to back. The CPU seconds of every process on the
 by the tokens delivered; processes are grouped as `replica` (the model replica's Serve
 process and its shard actors), `outside` (the HTTP ingress, the Serve proxy, the cache
 coordinator and tuner, the Serve controller: everything between the client and the
-replica) and `ray` (raylet, GCS). ITL is the time between two chunks that carry text, per
+replica; its `ingress` and `proxy` parts are also shown alone) and `ray` (raylet, GCS).
+ITL is the time between two chunks that carry text, per
 stream (p50, p99 over all streams); chunks per token counts SSE chunks with text.
 
 Writes OUT/stream.json and OUT/stream.png (CPU-ms per token by group, per system and
@@ -54,6 +55,8 @@ from marconi_ray.protocol.sampling import SamplingParams
 HERE = Path(__file__).resolve().parent
 FLOOR_APP = "stream-floor"
 GROUPS = ("outside", "replica", "ray")
+PARTS = ("ingress", "proxy")
+"""Parts of `outside` reported on their own (the coordinator and controller are the rest)."""
 
 
 def group_of(process: str) -> str | None:
@@ -170,17 +173,31 @@ async def stream_load(url: str, clients: int, requests: int, n: int, rng: Any) -
     }
 
 
+def part_of(process: str) -> str | None:
+    """The part of `outside` a process is, when it is the HTTP ingress or the proxy."""
+    if process.startswith("ProxyActor"):
+        return "proxy"
+    if process.startswith("ServeReplica:") and group_of(process) == "outside":
+        return "ingress"
+    return None
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """CPU-ms per token by group (and total) and chunks per token of one load."""
+    """CPU-ms per token by group (and total; `ingress` and `proxy` are parts of `outside`)
+    and chunks per token of one load."""
     per_group = dict.fromkeys(GROUPS, 0.0)
+    parts = dict.fromkeys(PARTS, 0.0)
     for process, seconds in run["cpu_s"].items():
-        group = group_of(process)
+        group, part = group_of(process), part_of(process)
         if group is not None:
             per_group[group] += seconds
+        if part is not None:
+            parts[part] += seconds
     tokens = max(run["tokens"], 1)
     ms = {g: 1e3 * s / tokens for g, s in per_group.items()}
+    of_outside = {p: 1e3 * s / tokens for p, s in parts.items()}
     return {
-        "cpu_ms_per_token": ms | {"total": sum(ms.values())},
+        "cpu_ms_per_token": ms | {"total": sum(ms.values())} | of_outside,
         "chunks_per_token": run["chunks"] / tokens,
         "tokens_per_s": run["tokens"] / run["wall_s"],
         "itl_p50_ms": run["itl_p50_ms"],
@@ -204,7 +221,8 @@ def engine_run(model_dir: Path, clients: int, requests: int, n: int, rng: Any) -
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     ms = 1e3 * cpu / tokens
     return {
-        "cpu_ms_per_token": {"outside": 0.0, "replica": ms, "ray": 0.0, "total": ms},
+        "cpu_ms_per_token": {"outside": 0.0, "replica": ms, "ray": 0.0, "total": ms}
+        | dict.fromkeys(PARTS, 0.0),
         "chunks_per_token": None,
         "tokens_per_s": tokens / wall,
         "itl_p50_ms": None,
@@ -215,10 +233,11 @@ def engine_run(model_dir: Path, clients: int, requests: int, n: int, rng: Any) -
 # ---------------------------------------------------------------------- report
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     head = (
-        f"{'system':<8} {'clients':>7} | {'total':>6} {'outside':>7} {'replica':>7} {'ray':>5} "
-        f"| {'chunks/tok':>10} {'tok/s':>7} {'ITL p50':>8} {'p99':>7}"
+        f"{'system':<10} {'clients':>7} | {'total':>6} {'outside':>7} ({'ingress':>7} "
+        f"{'proxy':>6}) {'replica':>7} {'ray':>5} | {'chunks/tok':>10} {'tok/s':>7} "
+        f"{'ITL p50':>8} {'p99':>7}"
     )
-    lines = ["CPU-ms per token delivered, by group", head]
+    lines = ["CPU-ms per token delivered, by group (ingress and proxy: parts of outside)", head]
     for system, by_clients in results.items():
         for clients, r in by_clients.items():
             ms = r["cpu_ms_per_token"]
@@ -226,7 +245,8 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             itl50 = "-" if r["itl_p50_ms"] is None else f"{r['itl_p50_ms']:.1f}"
             itl99 = "-" if r["itl_p99_ms"] is None else f"{r['itl_p99_ms']:.1f}"
             lines.append(
-                f"{system:<8} {clients:>7} | {ms['total']:>6.3f} {ms['outside']:>7.3f} "
+                f"{system:<10} {clients:>7} | {ms['total']:>6.3f} {ms['outside']:>7.3f} "
+                f"({ms['ingress']:>7.3f} {ms['proxy']:>6.3f}) "
                 f"{ms['replica']:>7.3f} {ms['ray']:>5.3f} | {chunks:>10} "
                 f"{r['tokens_per_s']:>7.0f} {itl50:>8} {itl99:>7}"
             )

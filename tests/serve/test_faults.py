@@ -59,8 +59,8 @@ def _settings(model_dir: Path, app: str, **kw: Any) -> ServeSettings:
 async def _request(
     backend: RayBackend, prompt: list[int], stream: bool = True
 ) -> tuple[list[int], Completed]:
-    """One request; `stream=False` takes the replica's one-object answer (`generate_all`),
-    whose resume after a fault restarts it from scratch instead of continuing."""
+    """One request; `stream=False` has the replica send its tokens with its end, in one
+    message, so a resume after a fault restarts it from scratch instead of continuing."""
     dispatch = await backend.plan(np.asarray(prompt, np.int32), PARAMS, time.time())
     tokens: list[int] = []
     done: Completed | None = None

@@ -10,13 +10,17 @@ ONE `commit_many` call to the coordinator; what it releases is freed at the next
 New dispatches are admitted under the step's token budget (`max_batch_tokens`), so a
 burst of prompts does not stall the running decodes either.
 
-`generate(dispatch)` streams lists of `TokenEvent`s (what arrived since the consumer last
-read: one step's tokens, or several when the consumer lags) and ends with one
-`Completed`. If the caller stops listening (disconnect, stop string), the request is
-finished early and committed (or cancelled and aborted while it still prefills).
-`settle(dispatch)` is the ingress's word that the client left before any event came back:
-a request that runs here is stopped as above; one that never arrived is refused from now
-on and its plan abandoned at the coordinator, so no plan waits for its lease to expire.
+The ingress multiplexes: `subscribe(Subscription)` is one long-lived stream per
+(ingress, replica) that carries, per loop step, the new items of every request the
+ingress submitted with `submit_many` (a `StepMessage`, see `replica.outbox`); the
+replica-side end of a channel whose ingress stopped reading stops its requests.
+`generate(dispatch)` is the same on a stream of the request's own (lists of `TokenEvent`,
+then one `Completed`), for callers holding a plain handle. If the caller stops listening
+(disconnect, stop string), the request is finished early and committed (or cancelled and
+aborted while it still prefills). `settle(dispatch)` (`settle_many`) is the ingress's
+word that the client left: a request that runs here is stopped as above; one that never
+arrived is refused from now on and its plan abandoned at the coordinator, so no plan
+waits for its lease to expire.
 
 Faults: the replica heartbeats the coordinator every `heartbeat_s` (renewing the leases
 of the requests it runs and queues; with a host tier they also carry its rank-0 store's
