@@ -29,7 +29,7 @@ from marconi_ray.protocol.orders import (
 )
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.ingress import ray_backend
+from marconi_ray.serve.ingress import ray_backend, replica_channel
 from marconi_ray.serve.ingress.ray_backend import GuardedStream, RayBackend
 from marconi_ray.serve.messages import Completed, Dispatch, ReplicaFailed
 from marconi_ray.serve.replica.deployment import ModelReplica
@@ -161,7 +161,7 @@ class Handle:
 
     def __getattr__(self, name: str) -> _Call:
         if name == "subscribe":
-            return _Call(self._subscribe)
+            return _Call(lambda sub: Subscribed(self._subscribe(sub)))
         return _Call(getattr(self.replica, name))
 
     async def _subscribe(self, sub: Any) -> AsyncIterator[Any]:
@@ -177,6 +177,26 @@ class Handle:
                     raise ActorDiedError()
         finally:
             await inner.aclose()
+
+
+class Subscribed:
+    """A subscription as the ingress holds it: read it, or `cancel` it (its replica-side
+    generator is closed, as Serve cancels a request)."""
+
+    def __init__(self, gen: Any) -> None:
+        self.gen = gen
+        self.reading: asyncio.Future[Any] | None = None
+
+    def __aiter__(self) -> Subscribed:
+        return self
+
+    async def __anext__(self) -> Any:
+        self.reading = asyncio.ensure_future(self.gen.__anext__())
+        return await self.reading
+
+    def cancel(self) -> None:
+        if self.reading is not None:
+            self.reading.cancel()  # raised inside the replica's generator, as Ray does
 
 
 def _replica(coordinator: Coordinator, shards: CountingShards) -> ModelReplica:
@@ -330,6 +350,33 @@ def test_a_whole_answer_comes_in_the_message_of_its_end() -> None:
         assert stream.ready()  # its Completed came in the same message
         done = await stream.__anext__()
         assert isinstance(done, Completed) and done.usage.completion_tokens == 4
+        _stop(replica)
+
+    asyncio.run(main())
+
+
+def test_an_idle_channel_closes_and_the_next_request_opens_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No request in flight for `IDLE_CLOSE_S`: the ingress cancels its subscription (so
+    the replica holds no open call and Serve can drain it), and the replica drops the
+    channel's outbox; the next request subscribes again."""
+    monkeypatch.setattr(replica_channel, "IDLE_CLOSE_S", 0.05)
+
+    async def main() -> None:
+        _, _, replica, handle, backend = _setup()
+        (stream,) = await _start_all(backend, 3, [[1, 2]])
+        tokens, _ = await asyncio.wait_for(_read(stream), 10)
+        assert tokens == [100, 101, 102]
+        (first,) = backend.channels.values()
+        for _ in range(100):
+            if first.closed and not replica._outboxes:
+                break
+            await asyncio.sleep(0.01)
+        assert first.closed and not backend.channels and not replica._outboxes
+        (again,) = await _start_all(backend, 2, [[3, 4]])
+        assert (await asyncio.wait_for(_read(again), 10))[0] == [100, 101]
+        assert handle.subscriptions == 2 and backend.channels[replica.replica_id] is not first
         _stop(replica)
 
     asyncio.run(main())

@@ -8,6 +8,10 @@ start in batches (`submit_many`, coalesced like plans) and clients that leave ar
 settled in batches (`settle_many`). Per streamed token this costs one dictionary entry
 instead of a Ray object, an RPC and a Serve wrapper on each side.
 
+A channel with no request in flight for `IDLE_CLOSE_S` closes (the ingress cancels the
+stream): an idle ingress holds no call open at the replica, so Serve can drain and stop
+a replica without waiting out its graceful-shutdown timeout.
+
 Faults: when the stream breaks (the replica died, was replaced, refused the
 subscription), every request of the channel gets the error as its next item (its
 `GuardedStream` re-plans it), the requests are settled at the replica in case it still
@@ -40,6 +44,9 @@ from marconi_ray.serve.messages import (
 )
 
 log = logging.getLogger(__name__)
+
+IDLE_CLOSE_S = 1.0
+"""Seconds a channel stays open with no request in flight."""
 
 
 class Inbox:
@@ -146,12 +153,17 @@ class ReplicaChannel:
         self.messages = 0
         """Messages read from the replica so far."""
         self._counter = counter
+        self._stream: Any = None
+        self._idle: asyncio.TimerHandle | None = None
         detached(self._listen(), self._tasks)
 
     def open(self, dispatch: Dispatch, streamed: bool) -> ChannelStream:
         """Start `dispatch` on the replica; its events come through the returned stream."""
         inbox = Inbox()
         self._inboxes[dispatch.order.request_id] = (dispatch, inbox)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         detached(self._start(dispatch, streamed, inbox), self._tasks)
         return ChannelStream(self, dispatch, inbox)
 
@@ -159,6 +171,21 @@ class ReplicaChannel:
         """The request's client no longer listens: settle it at the replica."""
         if self._inboxes.pop(dispatch.order.request_id, None) is not None and not self.closed:
             detached(self._settle_one(dispatch), self._tasks)
+        self._watch_idle()
+
+    def _watch_idle(self) -> None:
+        """With no request in flight, close after `IDLE_CLOSE_S` unless one opens."""
+        if not self._inboxes and not self.closed and self._idle is None:
+            self._idle = self.loop.call_later(IDLE_CLOSE_S, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._idle = None
+        if self._inboxes or self.closed:
+            return
+        self.closed = True
+        self._on_close(self)
+        if self._stream is not None:
+            self._stream.cancel()  # the replica's end runs its cleanup
 
     async def _start(self, dispatch: Dispatch, streamed: bool, inbox: Inbox) -> None:
         try:
@@ -166,6 +193,7 @@ class ReplicaChannel:
         except Exception as exc:  # refused here, or the call failed: this request only
             if self._inboxes.pop(dispatch.order.request_id, None) is not None:
                 inbox.put([exc])
+            self._watch_idle()
 
     async def _settle_one(self, dispatch: Dispatch) -> None:
         try:
@@ -192,10 +220,10 @@ class ReplicaChannel:
         """Read the replica's messages into the requests' inboxes until the stream breaks."""
         error: BaseException
         try:
-            stream = self._replicas.options(stream=True).subscribe.remote(
+            self._stream = self._replicas.options(stream=True).subscribe.remote(
                 Subscription(self.replica_id, self.id)
             )
-            async for message in stream:
+            async for message in self._stream:
                 self.messages += 1
                 if self._counter is not None:
                     self._counter.inc()
@@ -206,16 +234,22 @@ class ReplicaChannel:
                     if _ends(items[-1]):
                         del self._inboxes[rid]
                     entry[1].put(items)
+                self._watch_idle()
             error = ReplicaFailed(f"replica {self.replica_id!r} ended its stream to this ingress")
         except Exception as exc:
             error = exc
         self._close(error)
 
     def _close(self, error: BaseException) -> None:
-        """The stream broke: every request gets `error`; those the replica may still run
-        are settled there (best effort: it may be gone)."""
-        self.closed = True
-        self._on_close(self)
+        """The stream broke (or, closed for idleness, was cancelled): every request gets
+        `error`; those the replica may still run are settled there (best effort: it may
+        be gone)."""
+        if not self.closed:
+            self.closed = True
+            self._on_close(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         entries, self._inboxes = self._inboxes, {}
         for _, inbox in entries.values():
             inbox.put([error])
