@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -466,3 +466,14 @@ def run_soak(cfg: SoakConfig, workdir: Path, progress: bool = False) -> SoakRepo
         client_token_hit_rate=summary["client_token_hit_rate"],
         server=summary["server"],
     )
+
+
+async def read_tokens(stream: AsyncIterable[Any]) -> tuple[list[int], Completed]:
+    """(the tokens, the `Completed`) of an event stream that yields `TokenEvent`s one at a
+    time, such as `GuardedStream`; AssertionError when it ends without `Completed`."""
+    tokens: list[int] = []
+    async for item in stream:
+        if isinstance(item, Completed):
+            return tokens, item
+        tokens.append(item.token)
+    raise AssertionError("no Completed")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, RayTaskError
 from ray.serve.exceptions import ReplicaUnavailableError
+from serve_helpers import read_tokens
 
 from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
@@ -87,15 +88,6 @@ class Backend:
         return Stream(7, [30, 40][: dispatch.order.max_new], None)
 
 
-async def _collect(stream: GuardedStream) -> tuple[list[int], Completed]:
-    tokens: list[int] = []
-    async for item in stream:
-        if isinstance(item, Completed):
-            return tokens, item
-        tokens.append(item.token)
-    raise AssertionError("no Completed")
-
-
 @pytest.fixture(autouse=True)
 def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ray_backend, "RETRY_BACKOFF_S", 0.0)
@@ -106,7 +98,7 @@ def test_a_lost_replica_mid_stream_continues_elsewhere(error: BaseException) -> 
     backend = Backend(error)
     first = _dispatch("a", np.arange(5), 4)
     guarded = GuardedStream(Stream(7, [10, 20], error), backend, first)  # type: ignore[arg-type]
-    tokens, done = asyncio.run(_collect(guarded))
+    tokens, done = asyncio.run(read_tokens(guarded))
     assert tokens == [10, 20, 30, 40] and guarded.attempts == 2
     ((prompt, max_new),) = backend.plans
     assert prompt.tolist() == [0, 1, 2, 3, 4, 10, 20] and max_new == 2  # the continuation
@@ -119,7 +111,7 @@ def test_a_lost_replica_inside_a_task_error_is_replanned_too() -> None:
     error = RayTaskError("generate", "traceback", ActorDiedError())
     backend = Backend(error)
     guarded = GuardedStream(Stream(7, [10], error), backend, _dispatch("a", np.arange(3), 3))  # type: ignore[arg-type]
-    tokens, _ = asyncio.run(_collect(guarded))
+    tokens, _ = asyncio.run(read_tokens(guarded))
     assert tokens == [10, 30, 40]
 
 
@@ -128,5 +120,5 @@ def test_every_dispatch_lost_ends_in_replica_unavailable() -> None:
     backend = Backend(error, b_fails=True)
     guarded = GuardedStream(Stream(7, [], error), backend, _dispatch("a", np.arange(3), 3))  # type: ignore[arg-type]
     with pytest.raises(ReplicaUnavailable, match="connection refused"):
-        asyncio.run(_collect(guarded))
+        asyncio.run(read_tokens(guarded))
     assert guarded.attempts == ray_backend.MAX_ATTEMPTS

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ray.exceptions import ActorDiedError
+from serve_helpers import read_tokens
 
 from marconi_ray.protocol.orders import (
     Finished,
@@ -234,15 +235,6 @@ async def _start_all(backend: RayBackend, n: int, prompts: list[list[int]]) -> l
     return list(await asyncio.gather(*(_start(backend, n, p) for p in prompts)))
 
 
-async def _read(stream: GuardedStream) -> tuple[list[int], Completed]:
-    tokens: list[int] = []
-    async for item in stream:
-        if isinstance(item, Completed):
-            return tokens, item
-        tokens.append(item.token)
-    raise AssertionError("no Completed")
-
-
 def _stop(replica: ModelReplica) -> None:
     for task in (replica._loop_task, replica._beat_task):
         if task is not None:
@@ -262,7 +254,7 @@ def test_concurrent_requests_share_one_message_per_step() -> None:
     async def main() -> None:
         coordinator, shards, replica, handle, backend = _setup()
         streams = await _start_all(backend, 5, [[1, 2, i] for i in range(6)])
-        results = await asyncio.wait_for(asyncio.gather(*(_read(s) for s in streams)), 10)
+        results = await asyncio.wait_for(asyncio.gather(*(read_tokens(s) for s in streams)), 10)
         for tokens, done in results:
             assert tokens == [100, 101, 102, 103, 104]
             assert done.usage.completion_tokens == 5 and done.finish_reason == "length"
@@ -287,7 +279,7 @@ def test_a_client_leaving_mid_stream_stops_only_its_request() -> None:
         first = await asyncio.wait_for(leaving.__anext__(), 10)
         assert isinstance(first, TokenEvent) and first.token == 100
         leaving.cancel()
-        tokens, done = await asyncio.wait_for(_read(staying), 10)
+        tokens, done = await asyncio.wait_for(read_tokens(staying), 10)
         assert tokens == list(range(100, 106)) and done.finish_reason == "length"
         for _ in range(100):  # the settle reaches the replica, its next step stops it
             if (1000, "stop") in coordinator.committed:
@@ -304,7 +296,7 @@ def test_a_shard_lost_mid_stream_resumes_every_request_with_its_tokens() -> None
     async def main() -> None:
         coordinator, _, replica, _, backend = _setup(fail_at=3)
         streams = await _start_all(backend, 20, [[7, 8, i] for i in range(3)])
-        results = await asyncio.wait_for(asyncio.gather(*(_read(s) for s in streams)), 10)
+        results = await asyncio.wait_for(asyncio.gather(*(read_tokens(s) for s in streams)), 10)
         for i, ((tokens, done), stream) in enumerate(zip(results, streams, strict=True)):
             assert stream.attempts == 2
             assert len(tokens) == 20 and done.usage.completion_tokens == 20
@@ -324,7 +316,7 @@ def test_a_broken_channel_fails_over_to_a_new_one_and_settles_the_old_requests()
     async def main() -> None:
         coordinator, shards, replica, handle, backend = _setup(break_after=2)
         streams = await _start_all(backend, 6, [[3, i] for i in range(4)])
-        results = await asyncio.wait_for(asyncio.gather(*(_read(s) for s in streams)), 10)
+        results = await asyncio.wait_for(asyncio.gather(*(read_tokens(s) for s in streams)), 10)
         for tokens, done in results:
             assert len(tokens) == 6 and done.usage.completion_tokens == 6
             assert done.usage.prompt_tokens == 2
@@ -366,7 +358,7 @@ def test_an_idle_channel_closes_and_the_next_request_opens_another(
     async def main() -> None:
         _, _, replica, handle, backend = _setup()
         (stream,) = await _start_all(backend, 3, [[1, 2]])
-        tokens, _ = await asyncio.wait_for(_read(stream), 10)
+        tokens, _ = await asyncio.wait_for(read_tokens(stream), 10)
         assert tokens == [100, 101, 102]
         (first,) = backend.channels.values()
         for _ in range(100):
@@ -375,7 +367,7 @@ def test_an_idle_channel_closes_and_the_next_request_opens_another(
             await asyncio.sleep(0.01)
         assert first.closed and not backend.channels and not replica._outboxes
         (again,) = await _start_all(backend, 2, [[3, 4]])
-        assert (await asyncio.wait_for(_read(again), 10))[0] == [100, 101]
+        assert (await asyncio.wait_for(read_tokens(again), 10))[0] == [100, 101]
         assert handle.subscriptions == 2 and backend.channels[replica.replica_id] is not first
         _stop(replica)
 
