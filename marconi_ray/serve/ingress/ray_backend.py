@@ -218,7 +218,10 @@ class RayBackend:
         the backend is used from). `stream=False`: the replica sends the tokens with the
         end, in one message."""
         channel = self.channels.get(dispatch.replica_id)
-        if channel is None or channel.loop is not asyncio.get_running_loop():
+        if channel is not None and channel.loop is not asyncio.get_running_loop():
+            channel.close()  # its loop is gone: nothing reads it any more
+            channel = None
+        if channel is None:
             counter = None if self.metrics is None else self.metrics.replica_messages
             channel = ReplicaChannel(self.replicas, dispatch.replica_id, self._closed, counter)
             self.channels[dispatch.replica_id] = channel

@@ -180,12 +180,17 @@ class ReplicaChannel:
 
     def _close_idle(self) -> None:
         self._idle = None
-        if self._inboxes or self.closed:
-            return
-        self.closed = True
-        self._on_close(self)
+        if not self._inboxes and not self.closed:
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading: cancel the subscription (the replica's end stops what is left of
+        the channel's requests and drops its outbox). Callable from any event loop."""
+        if not self.closed:
+            self.closed = True
+            self._on_close(self)
         if self._stream is not None:
-            self._stream.cancel()  # the replica's end runs its cleanup
+            self._stream.cancel()
 
     async def _start(self, dispatch: Dispatch, streamed: bool, inbox: Inbox) -> None:
         try:
@@ -236,6 +241,9 @@ class ReplicaChannel:
                     entry[1].put(items)
                 self._watch_idle()
             error = ReplicaFailed(f"replica {self.replica_id!r} ended its stream to this ingress")
+        except asyncio.CancelledError:  # its event loop is shutting down
+            self.close()
+            raise
         except Exception as exc:
             error = exc
         self._close(error)
