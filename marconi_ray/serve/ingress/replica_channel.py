@@ -106,7 +106,8 @@ class ChannelStream:
         self._over = True
         if isinstance(end, BaseException):
             raise end
-        assert isinstance(end, Completed), f"a channel item must be an event, got {end!r}"
+        if not isinstance(end, Completed):
+            raise RuntimeError(f"request {self._dispatch.order.request_id}: bad item {end!r}")
         return end
 
     def ready(self) -> bool:
