@@ -77,10 +77,19 @@ class Backend(Protocol):
 class Detokenizer:
     """Text of a growing output, released incrementally.
 
-    Each `add` decodes the whole output so far (`skip_special_tokens`) and releases the
-    new text, holding back a trailing U+FFFD (an incomplete UTF-8 sequence) and the last
-    `len(longest stop) - 1` characters (a stop string may be arriving). When a stop string
-    appears, the text is cut before it and `add` reports the stop. `finish` releases the rest.
+    Each `add` decodes only a window of the output (`skip_special_tokens`): the ids from
+    the start of the previous addition on, so the tokenizer sees the token(s) before the
+    new ones and spaces and merges come out as in a decode of the whole. The new part of
+    the window's text extends the text; a window whose text does not extend the text of
+    its own first part (a tokenizer whose decode is not prefix-stable there) has the
+    whole output decoded instead. Either way `text` is the tokenizer's decode of `ids`,
+    and a long output costs O(new ids) per `add`, not O(all ids).
+
+    The new text is released holding back a trailing U+FFFD (an incomplete UTF-8
+    sequence: the window then stays where it is until the sequence completes) and the
+    last `len(longest stop) - 1` characters (a stop string may be arriving). When a stop
+    string appears, the text is cut before it and `add` reports the stop. `finish`
+    releases the rest.
     """
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...] = ()) -> None:
@@ -90,6 +99,10 @@ class Detokenizer:
         self.ids: list[int] = []
         self.text = ""
         self.sent = 0
+        self._start = 0  # the window: ids[_start:]
+        self._read = 0  # ids[:_read] are decoded into text[:_committed]
+        self._committed = 0
+        self._known = ""  # decode(ids[_start:_read])
 
     def add(self, token: int) -> tuple[str, bool]:
         """(newly released text, whether a stop string ended the output)."""
@@ -112,13 +125,28 @@ class Detokenizer:
 
     def _add(self, tokens: list[int]) -> tuple[str, bool]:
         self.ids.extend(tokens)
-        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cuts = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
+        self._decode()
+        # a stop found now ends in the new text, so it starts `hold` before `sent` at most
+        begin = max(0, self.sent - self.hold)
+        cuts = [i for i in (self.text.find(s, begin) for s in self.stops) if i >= 0]
         if cuts:
             self.text = self.text[: min(cuts)]
             return self._take(len(self.text)), True
         stable = len(self.text.rstrip(REPLACEMENT))
         return self._take(min(stable, len(self.text) - self.hold)), False
+
+    def _decode(self) -> None:
+        """`text` = the decode of `ids`, from the window; the window moves on (to start at
+        the ids this call added) unless the text ends inside a character."""
+        window = self.tokenizer.decode(self.ids[self._start :], skip_special_tokens=True)
+        if window.startswith(self._known):
+            self.text = self.text[: self._committed] + window[len(self._known) :]
+        else:
+            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if self.text.endswith(REPLACEMENT):
+            return
+        self._start, self._read, self._committed = self._read, len(self.ids), len(self.text)
+        self._known = self.tokenizer.decode(self.ids[self._start :], skip_special_tokens=True)
 
     def finish(self) -> str:
         """Everything not yet released, a trailing U+FFFD included: an output that ends
