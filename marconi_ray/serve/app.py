@@ -26,7 +26,7 @@ from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import clear_journal
 from marconi_ray.serve.host_memory import check_model_nodes
 from marconi_ray.serve.placement import control_resources
-from marconi_ray.serve.replica.deployment import replica_deployment
+from marconi_ray.serve.replica.deployment import DRAIN_POLL_S, replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 INGRESS_MAX_ONGOING: Final = 1024
@@ -72,7 +72,9 @@ def build_app(settings: ServeSettings) -> Any:
     if pinned:
         actor_options["resources"] = pinned
     return OpenAIIngress.options(
-        ray_actor_options=actor_options, max_ongoing_requests=INGRESS_MAX_ONGOING
+        ray_actor_options=actor_options,
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+        graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
     ).bind(settings, replicas)
 
 

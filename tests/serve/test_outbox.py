@@ -50,3 +50,14 @@ def test_a_whole_answer_is_held_until_its_end() -> None:
         assert not box.rids
 
     asyncio.run(main())
+
+
+def test_take_with_a_timeout_returns_an_empty_message_when_nothing_came() -> None:
+    async def main() -> None:
+        box = Outbox()
+        assert await box.take(0.01) == {}
+        box.sink(3, streamed=True).put_nowait(TokenEvent(3, 9, False))
+        message = await box.take(0.01)
+        assert [e.token for e in message[3]] == [9]  # type: ignore[union-attr]
+
+    asyncio.run(main())

@@ -33,6 +33,7 @@ from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress import ray_backend, replica_channel
 from marconi_ray.serve.ingress.ray_backend import GuardedStream, RayBackend
 from marconi_ray.serve.messages import Completed, Dispatch, ReplicaFailed
+from marconi_ray.serve.replica import deployment
 from marconi_ray.serve.replica.deployment import ModelReplica
 from marconi_ray.serve.settings import ServeSettings
 
@@ -315,10 +316,10 @@ def test_a_shard_lost_mid_stream_resumes_every_request_with_its_tokens() -> None
 def test_a_broken_channel_fails_over_to_a_new_one_and_settles_the_old_requests() -> None:
     async def main() -> None:
         coordinator, shards, replica, handle, backend = _setup(break_after=2)
-        streams = await _start_all(backend, 6, [[3, i] for i in range(4)])
+        streams = await _start_all(backend, 30, [[3, i] for i in range(4)])
         results = await asyncio.wait_for(asyncio.gather(*(read_tokens(s) for s in streams)), 10)
         for tokens, done in results:
-            assert len(tokens) == 6 and done.usage.completion_tokens == 6
+            assert len(tokens) == 30 and done.usage.completion_tokens == 30
             assert done.usage.prompt_tokens == 2
         assert handle.subscriptions == 2 and all(s.attempts == 2 for s in streams)
         assert sorted(coordinator.abandoned) == [1000, 1001, 1002, 1003]
@@ -369,6 +370,37 @@ def test_an_idle_channel_closes_and_the_next_request_opens_another(
         (again,) = await _start_all(backend, 2, [[3, 4]])
         assert (await asyncio.wait_for(read_tokens(again), 10))[0] == [100, 101]
         assert handle.subscriptions == 2 and backend.channels[replica.replica_id] is not first
+        _stop(replica)
+
+    asyncio.run(main())
+
+
+def test_an_idle_stream_ends_at_the_replica_when_its_ingress_never_closes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The backstop for an ingress that died: a channel with nothing in flight for
+    `IDLE_END_S` ends on the replica's side (outbox dropped); a live ingress then sees
+    its stream end and the next request subscribes again. `RayBackend.close` (the
+    ingress stopping) closes every channel."""
+    monkeypatch.setattr(replica_channel, "IDLE_CLOSE_S", 60.0)  # the ingress never does
+    monkeypatch.setattr(deployment, "IDLE_END_S", 0.05)
+
+    async def main() -> None:
+        _, _, replica, handle, backend = _setup()
+        (stream,) = await _start_all(backend, 3, [[1, 2]])
+        assert (await asyncio.wait_for(read_tokens(stream), 10))[0] == [100, 101, 102]
+        (first,) = backend.channels.values()
+        for _ in range(100):
+            if first.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert first.closed and not replica._outboxes and not backend.channels
+        (again,) = await _start_all(backend, 2, [[3, 4]])
+        assert (await asyncio.wait_for(read_tokens(again), 10))[0] == [100, 101]
+        assert handle.subscriptions == 2
+        backend.close()
+        (second,) = [c for c in (first, *backend.channels.values()) if c is not first] or [None]
+        assert not backend.channels and (second is None or second.closed)
         _stop(replica)
 
     asyncio.run(main())

@@ -227,6 +227,12 @@ class RayBackend:
             self.channels[dispatch.replica_id] = channel
         return channel.open(dispatch, stream)
 
+    def close(self) -> None:
+        """Close every channel (the ingress is stopping): the replicas' ends stop what is
+        left of their requests."""
+        for channel in list(self.channels.values()):
+            channel.close()
+
     def _closed(self, channel: ReplicaChannel) -> None:
         if self.channels.get(channel.replica_id) is channel:
             del self.channels[channel.replica_id]

@@ -241,6 +241,7 @@ class ReplicaChannel:
                         del self._inboxes[rid]
                     entry[1].put(items)
                 self._watch_idle()
+            # the replica ends a stream idle for long: requests racing that end re-plan
             error = ReplicaFailed(f"replica {self.replica_id!r} ended its stream to this ingress")
         except asyncio.CancelledError:  # its event loop is shutting down
             self.close()

@@ -162,7 +162,8 @@ class ModelReplica:
     async def subscribe(self, sub: Subscription) -> AsyncIterator[StepMessage]:
         """The multiplexed stream of channel `sub.channel`: one `StepMessage` per read,
         carrying the items of every request submitted for the channel since the last
-        one (see `replica.outbox`). Lasts until the ingress stops reading; then every
+        one (see `replica.outbox`). Lasts until the ingress stops reading (cancels it),
+        or until it has been idle for `IDLE_END_S` with no request in flight; then every
         request of the channel still here is stopped, as a departed client's is."""
         self._check_pinned(sub.replica_id)
         outbox = self._outbox(sub.channel)
@@ -171,7 +172,11 @@ class ModelReplica:
         outbox.subscribed = True
         try:
             while True:
-                yield await outbox.take()
+                message = await outbox.take(IDLE_END_S)
+                if not message and not outbox.rids:
+                    return  # idle: its ingress closes it sooner, unless that ingress died
+                if message:
+                    yield message
         finally:
             self._outboxes.pop(sub.channel, None)
             self._stops.update(rid for rid in outbox.rids if rid in self._orders)
@@ -631,6 +636,15 @@ class ModelReplica:
             self._fail(rid, exc)
 
 
+IDLE_END_S = 10.0
+"""A channel with no request in flight and nothing to carry for this long ends here: the
+backstop for an ingress that died without closing it (a live ingress closes an idle
+channel after `replica_channel.IDLE_CLOSE_S`)."""
+
+DRAIN_POLL_S = 0.25
+"""How often a stopping replica (ingress or model) checks that its calls have ended."""
+
+
 def max_ongoing(settings: ServeSettings) -> int:
     """Serve's `max_ongoing_requests` of a replica: room for every request the coordinator
     may plan on it (`max_batch` running + `max_queued_requests` queued) plus control
@@ -656,6 +670,9 @@ def replica_deployment(settings: ServeSettings) -> Any:
         max_ongoing_requests=max_ongoing(settings),
         # the first health check starts the heartbeats: well within a lease
         health_check_period_s=min(10.0, settings.lease_s / 3),
+        # a stopping replica waits for its calls (the ingresses' streams, which close
+        # a second after their last request): look every quarter second, not every 2 s
+        graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
         request_router_config=router(
             request_router_class="marconi_ray.serve.ingress.pinned_router.PinnedReplicaRouter"
         ),

@@ -65,9 +65,13 @@ class Outbox:
             self.rids.discard(rid)
         self._ready.set()
 
-    async def take(self) -> StepMessage:
-        """Every item put since the last `take` (waits for at least one request's)."""
-        await self._ready.wait()
+    async def take(self, timeout_s: float | None = None) -> StepMessage:
+        """Every item put since the last `take` (waits for at least one request's, or
+        `timeout_s`: then the message is empty)."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            return {}
         self._ready.clear()
         message, self._items = self._items, {}
         return message
