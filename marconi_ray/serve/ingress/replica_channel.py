@@ -186,10 +186,14 @@ class ReplicaChannel:
 
     def close(self) -> None:
         """Stop reading: cancel the subscription (the replica's end stops what is left of
-        the channel's requests and drops its outbox). Callable from any event loop."""
+        the channel's requests and drops its outbox); a request still here gets
+        `ReplicaFailed` (its `GuardedStream` re-plans it). Callable from any event loop."""
         if not self.closed:
             self.closed = True
             self._on_close(self)
+        entries, self._inboxes = self._inboxes, {}
+        for _, inbox in entries.values():
+            inbox.put([ReplicaFailed(f"the channel from replica {self.replica_id!r} was closed")])
         if self._stream is not None:
             self._stream.cancel()
 
