@@ -188,14 +188,23 @@ class ReplicaChannel:
         """Stop reading: cancel the subscription (the replica's end stops what is left of
         the channel's requests and drops its outbox); a request still here gets
         `ReplicaFailed` (its `GuardedStream` re-plans it). Callable from any event loop."""
+        self._end(ReplicaFailed(f"the channel from replica {self.replica_id!r} was closed"))
+        if self._stream is not None:
+            self._stream.cancel()
+
+    def _end(self, error: BaseException) -> tuple[Dispatch, ...]:
+        """Mark the channel closed (once), stop its idle timer and give every request
+        still here `error`; returns their dispatches."""
         if not self.closed:
             self.closed = True
             self._on_close(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         entries, self._inboxes = self._inboxes, {}
         for _, inbox in entries.values():
-            inbox.put([ReplicaFailed(f"the channel from replica {self.replica_id!r} was closed")])
-        if self._stream is not None:
-            self._stream.cancel()
+            inbox.put([error])
+        return tuple(d for d, _ in entries.values())
 
     async def _start(self, dispatch: Dispatch, streamed: bool, inbox: Inbox) -> None:
         try:
@@ -258,21 +267,12 @@ class ReplicaChannel:
         """The stream broke (or, closed for idleness, was cancelled): every request gets
         `error`; those the replica may still run are settled there (best effort: it may
         be gone)."""
-        if not self.closed:
-            self.closed = True
-            self._on_close(self)
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-        entries, self._inboxes = self._inboxes, {}
-        for _, inbox in entries.values():
-            inbox.put([error])
-        if entries:
-            dispatches = tuple(d for d, _ in entries.values())
+        dispatches = self._end(error)
+        if dispatches:
             detached(self._settle_all(dispatches), self._tasks)
 
     async def _settle_all(self, dispatches: tuple[Dispatch, ...]) -> None:
         try:
-            await self._replicas.settle_many.remote(Settlements(self.replica_id, dispatches))
+            await self._send_settlements(list(dispatches))
         except Exception as exc:
             log.info("replica %s: settling after its stream broke failed: %s", self.replica_id, exc)

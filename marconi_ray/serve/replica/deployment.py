@@ -173,10 +173,10 @@ class ModelReplica:
         try:
             while True:
                 message = await outbox.take(IDLE_END_S)
-                if not message and not outbox.rids:
-                    return  # idle: its ingress closes it sooner, unless that ingress died
                 if message:
                     yield message
+                elif not outbox.rids:
+                    return  # idle: its ingress closes it sooner, unless that ingress died
         finally:
             self._outboxes.pop(sub.channel, None)
             self._stops.update(rid for rid in outbox.rids if rid in self._orders)

@@ -68,10 +68,11 @@ class Outbox:
     async def take(self, timeout_s: float | None = None) -> StepMessage:
         """Every item put since the last `take` (waits for at least one request's, or
         `timeout_s`: then the message is empty)."""
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
-        except TimeoutError:
-            return {}
+        if not self._ready.is_set():  # a step's items usually wait already: no timer then
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout_s)
+            except TimeoutError:
+                return {}
         self._ready.clear()
         message, self._items = self._items, {}
         return message
