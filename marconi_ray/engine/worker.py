@@ -174,7 +174,7 @@ class Worker:
         """Apply one `StepInput` and run one step (see its docstring); the replica's one
         call per step, so a step costs one round trip to each shard."""
         self._taken = []  # the replica got the last step's output
-        self.release(step.release)
+        refused = self.apply_release(step.release)
         events: list[TokenEvent] = []
         failed: list[tuple[int, str]] = []
         orders, self._waiting = [*self._waiting, *step.start], []
@@ -194,7 +194,11 @@ class Worker:
         # (and the decodes) go out after their own prefills, not after a chunk too
         events += self.step(prefill_chunk=not started)
         return StepOutput(
-            tuple(events), tuple(self.take_finished()), tuple(failed), tuple(cancelled)
+            tuple(events),
+            tuple(self.take_finished()),
+            tuple(failed),
+            tuple(cancelled),
+            tuple(refused),
         )
 
     def take_finished(self) -> list[Finished]:
@@ -256,14 +260,39 @@ class Worker:
         return self.store.host_state_ids(), self.store.host_slot_ids()
 
     def release(self, release: Release) -> None:
-        """Apply the cache side's tier moves, in order (see `StateStore.apply_moves`: a bad
-        move is a ValueError and nothing moves), then free the states and slots it no
-        longer references, in whichever tier they are."""
-        self.store.apply_moves(release.moves)
-        for sid in release.states:
+        """`apply_release`, strict: ValueError naming what the store refused (the valid
+        frees happened all the same)."""
+        refused = self.apply_release(release)
+        if refused:
+            raise ValueError("; ".join(refused))
+
+    def apply_release(self, release: Release) -> list[str]:
+        """Apply the cache side's tier moves, in order, then free the states and slots it
+        no longer references, in whichever tier they are. Returns what the store refused
+        (empty when it did it all): the moves as a whole when one is bad (nothing moves,
+        see `StateStore.apply_moves`), and the ids to free that it does not hold (or that
+        are listed twice). Every valid free happens all the same, so nothing batched with
+        a refusal leaks; the caller must reconcile with the cache after one."""
+        refused = []
+        try:
+            self.store.apply_moves(release.moves)
+        except ValueError as exc:
+            refused.append(str(exc))
+        states = list(release.states)
+        gone = sorted({s for s in states if not self.store.has_state(s)})
+        gone += sorted({s for s in states if states.count(s) > 1} - set(gone))
+        for sid in dict.fromkeys(states):
             if self.store.has_state(sid):
                 self.store.free_state(sid)
-        self.store.free_slots(release.slots)
+        if gone:
+            refused.append(f"states {gone[:16]} are not held (freed twice?)")
+        slots = np.asarray(release.slots, dtype=np.int64)
+        bad = self.store.slots.not_held(slots) if len(slots) else []
+        if bad:
+            refused.append(f"KV slots {bad[:16]} are not held (freed twice?)")
+            slots = np.unique(slots[~np.isin(slots, bad)])
+        self.store.free_slots(slots)
+        return refused
 
     # ------------------------------------------------------------------ stages
     def _load_hit(self, seq: Sequence) -> None:

@@ -141,9 +141,11 @@ class StepInput:
 class StepOutput:
     """What one step produced: the step's token events (every request's, in one batch),
     the requests that finished (ready to commit), starts that failed (request id,
-    message) and stops that became cancellations (their plans must be aborted)."""
+    message), stops that became cancellations (their plans must be aborted) and what the
+    store refused of the step's release (`Worker.release`: the replica must reconcile)."""
 
     events: tuple[TokenEvent, ...] = ()
     finished: tuple[Finished, ...] = ()
     failed: tuple[tuple[int, str], ...] = ()
     cancelled: tuple[int, ...] = ()
+    refused: tuple[str, ...] = ()

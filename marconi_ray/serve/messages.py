@@ -7,26 +7,31 @@ import math
 from dataclasses import dataclass, field
 
 from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.protocol.orders import PrefillOrder, Release, TokenEvent
+from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
+from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import Timings, Usage
 
 
 @dataclass(frozen=True)
 class Dispatch:
     """The coordinator's decision for one request: which replica runs it, its prefill
-    order, and what the replica must free first (evicted while reserving room).
+    order, and the replica's release log entries it has not acknowledged (`releases`:
+    with them, what this plan evicted or moved; see `protocol.release_log`).
 
-    `generation` is the replica's registration generation the plan was made against, and
+    `generation` is the replica's registration generation the plan was made against,
     `deadline` (wall-clock seconds) the end of its lease: the replica refuses a dispatch
     of another generation or past its deadline (`MisroutedDispatch`), so a request is
-    never started on a hit the coordinator may have released.
+    never started on a hit the coordinator may have released. `needs`: the log seq the
+    replica's store must have applied before the order starts (its hit is where the
+    tree said when it was planned).
     """
 
     replica_id: str
     order: PrefillOrder
-    release: Release = field(default_factory=Release)
+    releases: Releases = field(default_factory=Releases)
     generation: int = 0
     deadline: float = math.inf
+    needs: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,13 @@ class Settlements:
 class MisroutedDispatch(RuntimeError):
     """A replica refused a dispatch: planned for another replica (which has gone), for an
     earlier generation of this one (its cache was reset since), or past its lease's
-    deadline (the coordinator may have released its hit). Safe to plan again."""
+    deadline (the coordinator may have released its hit). Safe to plan again. The
+    replica that refused a dispatch planned for it released the plan itself."""
+
+
+class WrongReplica(MisroutedDispatch):
+    """A call pinned to one replica reached another (Serve no longer lists the first):
+    the replica it was planned for never received it, so its plan can be abandoned."""
 
 
 class ReplicaFailed(RuntimeError):
@@ -110,6 +121,7 @@ class ReplicaStats:
             (`StateStore.tier_stats()` of its rank 0: host bytes, bytes and seconds
             copied and moves per direction); empty until it reports (it does only with
             a host tier).
+        refused_releases: releases the replica's store refused (each made it reconcile).
     """
 
     replica_id: str
@@ -124,6 +136,7 @@ class ReplicaStats:
     bytes_by_tier: dict[str, int] = field(default_factory=dict)
     host_capacity: int = 0
     store: dict[str, float] = field(default_factory=dict)
+    refused_releases: int = 0
 
     @classmethod
     def of(

@@ -4,6 +4,7 @@ against a real tiny-model `Worker` (real state ids and KV slots) and a real
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,8 @@ from redis_server import RedisServer
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.orders import Release
+from marconi_ray.protocol.release_log import ReleaseCursor, Releases
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import RedisJournal
@@ -50,6 +53,47 @@ def make_worker(model_dir: Path) -> Worker:
     return Worker(load_model(model_dir, TPGroup(0, 1), torch.float32, "cpu"), max_batch=8)
 
 
+_CURSORS: weakref.WeakKeyDictionary[Worker, ReleaseCursor] = weakref.WeakKeyDictionary()
+"""Each in-process worker's release cursor (what its `ModelReplica` keeps)."""
+
+
+def apply(worker: Worker, releases: Releases | Release) -> None:
+    """Apply a coordinator answer to `worker`'s store as its replica does: each release
+    log entry once, in seq order (`ReleaseCursor`), then the direct frees; a plain
+    `Release` is applied as it is. The cursor follows the generation the answers carry
+    (these tests hand every answer over in order, across resets and restarts)."""
+    if isinstance(releases, Release):
+        worker.release(releases)
+        return
+    cursor = cursor_of(worker, releases.generation)
+    if releases.generation and releases.generation != cursor.generation:
+        cursor.reset(releases.generation)
+    taken = cursor.take(releases)
+    assert not cursor.gap, cursor.gap
+    worker.release(taken)
+
+
+def cursor_of(worker: Worker, generation: int) -> ReleaseCursor:
+    """`worker`'s release cursor (a new one at `generation` the first time): a replica
+    built around the worker in process shares it (`replica_harness.make_replica`)."""
+    return _CURSORS.setdefault(worker, ReleaseCursor(generation))
+
+
+def applied(worker: Worker) -> int:
+    """The last log entry `worker`'s store applied (0 before any)."""
+    cursor = _CURSORS.get(worker)
+    return 0 if cursor is None else cursor.applied
+
+
+def flat(releases: Releases) -> Release:
+    """Everything an answer carries as one release: its log entries, then its direct
+    frees (for assertions on what it frees)."""
+    out = Release()
+    for entry in releases.entries:
+        out = out + entry.release
+    return out + releases.direct
+
+
 def redis_journal(server: RedisServer, retry_s: float = 1.0, **kw: object) -> RedisJournal:
     """The coordinator's journal on `server`, with a socket timeout that a loaded test
     machine does not trip (a stopped server refuses at once)."""
@@ -63,7 +107,7 @@ def register(coord: CacheCoordinator, worker: Worker, rid: str = "r0") -> int:
 
 def run_dispatch(worker: Worker, dispatch: Dispatch) -> list:
     """Run one dispatch to completion on the worker; its `Finished`."""
-    worker.release(dispatch.release)
+    apply(worker, dispatch.releases)
     worker.start(dispatch.order)
     while worker.num_running:
         worker.step()
@@ -74,7 +118,7 @@ def turn(coord: CacheCoordinator, worker: Worker, prompt: list[int]) -> tuple[li
     """Plan, run and commit one request: (its output tokens, its hit length)."""
     dispatch = coord.plan(np.asarray(prompt, np.int32), GREEDY)
     (done,) = run_dispatch(worker, dispatch)
-    worker.release(coord.commit(dispatch.replica_id, done))
+    apply(worker, coord.commit(dispatch.replica_id, done, applied(worker)))
     return list(done.tokens), dispatch.order.hit_len
 
 

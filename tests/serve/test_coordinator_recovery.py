@@ -12,6 +12,9 @@ from coordinator_helpers import (
     GREEDY,
     LEASE,
     Clock,
+    applied,
+    apply,
+    flat,
     make_settings,
     make_worker,
     redis_journal,
@@ -55,10 +58,11 @@ def test_restart_replays_the_redis_journal_exactly(model_dir, redis_server):
     with pytest.raises(RuntimeError, match="no model replica"):
         b.route(np.asarray(histories[1], np.int32))
     # (a replica commits what finished before it reconciles: one loop does both)
-    worker.release(b.commit("r0", open_done))
+    apply(worker, b.commit("r0", open_done))
     assert b.locked_nodes("r0") == 0 and b.planners["r0"].cache.reserved == 0
     states, slots = worker.holdings()
-    got_generation, release = b.reconcile("r0", states, slots)
+    got_generation, answer = b.reconcile("r0", states, slots, applied=applied(worker))
+    release = answer.direct
     assert got_generation == generation and not release.states and not len(release.slots)
     _, hit = turn(b, worker, histories[1])
     assert hit > 0
@@ -100,7 +104,7 @@ def test_expired_lease_releases_the_hit_and_a_late_commit_frees_only_orphans(mod
     assert coord.planners["r0"].cache.reserved == 0
     before = tree_of(coord)
     (done,) = run_dispatch(worker, dispatch)  # the replica ran it anyway, late
-    release = coord.commit("r0", done)
+    release = flat(coord.commit("r0", done))
     assert set(release.states) == set(done.state_ids.values())
     assert sorted(release.slots) == sorted(done.kv_slots)
     assert tree_of(coord) == before
@@ -131,14 +135,16 @@ def test_reconcile_resets_a_tree_the_store_cannot_back_and_frees_unknowns(model_
     fresh = make_worker(model_dir)  # a replica that lost everything
     b = CacheCoordinator(make_settings(model_dir), journal=redis_journal(redis_server))
     states, slots = fresh.holdings()
-    new_generation, release = b.reconcile("r0", states, slots)
+    new_generation, answer = b.reconcile("r0", states, slots, applied=applied(worker))
+    release = answer.direct
     assert new_generation != generation
     assert len(b.planners["r0"].cache.tree.iter_nodes()) == 1  # just the root
     assert not release.states
     c = CacheCoordinator(make_settings(model_dir), journal=redis_journal(redis_server))
     assert c.replica_info["r0"].generation == new_generation, "the reset was journalled"
     states, slots = worker.holdings()  # holds the old states, unknown to the reset tree
-    _, release = c.reconcile("r0", states, slots)
+    _, answer = c.reconcile("r0", states, slots, applied=applied(worker))
+    release = answer.direct
     assert sorted(release.states) == sorted(states) and len(release.slots) == len(slots)
 
 
@@ -277,13 +283,15 @@ def test_restart_replays_both_tiers_and_reconciles_them(model_dir, redis_server)
     assert restored.referenced_on_host() == (host_states, host_slots)
     assert restored.bytes_by_tier() == cache.bytes_by_tier()
     states, slots = worker.holdings()
-    got, release = b.reconcile("r0", states, slots, *worker.host_holdings())
+    got, answer = b.reconcile("r0", states, slots, *worker.host_holdings(), applied=applied(worker))
+    release = answer.direct
     assert got == generation and not release.states and not len(release.slots)
 
     c = CacheCoordinator(settings, journal=redis_journal(redis_server))
     one = np.asarray([min(host_slots)], dtype=np.int64)
     worker.release(Release(moves=(Move(False, (), one),)))  # the store moves it back alone
     states, slots = worker.holdings()
-    got, release = c.reconcile("r0", states, slots, *worker.host_holdings())
+    got, answer = c.reconcile("r0", states, slots, *worker.host_holdings(), applied=applied(worker))
+    release = answer.direct
     assert got != generation and len(c.planners["r0"].cache.tree.iter_nodes()) == 1
     assert sorted(release.states) == sorted(states) and len(release.slots) == len(slots)

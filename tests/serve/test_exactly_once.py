@@ -1,17 +1,17 @@
-"""Every state and KV slot a plan evicts is freed exactly once, whoever ends the plan
-(issue 20's bugs 2-4), without Ray: a real `CacheCoordinator` and a real tiny-model
-`Worker` (real state ids and KV slots).
+"""Every state and KV slot the cache lets go of is freed exactly once, and every tier move
+applied once and in the order the cache decided, whoever ends a plan and in whatever
+order the carriers of its release arrive. No Ray: a real `CacheCoordinator`, a real
+tiny-model `Worker` (real ids and tiers) and, where the replica's side matters, the real
+`ModelReplica` methods (`replica_harness`).
 
-A plan's evictions travel with its dispatch. The replica frees them when it starts the
-order; otherwise the coordinator does when the plan ends unstarted (lease expiry,
-abandon, an abort of a dispatch the replica never started). Each test counts every id
-the worker is told to free, and ends with the store holding exactly what the tree
-refers to (nothing leaked).
+Each test ends with the store holding exactly what the tree refers to, in the tier the
+tree says, and nothing refused (a second free of an id is a refusal of the store).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,26 @@ from coordinator_helpers import (
     GREEDY,
     LEASE,
     Clock,
+    applied,
+    apply,
     make_settings,
     make_worker,
     register,
-    run_dispatch,
     sessions,
 )
+from ray.exceptions import ActorUnavailableError
+from replica_harness import Handle, in_step, items, make_replica, refused, run_until_idle, submit
 
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.worker import Worker
-from marconi_ray.protocol.orders import Release, StepInput, StepOutput
+from marconi_ray.protocol.orders import Move, PrefillOrder, Release, TokenEvent
 from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
-from marconi_ray.serve.messages import Dispatch
-from marconi_ray.serve.replica.deployment import ModelReplica
+from marconi_ray.serve.coordinator.stall_watch import StallWatch
+from marconi_ray.serve.ingress.ray_backend import RayBackend
+from marconi_ray.serve.messages import Dispatch, MisroutedDispatch, ReplicaFailed, WrongReplica
+
+EXPIRED = LEASE * (1 + LEASE_GRACE) + 1
 
 
 @pytest.fixture(scope="module")
@@ -42,212 +48,374 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model("tiny", "nemotron_h", tmp_path_factory.mktemp("exactly_once") / "tiny")
 
 
-class Frees:
-    """Frees what the worker is told to, checking first that the store holds each id (a
-    second free of a slot would put it in the free list twice: handed out twice)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.states: list[int] = []
-        self.slots: list[int] = []
-
-    def free(self, release: Release) -> None:
-        held = set(np.asarray(self.worker.store.used_slots()).tolist())
-        self.states += [s for s in release.states if not self.worker.store.has_state(s)]
-        self.slots += [s for s in np.asarray(release.slots).tolist() if s not in held]
-        kv = np.asarray(release.slots).tolist()
-        self.slots += [s for s in set(kv) if kv.count(s) > 1]
-        self.worker.release(release)
-
-    def twice(self) -> tuple[list[int], list[int]]:
-        """State ids and slots freed while not held."""
-        return self.states, self.slots
-
-
-def _evicting_plan(coord: CacheCoordinator, worker: Worker, frees: Frees) -> Dispatch:
-    """Serve new prompts until one's plan evicts something; that dispatch, not run."""
-    rng = np.random.default_rng(11)
-    for _ in range(200):
-        dispatch = coord.plan(rng.integers(7, 263, 40).astype(np.int32), GREEDY)
-        if dispatch.release.states or len(dispatch.release.slots):
-            return dispatch
-        (done,) = run_dispatch(worker, dispatch)
-        frees.free(coord.commit(dispatch.replica_id, done))
-    raise AssertionError("no plan evicted anything")
-
-
-def _run(coord: CacheCoordinator, worker: Worker, frees: Frees, dispatch: Dispatch) -> None:
-    """The replica starts `dispatch` (freeing what it carries), runs and commits it."""
-    frees.free(dispatch.release)
-    worker.start(dispatch.order)
-    while worker.num_running:
-        worker.step()
-    (done,) = worker.take_finished()
-    frees.free(coord.commit(dispatch.replica_id, done))
-
-
-def _no_leak(coord: CacheCoordinator, worker: Worker, frees: Frees) -> None:
-    assert frees.twice() == ([], []), "an id was freed twice"
-    states, slots = worker.holdings()
-    tree_states, tree_slots = coord.planners["r0"].cache.referenced()
-    assert set(states) == tree_states and set(np.asarray(slots).tolist()) == tree_slots
-    coord.check_invariants()
-
-
-def _setup(model_dir: Path, **kw: Any) -> tuple[CacheCoordinator, Worker, Frees, Clock]:
+def _setup(
+    model_dir: Path, tiers: bool = False, **kw: Any
+) -> tuple[CacheCoordinator, Worker, Clock]:
+    """A coordinator (a small device cache; with `tiers` a host tier, LRU placement) and
+    its replica's worker, after a few sessions."""
     clock = Clock()
-    settings = make_settings(model_dir, cache_bytes=1_500_000, **kw)
-    coord = CacheCoordinator(settings, journal=MemoryJournal(), clock=clock)
+    clock.now = time.time()  # replicas compare lease deadlines with their own clock
+    if tiers:
+        probe = make_worker(model_dir).store
+        kw = {
+            "cache_bytes": 2 * (70 * probe.kv_bytes_per_token + 3 * probe.state_bytes),
+            "host_cache_bytes": 10**8,
+            "host_placement": "lru",
+            **kw,
+        }
+    settings = make_settings(model_dir, **{"cache_bytes": 1_500_000, **kw})
+    watch = StallWatch(1.0, 0.25, start=False)
+    coord = CacheCoordinator(settings, journal=MemoryJournal(), clock=clock, stall_watch=watch)
     worker = make_worker(model_dir)
     register(coord, worker)
     sessions(coord, worker, n=3, turns=2)
-    return coord, worker, Frees(worker), clock
+    return coord, worker, clock
 
 
-def test_a_dispatch_that_never_arrives_has_its_evictions_freed_at_lease_expiry(model_dir):
-    """Bug 3: the ingress died (or its client left while re-planning) after the plan: the
-    lease expires, and what planning evicted is queued for the replica's next drain."""
-    coord, worker, frees, clock = _setup(model_dir)
-    dispatch = _evicting_plan(coord, worker, frees)
-    clock.now += LEASE * (1 + LEASE_GRACE) + 1
-    coord.heartbeat("r0", [])
-    drained = coord.drain("r0")
-    assert set(dispatch.release.states) <= set(drained.states)
-    assert set(np.asarray(dispatch.release.slots).tolist()) <= set(drained.slots.tolist())
-    frees.free(drained)
-    _no_leak(coord, worker, frees)
+def _plans(coord: CacheCoordinator, worker: Worker, want: str, n: int = 1) -> list[Dispatch]:
+    """Serve new prompts (planned, run, committed) until `n` plans free (`want` "frees")
+    or move (`want` "moves") something; those dispatches, not run."""
+    rng = np.random.default_rng(11)
+    found: list[Dispatch] = []
+    for _ in range(300):
+        before = coord.state.log_of("r0").last
+        dispatch = coord.plan(rng.integers(7, 263, 40).astype(np.int32), GREEDY)
+        own = dispatch.releases.entries[-1].release if dispatch.needs > before else Release()
+        if (want == "frees" and (own.states or len(own.slots))) or (want == "moves" and own.moves):
+            found.append(dispatch)
+            if len(found) == n:
+                return found
+            continue
+        if found:  # the ones found stay consecutive: this one never starts either
+            coord.abandon(dispatch)
+            continue
+        apply(worker, dispatch.releases)
+        worker.start(dispatch.order)
+        while worker.num_running:
+            worker.step()
+        (done,) = worker.take_finished()
+        apply(worker, coord.commit(dispatch.replica_id, done, applied(worker)))
+    raise AssertionError(f"no plan {want} anything")
 
 
-def test_a_started_request_whose_lease_expires_is_not_freed_twice(model_dir):
-    """The replica started the order (freed what it carried) and said so in a heartbeat;
-    its lease then expires (the replica went quiet): nothing it carried is queued again."""
-    coord, worker, frees, clock = _setup(model_dir)
-    dispatch = _evicting_plan(coord, worker, frees)
-    frees.free(dispatch.release)
-    worker.start(dispatch.order)
-    rid = dispatch.order.request_id
-    coord.heartbeat("r0", [rid], [rid])
-    clock.now += LEASE * (1 + LEASE_GRACE) + 1
-    coord.heartbeat("r0", [])
-    frees.free(coord.drain("r0"))
+def _finish(coord: CacheCoordinator, worker: Worker) -> None:
+    """Apply what is left of the log and check the store against the tree."""
+    apply(worker, coord.drain("r0", applied(worker)))
+    in_step(coord, worker)
+
+
+def _uncached(model_dir: Path, prompt: np.ndarray, max_tokens: int) -> list[int]:
+    """Greedy tokens of `prompt` on a fresh worker, no cache."""
+    worker = make_worker(model_dir)
+    params = GREEDY.__class__(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    worker.start(PrefillOrder(1, prompt, params, max_tokens))
     while worker.num_running:
         worker.step()
     (done,) = worker.take_finished()
-    frees.free(coord.commit("r0", done))  # an orphan commit now: frees what it stored
-    _no_leak(coord, worker, frees)
+    return list(done.tokens)
+
+
+# ------------------------------------------------------------------ plans ended unstarted
+def test_a_dispatch_that_never_arrives_has_its_evictions_freed_at_lease_expiry(model_dir):
+    """The ingress died after the plan: the lease expires and the plan's evictions reach
+    the store with the log (the next drain), once."""
+    coord, worker, clock = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
+    clock.now += EXPIRED
+    coord.heartbeat("r0", [], applied(worker))
+    drained = coord.drain("r0", applied(worker))
+    assert dispatch.releases.entries[-1] in drained.entries
+    _finish(coord, worker)
+
+
+def test_a_started_request_whose_lease_expires_is_not_freed_twice(model_dir):
+    """The replica started the order (applying its entries); its lease then expires (the
+    replica went quiet): the late commit frees only what the request stored, once."""
+    coord, worker, clock = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
+    apply(worker, dispatch.releases)
+    worker.start(dispatch.order)
+    clock.now += EXPIRED
+    coord.heartbeat("r0", [], applied(worker))
+    apply(worker, coord.drain("r0", applied(worker)))
+    while worker.num_running:
+        worker.step()
+    (done,) = worker.take_finished()
+    apply(worker, coord.commit("r0", done, applied(worker)))  # an orphan commit now
+    _finish(coord, worker)
 
 
 def test_abandon_after_expiry_and_a_repeated_abandon_free_nothing_twice(model_dir):
-    """The lease expired (its evictions queued), then the ingress abandons the same
-    dispatch twice: each id is freed once."""
-    coord, worker, frees, clock = _setup(model_dir)
-    dispatch = _evicting_plan(coord, worker, frees)
-    clock.now += LEASE * (1 + LEASE_GRACE) + 1
-    coord.heartbeat("r0", [])
+    coord, worker, clock = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
+    clock.now += EXPIRED
+    coord.heartbeat("r0", [], applied(worker))
     coord.abandon(dispatch)
     coord.abandon(dispatch)
-    frees.free(coord.drain("r0"))
-    _no_leak(coord, worker, frees)
+    _finish(coord, worker)
 
 
-def test_reconcile_after_a_restart_skips_what_an_abandon_queued(model_dir):
-    """Bug 2: a coordinator restart, then an abandon queues a dispatch's evictions, then
-    the replica reconciles: reconcile does not free them too (the drain does, once)."""
-    coord, worker, frees, _ = _setup(model_dir)
-    dispatch = _evicting_plan(coord, worker, frees)
+def test_reconcile_after_a_restart_keeps_what_the_log_still_frees(model_dir):
+    """A coordinator restart, then an abandon, then the replica reconciles: reconcile does
+    not free what the log frees (the log does, once)."""
+    coord, worker, _ = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
     restarted = CacheCoordinator(coord.settings, journal=coord.journal, clock=coord.clock)
     restarted.abandon(dispatch)
     states, slots = worker.holdings()
-    _, release = restarted.reconcile("r0", states, slots)
-    frees.free(release)
-    frees.free(restarted.drain("r0"))
-    _no_leak(restarted, worker, frees)
+    _, answer = restarted.reconcile("r0", states, slots, applied=applied(worker))
+    assert not set(answer.direct.states) & set(dispatch.releases.entries[-1].release.states)
+    apply(worker, answer)
+    _finish(restarted, worker)
 
 
-def test_reconcile_after_a_restart_leaves_what_an_open_dispatch_carries(model_dir):
+def test_a_dispatch_planned_before_a_restart_starts_after_the_reconcile(model_dir):
     """A dispatch planned before a coordinator restart arrives after the replica
-    reconciled: what it carries was not freed by the reconcile, the replica frees it
-    when it starts the order (once), and the request commits."""
-    coord, worker, frees, _ = _setup(model_dir)
-    dispatch = _evicting_plan(coord, worker, frees)
+    reconciled: what it frees was left to it, it brings it, and the request commits."""
+    coord, worker, _ = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
     restarted = CacheCoordinator(coord.settings, journal=coord.journal, clock=coord.clock)
     states, slots = worker.holdings()
-    _, release = restarted.reconcile("r0", states, slots)
-    assert not set(release.states) & set(dispatch.release.states)
-    frees.free(release)
-    _run(restarted, worker, frees, dispatch)
-    _no_leak(restarted, worker, frees)
+    _, answer = restarted.reconcile("r0", states, slots, applied=applied(worker))
+    apply(worker, answer)
+    apply(worker, dispatch.releases)
+    worker.start(dispatch.order)
+    while worker.num_running:
+        worker.step()
+    (done,) = worker.take_finished()
+    apply(worker, restarted.commit("r0", done, applied(worker)))
+    _finish(restarted, worker)
 
 
-class _Remote:
-    """`obj.method.remote(*args, **kw)` -> awaitable, as a Ray actor method is called."""
+# ------------------------------------------------------------------ the issue's findings
+def test_an_ingress_fault_on_a_started_request_frees_nothing_twice_and_answers_right(model_dir):
+    """Finding 1: the channel broke (`ActorUnavailableError`) after the replica started
+    the order. The ingress used to abandon the plan at once, so what the dispatch carried
+    was freed again; now it asks the replica, which stops the request and commits it. The
+    next turn of the session, cached, answers as an uncached run does."""
+    coord, worker, _ = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
+    replica = make_replica(coord, worker)
+    backend = RayBackend(Handle(coord), Handle(replica))  # type: ignore[arg-type]
 
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
+    async def main() -> list[int]:
+        assert await submit(replica, dispatch) == [None]
+        await replica._step()  # it starts: its entries are applied
+        await backend.settle_failed(dispatch, ActorUnavailableError("gone", b"\x00" * 16))
+        await run_until_idle(replica)
+        return [e.token for e in items(replica, rid) if isinstance(e, TokenEvent)]
 
-    def remote(self, *args: Any, **kw: Any) -> Any:
-        async def call() -> Any:
-            return self.fn(*args, **kw)
-
-        return call()
-
-
-class _CoordinatorHandle:
-    """The real in-process coordinator behind actor-style method handles."""
-
-    def __init__(self, coord: CacheCoordinator) -> None:
-        self.coord = coord
-
-    def __getattr__(self, name: str) -> _Remote:
-        return _Remote(getattr(self.coord, name))
-
-
-class _WorkerShards:
-    """The real worker as a tp-1 shard group (the `ShardGroup` calls `_fail_all` makes)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.names: list[str] = []
-
-    async def advance(self, step: StepInput) -> StepOutput:
-        return self.worker.advance(step)
-
-    async def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.worker, method)(*args)
-
-
-def _replica(coord: CacheCoordinator, worker: Worker) -> ModelReplica:
-    replica = object.__new__(ModelReplica)
-    replica.replica_id = "r0"
-    replica.settings = coord.settings
-    replica.generation = coord.replica_info["r0"].generation
-    replica.shards = _WorkerShards(worker)  # type: ignore[assignment]
-    replica.coordinator = _CoordinatorHandle(coord)
-    replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
-    replica._known, replica._cancels, replica._release = {}, set(), Release()
-    return replica
-
-
-def test_a_failed_step_takes_queued_dispatches_out_of_the_queue(model_dir):
-    """Bug 4: `_fail_all` aborted the queued dispatches' plans but left them queued, so
-    they started anyway (on a hit whose lock was released). Now they leave the queue,
-    never start, and what they carried comes back from the abort and is freed once."""
-    coord, worker, frees, _ = _setup(model_dir)
-    dispatch = _evicting_plan(coord, worker, frees)
-    replica = _replica(coord, worker)
     rid = dispatch.order.request_id
-    replica._pending.append(dispatch)
-    replica._orders[rid] = dispatch
-    replica._queues[rid] = asyncio.Queue()
+    output = asyncio.run(main())
+    assert refused(replica) == [] and not coord.state.is_planned("r0", dispatch.order.request_id)
+    in_step(coord, worker)
+    turn = np.asarray([*output, 30, 31, 32, 33], dtype=np.int32)
+    follow = np.concatenate([dispatch.order.prompt, turn])
+    again = coord.plan(follow, GREEDY)
+    assert again.order.hit_len > len(dispatch.order.prompt)  # its own last state
+    apply(worker, again.releases)
+    worker.start(again.order)
+    while worker.num_running:
+        worker.step()
+    (done,) = worker.take_finished()
+    assert list(done.tokens) == _uncached(model_dir, follow, GREEDY.max_tokens)
 
-    async def fail_then_step() -> None:
-        await replica._fail_all(RuntimeError("a step failed"))
-        assert replica._pending == [] and rid not in replica._orders
-        step = StepInput(replica._take_release(), replica._admit())
-        assert step.start == (), "an aborted dispatch started"
-        frees.free(step.release)
-        worker.advance(StepInput())
 
-    asyncio.run(fail_then_step())
-    assert worker.num_running == 0 and not coord.state.is_planned("r0", rid)
-    _no_leak(coord, worker, frees)
+def test_a_release_that_only_moves_reaches_the_store_when_its_plan_ends_unstarted(model_dir):
+    """Finding 2: a plan whose release only promotes or demotes, abandoned unstarted: the
+    moves reach the store (with the log) and the tiers agree."""
+    coord, worker, _ = _setup(model_dir, tiers=True)
+    (dispatch,) = _plans(coord, worker, "moves")
+    coord.abandon(dispatch)
+    _finish(coord, worker)
+    assert coord.planners["r0"].cache.referenced_on_host() != (set(), set())
+
+
+def test_moves_apply_in_the_cache_order_whatever_order_the_dispatches_arrive_in(model_dir):
+    """Finding 3: several plans that move ids; the later ones reach the replica first,
+    the first never does (abandoned). Every move is applied once, in the cache's order:
+    nothing is refused and the tiers agree."""
+    coord, worker, _ = _setup(model_dir, tiers=True)
+    dispatches = _plans(coord, worker, "moves", n=3)
+    replica = make_replica(coord, worker)
+
+    async def main() -> None:
+        coord.abandon(dispatches[0])
+        for dispatch in reversed(dispatches[1:]):
+            assert await submit(replica, dispatch) == [None]
+            await replica._step()
+        await run_until_idle(replica)
+
+    asyncio.run(main())
+    assert refused(replica) == []
+    in_step(coord, worker)
+
+
+def test_an_order_starts_after_its_own_release(model_dir):
+    """Finding 4: the step that starts an order applies that order's release first, so
+    evicted ids leave the store in that step and a moved hit is where the tree says."""
+    coord, worker, _ = _setup(model_dir, tiers=True)
+    (dispatch,) = _plans(coord, worker, "moves")
+    replica = make_replica(coord, worker)
+    release = dispatch.releases.entries[-1].release
+
+    async def main() -> None:
+        await submit(replica, dispatch)
+        await replica._step()  # starts it
+        states, _ = worker.holdings()
+        assert not set(release.states) & set(states), "evicted ids kept a step too long"
+        for move in release.moves:
+            on_host = set(worker.store.host_slot_ids().tolist())
+            ids = set(np.asarray(move.slots).tolist())
+            assert ids <= on_host if move.to_host else not ids & on_host
+        await run_until_idle(replica)
+
+    asyncio.run(main())
+    assert refused(replica) == []
+    in_step(coord, worker)
+
+
+def test_a_stop_for_a_queued_request_is_kept_and_it_never_runs(model_dir):
+    """Finding 5: the client of a dispatch queued behind the token budget leaves: it
+    leaves the queue, never starts, and its plan is aborted by the replica."""
+    coord, worker, _ = _setup(model_dir, max_batch_tokens=40)
+    rng = np.random.default_rng(5)
+    first, second = (coord.plan(rng.integers(7, 263, 40).astype(np.int32), GREEDY) for _ in "ab")
+    replica = make_replica(coord, worker)
+    rid = second.order.request_id
+
+    async def main() -> None:
+        await submit(replica, first, second)
+        await replica._step()  # the budget admits the first only
+        assert [d.order.request_id for d in replica._pending] == [rid]
+        assert await replica.settle(second) == "stopped"
+        await run_until_idle(replica)
+        assert isinstance(items(replica, rid)[-1], ReplicaFailed)
+
+    asyncio.run(main())
+    assert not coord.state.is_planned("r0", rid) and not coord.leases.deadline(rid)
+    assert rid not in worker.running_ids() and refused(replica) == []
+    in_step(coord, worker)
+
+
+def test_a_stale_dispatch_is_released_by_the_replica_that_refuses_it(model_dir):
+    """A dispatch that reaches its replica past its lease is refused there, and that
+    replica (which knows it never started) aborts its plan: the ingress guesses nothing."""
+    coord, worker, _ = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
+    replica = make_replica(coord, worker)
+    stale = Dispatch(
+        dispatch.replica_id,
+        dispatch.order,
+        dispatch.releases,
+        dispatch.generation,
+        0.0,
+        dispatch.needs,
+    )
+
+    async def main() -> None:
+        await submit(replica, stale)
+        await run_until_idle(replica)
+        assert isinstance(items(replica, stale.order.request_id)[-1], MisroutedDispatch)
+
+    asyncio.run(main())
+    assert not coord.state.is_planned("r0", dispatch.order.request_id)
+    assert refused(replica) == []
+    in_step(coord, worker)
+
+
+def test_a_replan_whose_client_leaves_is_abandoned(model_dir):
+    """Finding 8: the client leaves while its request is being planned again: the plan
+    made meanwhile is abandoned (nobody sent it), not held until its lease expires."""
+    coord, worker, _ = _setup(model_dir)
+    backend = RayBackend(Handle(coord), Handle(None))  # type: ignore[arg-type]
+    prompt = np.arange(7, 47, dtype=np.int32)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(backend.plan_shielded(prompt, GREEDY, 0.0))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(20):  # the plan completes, then its abandon runs
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert len(coord.leases) == 0 and coord.planners["r0"].open_requests == 0
+    _finish(coord, worker)
+
+
+def test_a_call_for_another_replica_is_refused_as_such_and_its_plan_abandoned(model_dir):
+    """Finding 11: a pinned call that reaches the wrong replica is answered with a
+    refusal (`WrongReplica`, "misrouted"), not an error, and counted; the ingress then
+    abandons the plan (its replica never received it)."""
+    coord, worker, _ = _setup(model_dir)
+    (dispatch,) = _plans(coord, worker, "frees")
+    other = make_worker(model_dir)
+    register(coord, other, "r1")
+    wrong = make_replica(coord, other, "r1")
+    backend = RayBackend(Handle(coord), Handle(wrong))  # type: ignore[arg-type]
+
+    async def main() -> None:
+        (answer,) = await submit_to(wrong, dispatch)
+        assert isinstance(answer, WrongReplica)
+        assert await wrong.settle_many(settlements(dispatch)) == ["misrouted"]
+        await backend.settle_failed(dispatch, answer)
+
+    asyncio.run(main())
+    assert wrong.misrouted == 2 and not coord.state.is_planned("r0", dispatch.order.request_id)
+    _finish(coord, worker)
+
+
+def submit_to(replica: Any, dispatch: Dispatch) -> Any:
+    from marconi_ray.serve.messages import Submissions
+
+    return replica.submit_many(Submissions(dispatch.replica_id, "c", (dispatch,), (True,)))
+
+
+def settlements(dispatch: Dispatch) -> Any:
+    from marconi_ray.serve.messages import Settlements
+
+    return Settlements(dispatch.replica_id, (dispatch,))
+
+
+def test_a_refused_release_keeps_its_valid_frees_and_the_replica_reconciles(model_dir):
+    """A release whose moves the store refuses (here: a slot already on the device) still
+    frees what it frees; the replica logs and counts it, reconciles at once (tiers
+    included) and the count reaches the coordinator's stats (`/metrics`)."""
+    coord, worker, _ = _setup(model_dir, tiers=True)
+    replica = make_replica(coord, worker)
+    on_device = np.setdiff1d(worker.store.used_slots(), worker.store.host_slot_ids())[:1]
+    spare = worker.store.alloc_slots(2)  # held by nobody the cache knows
+    replica._release = Release(slots=spare, moves=(Move(False, (), on_device),))
+
+    async def main() -> None:
+        await replica._drain()
+        assert replica._reconcile_due
+        assert not set(spare.tolist()) & set(worker.store.used_slots().tolist())
+        await replica._reconcile()
+
+    asyncio.run(main())
+    assert len(refused(replica)) == 1 and "already on" in refused(replica)[0]
+    assert coord.stats()[0].refused_releases == 1
+    in_step(coord, worker)
+
+
+# ------------------------------------------------------------------ a paused coordinator
+def test_a_paused_coordinator_drops_no_replica_whose_beats_waited_in_its_queue(model_dir):
+    """Finding 10: the coordinator stood still for longer than a lease; the first call it
+    serves after is one replica's heartbeat. The other replica, whose heartbeat still
+    waits in the queue, is not dropped, nor any lease expired; silence is then judged
+    from the resume on."""
+    coord, worker, clock = _setup(model_dir)
+    register(coord, make_worker(model_dir), "r1")
+    dispatch = coord.plan(np.arange(7, 47, dtype=np.int32), GREEDY)
+    rid = dispatch.order.request_id
+    clock.now += 3 * LEASE  # the pause, on the wall clock ...
+    coord.stall_watch.tick(coord.stall_watch._last + 3 * LEASE)  # ... seen by its thread
+    coord.heartbeat("r0", [], applied(worker))
+    assert set(coord.planners) == {"r0", "r1"} and coord.state.is_planned(dispatch.replica_id, rid)
+    assert coord.stall_watch.stalls == 1
+    clock.now += LEASE + 1  # r1 stays silent after the resume: now it is dropped
+    coord.heartbeat("r0", [], applied(worker))
+    assert set(coord.planners) == {"r0"}

@@ -1,8 +1,8 @@
 """`GuardedStream` (no Ray cluster): a replica lost with its node (an actor error, Serve's
 replica-unavailable error, a dead node) mid-stream makes the request continue on another
-dispatch with the tokens streamed so far, and the coordinator is told so it drops the
-silent replica; after `MAX_ATTEMPTS` dispatches the request fails with
-`ReplicaUnavailable`."""
+dispatch with the tokens streamed so far, the old dispatch is settled at its replica
+(never abandoned on a guess), and the coordinator is told so it drops the silent
+replica; after `MAX_ATTEMPTS` dispatches the request fails with `ReplicaUnavailable`."""
 
 from __future__ import annotations
 
@@ -82,6 +82,12 @@ class Backend:
         self.plans.append((prompt, params.max_tokens))
         return _dispatch("b", prompt, params.max_tokens)
 
+    async def plan_shielded(self, prompt: np.ndarray, params: SamplingParams, _: float) -> Dispatch:
+        return await self.plan(prompt, params, _)
+
+    async def settle_failed(self, dispatch: Dispatch, cause: BaseException) -> None:
+        self.coordinator.calls.append(("settle", dispatch))
+
     def stream(self, dispatch: Dispatch, _: bool = True) -> Stream:
         if self.b_fails:
             return Stream(7, [], self.error)
@@ -103,7 +109,9 @@ def test_a_lost_replica_mid_stream_continues_elsewhere(error: BaseException) -> 
     ((prompt, max_new),) = backend.plans
     assert prompt.tolist() == [0, 1, 2, 3, 4, 10, 20] and max_new == 2  # the continuation
     assert done.usage.prompt_tokens == 5 and done.usage.completion_tokens == 4
-    assert ("abandon", first) in backend.coordinator.calls
+    # the replica may be alive and may have started it: its word is asked, no guess made
+    assert ("settle", first) in backend.coordinator.calls
+    assert ("abandon", first) not in backend.coordinator.calls
     assert ("report_unreachable", "a") in backend.coordinator.calls
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from coordinator_helpers import LEASE, Clock, make_settings, make_worker, register
+from coordinator_helpers import LEASE, Clock, applied, make_settings, make_worker, register
 from fastapi.testclient import TestClient
 
 from marconi_ray.engine.engine import Engine
@@ -42,7 +42,7 @@ def test_restored_and_silent_replicas_are_not_counted(model_dir: Path) -> None:
     assert (again.health()["replicas"], again.health()["registered"]) == (0, 2)
     assert again.heartbeat("r0", [])[0] == "reconcile"
     states, slots = worker.holdings()
-    again.reconcile("r0", states, slots)
+    again.reconcile("r0", states, slots, applied=applied(worker))
     assert again.health()["replicas"] == 1
     clock.now += LEASE + 1  # r0 goes silent for a lease: it no longer counts
     assert again.health()["replicas"] == 0

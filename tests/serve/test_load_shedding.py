@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from coordinator_helpers import GREEDY, make_settings, make_worker, register, run_dispatch
+from coordinator_helpers import GREEDY, apply, make_settings, make_worker, register, run_dispatch
 from fastapi.testclient import TestClient
 
 from marconi_ray.engine.engine import Engine
@@ -52,7 +52,7 @@ def test_a_full_replica_set_sheds_before_planning(model_dir: Path) -> None:
     shed = coord.plan_many([(prompts[3], GREEDY, 0.0)])
     assert isinstance(shed[0], Overloaded)
     (done,) = run_dispatch(worker, held[0])
-    worker.release(coord.commit(held[0].replica_id, done))
+    apply(worker, coord.commit(held[0].replica_id, done))
     assert coord.plan(prompts[3], GREEDY).order.prompt.shape == (30,)  # room again
     unlimited = make_settings(model_dir, max_batch=2, max_queued_requests=-1)
     free = CacheCoordinator(unlimited, journal=MemoryJournal())
@@ -79,9 +79,9 @@ def test_a_shed_request_gets_429_with_retry_after(model_dir: Path) -> None:
 
 def _replica(lease_s: float = 30.0) -> ModelReplica:
     replica = object.__new__(ModelReplica)
-    replica.replica_id, replica.generation = "r0", 0
+    replica.replica_id = "r0"
     replica.settings = ServeSettings(model_dir="unused", model_name="tiny", lease_s=lease_s)
-    replica._known, replica._orders = {}, {}
+    replica.init_loop(0)
     return replica
 
 

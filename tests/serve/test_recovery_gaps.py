@@ -14,6 +14,9 @@ import pytest
 from coordinator_helpers import (
     GREEDY,
     PREFIX,
+    applied,
+    apply,
+    flat,
     make_settings,
     make_worker,
     redis_journal,
@@ -91,10 +94,11 @@ def test_replay_gap_is_named_trees_are_reset_and_a_snapshot_follows(
     assert health["state"] == "ok" and health["last_snapshot_age_s"] is not None
     # the replica frees everything it holds: no tree claims it
     states, slots = worker.holdings()
-    got, release = b.reconcile("r0", states, slots)
+    got, answer = b.reconcile("r0", states, slots, applied=applied(worker))
+    release = flat(answer)
     assert got == new_generation
     assert sorted(release.states) == sorted(states) and len(release.slots) == len(slots)
-    worker.release(release)
+    apply(worker, answer)
     _, hit = turn(b, worker, histories[0])
     assert hit == 0 and b.check_invariants() > 0
     c = CacheCoordinator(make_settings(model_dir), journal=redis_journal(redis_server))

@@ -23,11 +23,11 @@ from serve_helpers import read_tokens
 from marconi_ray.protocol.orders import (
     Finished,
     PrefillOrder,
-    Release,
     StepInput,
     StepOutput,
     TokenEvent,
 )
+from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress import ray_backend, replica_channel
@@ -87,12 +87,14 @@ class CountingShards:
                 finished.append(_finished(rid, max_new, "length"))
         return StepOutput(events=tuple(events), finished=tuple(finished))
 
-    async def call(self, method: str, *args: Any) -> None:
+    async def call(self, method: str, *args: Any) -> Any:
         if method == "cancel":
             self.running.pop(args[0], None)
+        return [] if method == "release" else None  # nothing refused
 
-    async def rank0(self, method: str, *args: Any) -> None:
-        return None
+    async def rank0(self, method: str, *args: Any) -> Any:
+        empty = np.empty(0, np.int64)
+        return ([], empty, [], empty) if method == "holdings" else None
 
     async def alive(self) -> bool:
         return True
@@ -109,6 +111,7 @@ class Coordinator:
         self.ids = itertools.count(1000)
         self.plans: list[tuple[list[int], int]] = []
         self.abandoned: list[int] = []
+        self.aborted: list[int] = []
         self.committed: list[tuple[int, str]] = []
         self.plan_many = _Call(self._plan_many)
         self.abandon = _Call(self._abandon)
@@ -117,6 +120,7 @@ class Coordinator:
         self.commit_many = _Call(self._commit_many)
         self.drain = _Call(self._release)
         self.heartbeat = _Call(self._heartbeat)
+        self.reconcile = _Call(self._reconcile)
 
     async def _plan_many(self, batch: list[tuple[Any, SamplingParams, float]]) -> list[Dispatch]:
         out = []
@@ -131,21 +135,27 @@ class Coordinator:
     async def _abandon(self, dispatch: Dispatch) -> None:
         self.abandoned.append(dispatch.order.request_id)
 
-    async def _abort(self, replica_id: str, rid: int, started: bool) -> Release:
-        return Release()
+    async def _abort(self, replica_id: str, rid: int, applied: int = 0) -> Releases:
+        self.aborted.append(rid)
+        return Releases()
 
     async def _nothing(self, *args: Any) -> None:
         return None
 
-    async def _commit_many(self, replica_id: str, finished: list[Finished]) -> Release:
+    async def _commit_many(
+        self, replica_id: str, finished: list[Finished], applied: int = 0
+    ) -> Releases:
         self.committed += [(f.request_id, f.finish_reason) for f in finished]
-        return Release()
+        return Releases()
 
-    async def _release(self, *args: Any) -> Release:
-        return Release()
+    async def _release(self, *args: Any) -> Releases:
+        return Releases()
 
     async def _heartbeat(self, *args: Any) -> tuple[str, int]:
         return "ok", 0
+
+    async def _reconcile(self, *args: Any) -> tuple[int, Releases]:
+        return 0, Releases()
 
 
 class Handle:
@@ -205,16 +215,9 @@ def _replica(coordinator: Coordinator, shards: CountingShards) -> ModelReplica:
     replica = object.__new__(ModelReplica)
     replica.replica_id = "r0"
     replica.settings = ServeSettings(model_dir="unused", model_name="tiny", heartbeat_s=60.0)
-    replica.generation = 0
-    replica._reconcile_due, replica._rebuild_due, replica._beat_task = False, False, None
     replica.shards = shards
     replica.coordinator = coordinator
-    replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
-    replica._outboxes = {}
-    replica._known = {}
-    replica._cancels, replica._release = set(), Release()
-    replica._wake = asyncio.Event()
-    replica._loop_task = None
+    replica.init_loop(0)
     return replica
 
 
@@ -307,7 +310,9 @@ def test_a_shard_lost_mid_stream_resumes_every_request_with_its_tokens() -> None
             (k,) = [20 - n for p, n in coordinator.plans if p[:3] == [7, 8, i] and n < 20]
             assert k >= 2 and tokens == [*range(100, 100 + k), *range(100, 120 - k)]
             assert ([7, 8, i, *tokens[:k]], 20 - k) in coordinator.plans
-        assert sorted(coordinator.abandoned) == [1000, 1001, 1002]
+        # the replica that failed them aborted their plans: the ingress guessed nothing
+        assert sorted(coordinator.aborted) == [1000, 1001, 1002]
+        assert coordinator.abandoned == []
         _stop(replica)
 
     asyncio.run(main())
@@ -322,9 +327,11 @@ def test_a_broken_channel_fails_over_to_a_new_one_and_settles_the_old_requests()
             assert len(tokens) == 30 and done.usage.completion_tokens == 30
             assert done.usage.prompt_tokens == 2
         assert handle.subscriptions == 2 and all(s.attempts == 2 for s in streams)
-        assert sorted(coordinator.abandoned) == [1000, 1001, 1002, 1003]
-        # the first channel's requests were stopped at the replica, not left running
+        # the first channel's requests were stopped at the replica, not left running; the
+        # replica said so (they ran), so their plans end in commits, none abandoned
         assert sorted(shards.stopped) == [1000, 1001, 1002, 1003]
+        assert coordinator.abandoned == []
+        assert {rid for rid, _ in coordinator.committed} >= {1000, 1001, 1002, 1003}
         assert not replica._orders and not shards.running
         assert len(replica._outboxes) == 1  # the broken channel's outbox is gone
         _stop(replica)

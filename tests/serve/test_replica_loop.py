@@ -18,11 +18,11 @@ import pytest
 from marconi_ray.protocol.orders import (
     Finished,
     PrefillOrder,
-    Release,
     StepInput,
     StepOutput,
     TokenEvent,
 )
+from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Completed, Dispatch, MisroutedDispatch
@@ -80,14 +80,16 @@ class GatedCoordinator:
     async def _abandon(self, dispatch: Dispatch) -> None:
         self.abandoned.append(dispatch.order.request_id)
 
-    async def _drain(self, replica_id: str) -> Release:
+    async def _drain(self, replica_id: str, applied: int = 0) -> Releases:
         self.draining.set()
         await self.gate.wait()
-        return Release()
+        return Releases()
 
-    async def _commit_many(self, replica_id: str, finished: list[Finished]) -> Release:
+    async def _commit_many(
+        self, replica_id: str, finished: list[Finished], applied: int = 0
+    ) -> Releases:
         self.commit_contexts.append(REQUEST.get())
-        return Release()
+        return Releases()
 
     async def _heartbeat(
         self, replica_id: str, live: list[int], started: list[int] | None = None
@@ -105,15 +107,9 @@ def _replica(coordinator: GatedCoordinator) -> ModelReplica:
     replica = object.__new__(ModelReplica)
     replica.replica_id = "r0"
     replica.settings = ServeSettings(model_dir="unused", model_name="tiny", heartbeat_s=60.0)
-    replica.generation = 0
-    replica._reconcile_due, replica._rebuild_due, replica._beat_task = False, False, None
     replica.shards = OneTokenShards()
     replica.coordinator = coordinator
-    replica._pending, replica._stops, replica._queues, replica._orders = [], set(), {}, {}
-    replica._known = {}
-    replica._cancels, replica._release = set(), Release()
-    replica._wake = asyncio.Event()
-    replica._loop_task = None
+    replica.init_loop(0)
     return replica
 
 

@@ -11,7 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
-from coordinator_helpers import GREEDY, Clock, make_settings, make_worker, register, run_dispatch
+from coordinator_helpers import (
+    GREEDY,
+    Clock,
+    applied,
+    apply,
+    flat,
+    make_settings,
+    make_worker,
+    register,
+    run_dispatch,
+)
 from serve_helpers import local_ray
 
 from marconi_ray.core.tuner import run_grid
@@ -54,10 +64,11 @@ def test_a_missing_tuner_leaves_the_commit_whole_and_the_job_is_sent_again(model
         for _ in range(300):  # until a commit completes the window (no tuner actor yet)
             dispatch = coord.plan(rng.integers(7, 263, 40).astype(np.int32), GREEDY)
             (done,) = run_dispatch(worker, dispatch)
-            release = coord.commit("r0", done)
+            answer = coord.commit("r0", done, applied(worker))
+            release = flat(answer)
             if planner.tuner.pending:
                 break
-            worker.release(release)
+            apply(worker, answer)
         else:
             raise AssertionError("the tuning window never completed")
         # the commit that handed the job over was applied, not turned into an abort
@@ -65,7 +76,7 @@ def test_a_missing_tuner_leaves_the_commit_whole_and_the_job_is_sent_again(model
         assert set(done.state_ids.values()) & tree_states, "the commit cached nothing"
         assert not set(release.states) & tree_states
         assert not set(np.asarray(release.slots).tolist()) & tree_slots
-        worker.release(release)
+        apply(worker, answer)
         states, slots = worker.holdings()
         assert set(states) == tree_states and set(np.asarray(slots).tolist()) == tree_slots
         assert coord.heartbeat("r0", [])[0] == "ok"  # no tuner yet: sent again later

@@ -20,20 +20,27 @@ anything the store lacks is reset (with a new generation), and anything the stor
 that no tree refers to is freed (less what is already due to be freed once: see
 `reconcile`).
 
-Exactly once: every state id and KV slot the cache lets go of is freed once. What a
-plan evicts travels with its dispatch and is freed by the replica when it starts the
-order, or by the coordinator when the plan ends unstarted (`carried` in
-`serve.coordinator.cache_state`; replicas report started orders in heartbeats and
-aborts). The tuner hand-off never touches the commit it follows: a job that could not
-be sent, or whose result has not come back within `tuner.retry_s`, is sent again
-(`resend_jobs`), and a result is adopted once.
+Exactly once: every state id and KV slot the cache lets go of is freed once, and every
+tier move applied once, in the order the cache decided. Each journalled operation's
+release goes to its replica's release log (`protocol.release_log`); every answer to the
+replica (a dispatch, a commit, an abort, a drain, a reconcile) carries the entries the
+replica has not acknowledged, and the replica applies each once, in seq order. A plan's
+evictions are in the log whatever becomes of its dispatch, so an abandon, a lease
+expiry or an abort never has to know whether the replica started the order. The tuner
+hand-off never touches the commit it follows: a job that could not be sent, or whose
+result has not come back within `tuner.retry_s`, is sent again (`resend_jobs`), and a
+result is adopted once.
 
 Leases: a plan holds its hit until `deadline = now + lease_s`. Heartbeats renew the
 leases of the requests a replica runs; a lease past its deadline (plus a grace for clock
 skew) is aborted, so a request whose replica or ingress died never pins states forever.
 Replicas refuse dispatches past their deadline or of an old generation
 (`MisroutedDispatch`), so a request is never started on a hit that was released.
-A replica silent for `lease_s` is unregistered with its cache.
+A replica silent for `lease_s` is unregistered with its cache. Silence and leases are
+judged by what the coordinator could have heard: after a stall of its own process (a
+pause, a frozen VM: `serve.coordinator.stall_watch`), every replica counts as heard from
+and every lease as renewed at the moment it resumed, so heartbeats that waited in its
+queue are not taken for silence.
 
 Routing (`route`): among confirmed replicas, the deployment's strategy (`serve.coordinator.routing`,
 `settings.routing`) picks one from each replica's usable hit, the FLOPs it saves and its
@@ -45,6 +52,7 @@ Expired leases and silent replicas come off deadline heaps, not a scan of all of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -61,6 +69,7 @@ from marconi_ray.protocol.model_files import DTYPE_BYTES, read_config_json
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Release
 from marconi_ray.protocol.planner import Planner
+from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.coordinator.cache_state import CacheState, Planned, ReplicaInfo
 from marconi_ray.serve.coordinator.journal import (
@@ -73,6 +82,7 @@ from marconi_ray.serve.coordinator.leases import LeaseTable
 from marconi_ray.serve.coordinator.recovery import recover
 from marconi_ray.serve.coordinator.replica_choice import choose_replica
 from marconi_ray.serve.coordinator.routing import make_router
+from marconi_ray.serve.coordinator.stall_watch import StallWatch
 from marconi_ray.serve.coordinator.tier_check import tier_mismatch
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
@@ -92,6 +102,8 @@ class CacheCoordinator:
         settings: the deployment's settings (`redis_url`, `lease_s`, `snapshot_every`...).
         journal: where records go; default `open_journal(settings.redis_url, ...)`.
         clock: wall-clock seconds (deadlines are compared on replicas too).
+        stall_watch: notices stalls of this process; default: one whose thread ticks
+            every quarter heartbeat and takes a gap of a heartbeat interval for a stall.
     """
 
     def __init__(
@@ -99,8 +111,11 @@ class CacheCoordinator:
         settings: ServeSettings,
         journal: Journal | None = None,
         clock: Callable[[], float] = time.time,
+        stall_watch: StallWatch | None = None,
     ) -> None:
         self.settings = settings
+        beat = settings.heartbeat_s
+        self.stall_watch = stall_watch or StallWatch(beat, beat / 4)
         arch = parse_hf_config(read_config_json(settings.local_model_dir()))
         spec = spec_from_architecture(arch, DTYPE_BYTES[settings.dtype])
         self.clock = clock
@@ -111,7 +126,8 @@ class CacheCoordinator:
         self._jobs: dict[str, float] = {}
         """Replica -> when its pending tuning job was last sent to the tuner actor (0.0:
         not sent yet, or the send failed); see `resend_jobs`."""
-        self._queued: dict[str, Release] = {}
+        self.refusals: dict[str, int] = {}
+        """Replica -> releases its store refused (reported when it reconciles)."""
         self._store_figures: dict[str, dict[str, float]] = {}
         """Replica -> its store's tier figures from its last heartbeat that carried them
         (for `/metrics`; not journalled: the next heartbeat brings them again)."""
@@ -181,7 +197,6 @@ class CacheCoordinator:
     def unregister_replica(self, replica_id: str) -> None:
         """Forget a replica and its cache (its tensors died with it, or are reset)."""
         if replica_id in self.planners:
-            self._queued.pop(replica_id, None)
             self._store_figures.pop(replica_id, None)
             self._do(Unregister(replica_id))
 
@@ -192,13 +207,12 @@ class CacheCoordinator:
         self,
         replica_id: str,
         live: list[int],
-        started: list[int] | None = None,
+        applied: int = 0,
         store: dict[str, float] | None = None,
     ) -> tuple[str, int]:
         """A replica is alive and runs (or queues) the requests `live`: renew their
-        leases. `started`: those of them whose orders it started (it freed what their
-        dispatches carried, see `serve.coordinator.cache_state`). `store`: its store's
-        tier figures (`ReplicaStats.store`), kept for `stats`. Returns (`"ok"` |
+        leases. `applied`: the last entry of its release log it applied. `store`: its
+        store's tier figures (`ReplicaStats.store`), kept for `stats`. Returns (`"ok"` |
         `"reconcile"` | `"register"`, generation): `register` when this coordinator does
         not know the replica, `reconcile` when it restored the replica from the journal and
         needs its holdings (see `reconcile`). Also sends tuning jobs that are due again."""
@@ -206,7 +220,7 @@ class CacheCoordinator:
         now = self.clock()
         if info is not None:
             info.last_seen = now
-            self.state.mark_started(replica_id, list(started or ()))
+            self.state.log_of(replica_id).ack(applied)
             if store is not None:
                 self._store_figures[replica_id] = dict(store)
         self._expire()
@@ -223,46 +237,65 @@ class CacheCoordinator:
         held_slots: npt.NDArray[np.int64],
         host_states: list[int] | None = None,
         host_slots: npt.NDArray[np.int64] | None = None,
-    ) -> tuple[int, Release]:
-        """Match a restored tree with what the replica's store holds (not counting what its
-        running requests own). A tree that refers to a state or KV slot the store lacks is
-        reset (empty cache, new generation); so is one whose tiers differ from the store's
-        (`host_states` / `host_slots`: which of the held ids the store keeps in host
-        memory; ids that moves queued for the replica still move are not compared). What
-        the store holds that no tree node refers to is returned to be freed, less what is
-        already on its way to being freed once: releases queued for the replica's next
-        drain, and what the dispatches of its open, unstarted plans carry (the replica
-        frees that when it starts them, the coordinator when they end unstarted). Returns
-        (generation, release)."""
+        applied: int = 0,
+        generation: int | None = None,
+        refused: int = 0,
+    ) -> tuple[int, Releases]:
+        """Match a replica's tree with what its store holds (not counting what its running
+        requests own), after the store applied its release log up to `applied` (of its
+        `generation`; None: the current one). A tree that refers to a state or KV slot the
+        store lacks is reset (empty cache, new generation); so is one whose tiers differ
+        from the store's (`host_states` / `host_slots`: which of the held ids the store
+        keeps in host memory; ids that log entries after `applied` still move are not
+        compared), and one whose log is behind the store (the store applied entries this
+        coordinator does not have: records were lost). What the store holds that no tree
+        node refers to is freed (directly), less what log entries after `applied` free.
+        `refused`: releases the store refused since it last reconciled (counted for
+        `/metrics`). Returns (generation, what the store must do)."""
         info = self.replica_info.get(replica_id)
         if info is None:
             raise NoReplicaAvailable(f"replica {replica_id!r} is not registered")
+        if refused:
+            self.refusals[replica_id] = self.refusals.get(replica_id, 0) + int(refused)
+        release_log = self.state.log_of(replica_id)
+        same = generation is None or generation == release_log.generation
+        applied = int(applied) if same else 0
         states = {int(s) for s in held_states}
         slots = {int(s) for s in np.asarray(held_slots, dtype=np.int64)}
         cache = self.planners[replica_id].cache
         tree_states, tree_slots = cache.referenced()
-        pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
+        pending = release_log.pending(applied)
         lacks = not (tree_states <= states and tree_slots <= slots)
         moved = tier_mismatch(cache, (tree_states, tree_slots), pending, host_states, host_slots)
-        if lacks or moved:
+        ahead = applied > release_log.last or applied < release_log.acked or not same
+        if lacks or moved or ahead:
             log.warning(
-                "replica %s lacks %d states / %d KV slots its restored tree refers to, holds "
-                "%d ids in another tier than the tree says: reset",
+                "replica %s lacks %d states / %d KV slots its tree refers to, holds %d ids "
+                "in another tier than the tree says, applied log entry %d of generation %s "
+                "(the log runs %d..%d of generation %d): reset",
                 replica_id,
                 len(tree_states - states),
                 len(tree_slots - slots),
                 moved,
+                applied,
+                generation,
+                release_log.acked,
+                release_log.last,
+                release_log.generation,
             )
             kvb, sb = info.kv_bytes_per_token, info.state_bytes
             self.unregister_replica(replica_id)
             self.register_replica(replica_id, kvb, sb)
             tree_states, tree_slots = set(), set()
-            pending = self.state.carried_by(replica_id) + self._queued.get(replica_id, Release())
+            release_log = self.state.log_of(replica_id)
+            pending = Release()
+        else:
+            release_log.ack(applied)
         self._confirm(replica_id)
         keep_states = tree_states | set(pending.states)
         keep_slots = tree_slots | {int(s) for s in pending.slots}
         held = Release(tuple(sorted(states)), np.asarray(sorted(slots), dtype=np.int64))
-        return self.replica_info[replica_id].generation, held.without(keep_states, keep_slots)
+        return release_log.generation, release_log.since(held.without(keep_states, keep_slots))
 
     def report_unreachable(self, replica_id: str) -> bool:
         """Someone could not reach a replica (a dispatch for it landed elsewhere because
@@ -280,12 +313,23 @@ class CacheCoordinator:
         self.replica_info[replica_id].last_seen = self.clock()
 
     def _expire(self) -> None:
-        """Abort plans whose lease ran out; drop replicas silent for `lease_s`."""
+        """Abort plans whose lease ran out; drop replicas silent for `lease_s`. After a
+        stall of the coordinator's own (see the module docstring), first count every
+        replica as heard from and every lease as renewed now."""
         now = self.clock()
+        if self.stall_watch.take():
+            log.warning(
+                "the coordinator's process stood still (up to %.1f s): silence and leases "
+                "are judged from now on",
+                self.stall_watch.longest_s,
+            )
+            for info in self.replica_info.values():
+                info.last_seen = max(info.last_seen, now)
+            self.leases.renew_all(now + self.settings.lease_s)
         grace = self.settings.lease_s * LEASE_GRACE
         for request, rid in self.leases.expired(now, grace):
             log.warning("lease of request %d on replica %s expired", request, rid)
-            self._queue(rid, self.abort(rid, request, reason="lease"))
+            self._end_plan(rid, request, None, "lease")
         for rid in self.state.routing.silent(self.replica_info, now, self.settings.lease_s):
             silent = now - self.replica_info[rid].last_seen
             log.warning("replica %s silent for %.0f s: dropped", rid, silent)
@@ -307,8 +351,15 @@ class CacheCoordinator:
         replica_id = self.route(prompt)
         request = self.state.next_request
         planned: Planned = self._do(Plan(replica_id, request, prompt, params, float(submitted)))
-        generation = self.replica_info[replica_id].generation
-        return Dispatch(replica_id, planned.order, planned.release, generation, planned.deadline)
+        release_log = self.state.log_of(replica_id)
+        return Dispatch(
+            replica_id,
+            planned.order,
+            release_log.since(),
+            release_log.generation,
+            planned.deadline,
+            planned.needs,
+        )
 
     def plan_many(
         self, requests: list[tuple[npt.NDArray[np.int32], SamplingParams, float]]
@@ -328,24 +379,24 @@ class CacheCoordinator:
                 out.append(exc)
         return out
 
-    def commit(self, replica_id: str, done: Finished) -> Release:
-        """Admit what the cache keeps of a finished request; returns what to free. A
-        commit that cannot be applied aborts the request instead (nothing is cached). A
-        commit for a request this coordinator no longer plans (its lease expired, the
-        replica was reset, or it is a retry of an applied commit) frees what the request
-        stored unless a tree node refers to it."""
-        if not self.state.is_planned(replica_id, done.request_id):
-            return self.state.orphan_release(replica_id, done) + self.drain(replica_id)
-        release: Release = self._do(Commit(replica_id, done))
-        return release + self.drain(replica_id)
+    def commit(self, replica_id: str, done: Finished, applied: int = 0) -> Releases:
+        """Admit what the cache keeps of a finished request; returns what the replica's
+        store must do (`applied`: the last log entry it applied). A commit that cannot be
+        applied aborts the request instead (nothing is cached). A commit for a request
+        this coordinator no longer plans (its lease expired, the replica was reset, or it
+        is a retry of an applied commit) frees, directly, what the request stored unless
+        a tree node refers to it."""
+        return self.commit_many(replica_id, [done], applied)
 
-    def commit_many(self, replica_id: str, finished: list[Finished]) -> Release:
-        """`commit` of every request one replica step finished, in one call; the union
-        of what to free."""
-        release = Release()
+    def commit_many(self, replica_id: str, finished: list[Finished], applied: int = 0) -> Releases:
+        """`commit` of every request one replica step finished, in one call."""
+        direct = Release()
         for done in finished:
-            release = release + self.commit(replica_id, done)
-        return release
+            if self.state.is_planned(replica_id, done.request_id):
+                self._do(Commit(replica_id, done))
+            else:
+                direct = direct + self.state.orphan_release(replica_id, done)
+        return self._releases(replica_id, applied, direct)
 
     def abort(
         self,
@@ -353,40 +404,48 @@ class CacheCoordinator:
         request_id: int,
         done: Finished | None = None,
         reason: str = "client",
-        started: bool = False,
+        applied: int = 0,
+    ) -> Releases:
+        """Release a request's plan (and what it stored, if it finished); returns what
+        the replica's store must do (`applied`: the last log entry it applied)."""
+        direct = self._end_plan(replica_id, request_id, done, reason)
+        return self._releases(replica_id, applied, direct)
+
+    def _end_plan(
+        self, replica_id: str, request_id: int, done: Finished | None, reason: str
     ) -> Release:
-        """Release a request's plan (and what it stored, if it finished). `started`: the
-        replica started its order (and freed what the dispatch carried); otherwise what
-        the dispatch carried is part of the release, unless the plan already ended."""
+        """Abort a request's plan (its release goes to the log); what a request that holds
+        no plan stored is returned instead, to be freed directly."""
         if replica_id not in self.planners:
             self.leases.release(request_id)
             return Release() if done is None else done.stored()
-        if started:
-            self.state.mark_started(replica_id, [request_id])
         op = Abort(replica_id, request_id, reason, done)
         if self.state.is_planned(replica_id, request_id):
-            release: Release = self._do(op)
-            return release
-        tidied: Release = self.state.apply(op)  # nothing planned: no record
+            self._do(op)
+            return Release()
+        tidied: Release = self.state.apply(op)  # nothing planned: no record, no log entry
         return tidied
 
     def abandon(self, dispatch: Dispatch) -> None:
-        """A dispatch never started on its replica: release its plan, and queue what the
-        replica must free (what planning evicted, unless the replica started the order
-        after all; what the abort tidied) for its next `commit` or `drain`. A plan that
-        already ended (committed, aborted, expired) frees nothing twice."""
+        """A dispatch will never start: its replica said so (it refused it, or it never
+        arrived there and is refused from now on), or it was never sent. Release its
+        plan; the replica gets the release with its log. A plan that already ended
+        (committed, aborted, expired) is left alone."""
         rid = dispatch.replica_id
-        if rid not in self.planners:
-            return
-        self._queue(rid, self.abort(rid, dispatch.order.request_id, reason="abandoned"))
+        if rid in self.planners and dispatch.generation == self.state.log_of(rid).generation:
+            self._end_plan(rid, dispatch.order.request_id, None, "abandoned")
 
-    def _queue(self, replica_id: str, release: Release) -> None:
-        """Free `release` at the replica's next `commit` or `drain`."""
-        self._queued[replica_id] = self._queued.get(replica_id, Release()) + release
+    def drain(self, replica_id: str, applied: int = 0) -> Releases:
+        """What the replica's store must still do (log entries after `applied`)."""
+        return self._releases(replica_id, applied)
 
-    def drain(self, replica_id: str) -> Release:
-        """What was released on a replica's behalf since its last commit or drain."""
-        return self._queued.pop(replica_id, Release())
+    def _releases(self, replica_id: str, applied: int, direct: Release | None = None) -> Releases:
+        """Acknowledge `applied` and return the log entries after it, with `direct`."""
+        release_log = self.state.logs.get(replica_id)
+        if release_log is None:  # unregistered: its store was reset or is gone
+            return Releases(0, (), direct or Release())
+        release_log.ack(applied)
+        return release_log.since(direct)
 
     # ------------------------------------------------------------------ tuning
     def _send_job(self, replica_id: str, job: TuneJob) -> None:
@@ -441,7 +500,8 @@ class CacheCoordinator:
         for rid, planner in self.planners.items():
             runs = 0 if planner.tuner is None else len(planner.tuner.history)
             store = self._store_figures.get(rid)
-            out.append(ReplicaStats.of(rid, planner.cache, planner.open_requests, runs, store))
+            stats = ReplicaStats.of(rid, planner.cache, planner.open_requests, runs, store)
+            out.append(dataclasses.replace(stats, refused_releases=self.refusals.get(rid, 0)))
         return out
 
     def health(self) -> dict[str, Any]:

@@ -3,23 +3,23 @@ changes it, live and in replay.
 
 The state is one `Planner` (prefix cache + bootstrap tuner) per registered replica, what
 the coordinator knows of each replica (`ReplicaInfo`), the lease table, the next
-request id, and what each open plan's dispatch carries to free (`carried`). Every
-change goes through `apply` with a typed operation (`protocol.ops`); the coordinator
-journals the operation after applying it, and a
-restarted coordinator applies the same operations to the last snapshot
-(`to_record`/`from_record`), so both paths run the same code.
+request id, and each replica's release log (`logs`). Every change goes through `apply`
+with a typed operation (`protocol.ops`); the coordinator journals the operation after
+applying it, and a restarted coordinator applies the same operations to the last
+snapshot (`to_record`/`from_record`), so both paths run the same code.
 
-Who frees a plan's evictions (`Planned.release`, carried by its dispatch): the replica,
-when it starts the order; otherwise the coordinator, when the plan ends without a start
-(lease expiry, abandon, an abort the replica sends for a dispatch it never started).
-`carried` holds the release of every open plan whose start the coordinator has not
-heard of; `mark_started` (heartbeats, and aborts of started requests) takes it out,
-and an `Abort` of a plan still in it returns that release with the plan's own, so it is
-freed exactly once whoever closes the plan. A commit takes it out (the request ran).
+Exactly once: the release of every journalled plan, commit and abort (what it evicted,
+moved or let go of) is appended to its replica's `ReleaseLog` (`protocol.release_log`),
+which the replica applies in seq order, each entry once, whoever carries it. A plan's
+release is in the log whether or not its dispatch ever starts, so nobody has to guess
+which: the coordinator never frees anything "on behalf" of a dispatch. Replaying the
+journal appends the same entries under the same seqs (the ops are the same), so the
+log survives a restart; acknowledgements are not journalled (a snapshot keeps the last
+one), so a restarted coordinator may send entries again, which the replica skips.
 
 Invariants (checked by `check_invariants`): one lease per open plan; every replica with a
-planner has its info and vice versa; each cache's radix tree is well formed and
-`bytes_used + reserved <= capacity`; `carried` names open plans only.
+planner has its info and its log, and vice versa; each cache's radix tree is well formed
+and `bytes_used + reserved <= capacity`; each log's seqs are consecutive.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from marconi_ray.core.wire import decode_array, encode_array
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
+from marconi_ray.protocol.release_log import LogEntry, ReleaseLog
 from marconi_ray.serve.coordinator.leases import LeaseTable
 from marconi_ray.serve.coordinator.route_state import RouteState
 from marconi_ray.serve.settings import ServeSettings
@@ -65,11 +66,13 @@ class ReplicaInfo:
 @dataclass(frozen=True)
 class Planned:
     """The result of applying a `Plan`: the order for the replica, what planning evicted
-    (the replica must free it), and the lease deadline."""
+    or moved (logged: the replica applies it), the lease deadline, and `needs`: the
+    replica's log seq up to which the store must have applied before the order starts."""
 
     order: PrefillOrder
     release: Release
     deadline: float
+    needs: int
 
 
 class CacheState:
@@ -101,7 +104,7 @@ class CacheState:
         self.replicas: dict[str, ReplicaInfo] = {}
         self.leases = LeaseTable()
         self.routing = RouteState()
-        self.carried: dict[int, tuple[str, Release]] = {}
+        self.logs: dict[str, ReleaseLog] = {}
         self.next_request = 0
         self.replaying = False
         self._handlers: dict[type, Callable[[Any], Any]] = {
@@ -153,12 +156,13 @@ class CacheState:
         self.replicas[op.replica] = ReplicaInfo(
             op.kv_bytes_per_token, op.state_bytes, op.generation, True, self.clock()
         )
+        self.logs[op.replica] = ReleaseLog(op.generation)
 
     def _unregister(self, op: Unregister) -> None:
         self.planners.pop(op.replica, None)
         self.replicas.pop(op.replica, None)
+        self.logs.pop(op.replica, None)
         self.leases.drop_replica(op.replica)
-        self.carried = {r: c for r, c in self.carried.items() if c[0] != op.replica}
 
     def _plan(self, op: Plan) -> Planned:
         order, release = self.planners[op.replica].order(
@@ -166,17 +170,15 @@ class CacheState:
         )
         deadline = self.clock() + self.settings.lease_s
         self.leases.grant(op.request, op.replica, deadline)
-        if len(release.states) or len(release.slots):
-            self.carried[op.request] = (op.replica, release)
+        needs = self.logs[op.replica].append(release)
         self.next_request = max(self.next_request, op.request + 1)
-        return Planned(order, release, deadline)
+        return Planned(order, release, deadline, needs)
 
     def _commit(self, op: Commit) -> Release:
         planner = self.planners[op.replica]
         self.leases.release(op.done.request_id)
-        self.carried.pop(op.done.request_id, None)  # it ran: the replica freed it
         try:
-            return planner.commit(op.done)
+            release = planner.commit(op.done)
         except (RuntimeError, ValueError) as exc:
             log.warning(
                 "commit of request %d on replica %s refused (%s): aborted, nothing cached",
@@ -184,13 +186,20 @@ class CacheState:
                 op.replica,
                 exc,
             )
-            return planner.abort(op.done.request_id, op.done)
+            release = planner.abort(op.done.request_id, op.done)
+        self.logs[op.replica].append(release)
+        return release
 
     def _abort(self, op: Abort) -> Release:
+        """Close a plan: its release is logged. An abort of a request that holds no plan
+        (never journalled) only returns what it stored, for the caller to free directly."""
         self.leases.release(op.request)
-        release = self.planners[op.replica].abort(op.request, op.done)
-        carried = self.carried.pop(op.request, None)
-        return release if carried is None else release + carried[1]
+        planner = self.planners[op.replica]
+        planned = planner.is_planned(op.request)
+        release = planner.abort(op.request, op.done)
+        if planned:
+            self.logs[op.replica].append(release)
+        return release
 
     def _adopt(self, op: Adopt) -> bool:
         planner = self.planners.get(op.replica)
@@ -199,22 +208,9 @@ class CacheState:
         planner.adopt(op.result)
         return True
 
-    def mark_started(self, replica_id: str, requests: list[int]) -> None:
-        """The replica started these requests' orders (and freed what their dispatches
-        carried): nothing is left for the coordinator to free on their behalf."""
-        for request in requests:
-            carried = self.carried.get(request)
-            if carried is not None and carried[0] == replica_id:
-                del self.carried[request]
-
-    def carried_by(self, replica_id: str) -> Release:
-        """What the dispatches of a replica's open, unstarted plans carry (its store holds
-        it until the replica starts them or the coordinator frees it for them)."""
-        release = Release()
-        for rid, carried in self.carried.values():
-            if rid == replica_id:
-                release = release + carried
-        return release
+    def log_of(self, replica_id: str) -> ReleaseLog:
+        """The release log of a registered replica's current generation."""
+        return self.logs[replica_id]
 
     # ------------------------------------------------------------------ queries
     def is_planned(self, replica_id: str, request_id: int) -> bool:
@@ -239,9 +235,11 @@ class CacheState:
         the trees and replicas (`RouteState.check`); AssertionError on a violation.
         Returns the number of nodes checked."""
         assert set(self.planners) == set(self.replicas), (set(self.planners), set(self.replicas))
+        assert set(self.planners) == set(self.logs), (set(self.planners), set(self.logs))
         assert len(self.leases) == sum(p.open_requests for p in self.planners.values())
-        for request, (rid, _) in self.carried.items():
-            assert self.is_planned(rid, request), (request, rid)
+        for rid, release_log in self.logs.items():
+            assert release_log.generation == self.replicas[rid].generation, rid
+            release_log.check()
         for planner in self.planners.values():
             check_cache_tiers(planner.cache)
         self.routing.check(self)
@@ -260,23 +258,12 @@ class CacheState:
                     "generation": info.generation,
                     "planner": self.planners[rid].to_record(),
                     "leases": self.leases.of_replica(rid),
-                    "carried": [
-                        [
-                            request,
-                            [int(x) for x in c.states],
-                            encode_array(c.slots, "<i8"),
-                            [
-                                [
-                                    m.to_host,
-                                    [int(x) for x in m.states],
-                                    encode_array(m.slots, "<i8"),
-                                ]
-                                for m in c.moves
-                            ],
-                        ]
-                        for request, (owner, c) in self.carried.items()
-                        if owner == rid
-                    ],
+                    "log": {
+                        "acked": self.logs[rid].acked,
+                        "entries": [
+                            [e.seq, *_release_record(e.release)] for e in self.logs[rid].entries()
+                        ],
+                    },
                 }
                 for rid, info in self.replicas.items()
             ],
@@ -301,17 +288,13 @@ class CacheState:
             )
             for request, deadline in entry["leases"]:
                 self.leases.grant(int(request), rid, float(deadline))
-            for request, states, slots, *tiers in entry.get("carried", []):  # older: no key
-                where = f"carried of request {request}"
-                kv = decode_array(slots, "<i8", where)
-                moves = tuple(
-                    Move(bool(to_host), tuple(int(x) for x in ids), decode_array(ms, "<i8", where))
-                    for to_host, ids, ms in (tiers[0] if tiers else ())  # older: no moves
-                )
-                self.carried[int(request)] = (
-                    rid,
-                    Release(tuple(int(s) for s in states), kv, moves),
-                )
+            log_record = entry.get("log") or {"acked": 0, "entries": []}  # older: none
+            release_log = ReleaseLog(int(entry["generation"]), int(log_record["acked"]))
+            release_log.restore(
+                LogEntry(int(seq), _release_from(rest, f"log entry {seq} of replica {rid}"))
+                for seq, *rest in log_record["entries"]
+            )
+            self.logs[rid] = release_log
         self.routing.rebuild(self)
 
     def clear(self) -> None:
@@ -319,4 +302,32 @@ class CacheState:
         self.planners, self.replicas = {}, {}
         self.leases.clear()
         self.routing.clear()
-        self.carried = {}
+        self.logs = {}
+
+
+def _release_record(release: Release) -> list[Any]:
+    """[states, slots, moves] of a release (`core.wire` conventions)."""
+    return [
+        [int(x) for x in release.states],
+        encode_array(release.slots, "<i8"),
+        [
+            [m.to_host, [int(x) for x in m.states], encode_array(m.slots, "<i8")]
+            for m in release.moves
+        ],
+    ]
+
+
+def _release_from(record: list[Any], where: str) -> Release:
+    """The release of a `_release_record` list; ValueError naming `where` if malformed."""
+    try:
+        states, slots, moves = record
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected [states, slots, moves]") from None
+    return Release(
+        tuple(int(s) for s in states),
+        decode_array(slots, "<i8", where),
+        tuple(
+            Move(bool(to_host), tuple(int(x) for x in ids), decode_array(ms, "<i8", where))
+            for to_host, ids, ms in moves
+        ),
+    )

@@ -90,7 +90,9 @@ class LocalBackend:
             rid = self._next_id
             self._next_id += 1
             order, release = self.engine.planner.order(rid, arr, sp, submitted)
-            dispatch = Dispatch(self.replica_id, order, release)
+            # applied now, in the order the cache decided (no step runs: the lock is held)
+            self.engine.worker.release(release)
+            dispatch = Dispatch(self.replica_id, order)
             self._requests[rid] = _Request(dispatch)
             return dispatch
 
@@ -144,9 +146,7 @@ class LocalBackend:
     def _reap(self) -> None:
         engine = self.engine
         for rid in sorted(self._cancelled):
-            req = self._requests.pop(rid, None)
-            if req is not None and not req.started:
-                engine.worker.release(req.dispatch.release)
+            self._requests.pop(rid, None)
             engine.worker.cancel(rid)
             done = {d.request_id: d for d in engine.worker.take_finished()}
             engine.worker.release(engine.planner.abort(rid, done.pop(rid, None)))
@@ -170,7 +170,6 @@ class LocalBackend:
 
     def _start(self, request: _Request) -> None:
         worker = self.engine.worker
-        worker.release(request.dispatch.release)
         self._route(worker.start(request.dispatch.order))
         self._commit(worker.take_finished())
 

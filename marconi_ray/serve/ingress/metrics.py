@@ -11,7 +11,10 @@ Cache metrics (label `replica`; `kind` and `reason` where noted):
 `marconi_cache_reserved_bytes`, `marconi_cache_peak_bytes`,
 `marconi_cache_states_admitted_total{reason}`, `marconi_cache_states_dropped_total`,
 `marconi_cache_evictions_total`, `marconi_cache_alpha`, `marconi_replica_in_flight`,
-`marconi_replica_tuner_runs_total`; and `marconi_tuner_runs_total` (all replicas).
+`marconi_replica_tuner_runs_total`, `marconi_store_refused_releases_total` (releases the
+replica's store refused, each followed by a reconcile); and `marconi_tuner_runs_total`
+(all replicas). The ingress's own: `marconi_replans_total{cause}` (requests planned
+again after a fault).
 
 The two tiers (label `replica`; `tier` is `device` or `host`, `direction` is `to_host`
 or `to_device`): from the coordinator's caches `marconi_cache_tier_bytes{tier}`,
@@ -182,6 +185,14 @@ class CacheCollector(Collector):
                 admitted.add_metric([r.replica_id, str(reason)], _number(reasons, reason))
         yield admitted
         yield from self._tier_families()
+        refused = CounterMetricFamily(
+            "marconi_store_refused_releases",
+            "Releases the replica's store refused (it reconciled after each).",
+            labels=label,
+        )
+        for r in self.stats:
+            refused.add_metric([r.replica_id], float(r.refused_releases))
+        yield refused
         runs = CounterMetricFamily(
             "marconi_replica_tuner_runs", "Alpha searches adopted, by replica.", labels=label
         )
@@ -278,6 +289,14 @@ class IngressMetrics:
         self.replica_messages = Counter(
             "marconi_replica_messages",
             "Messages read from the replicas' multiplexed streams.",
+            registry=self.registry,
+        )
+        self.replans = Counter(
+            "marconi_replans",
+            "Requests planned again after a fault, by cause (misrouted: a call for a "
+            "replica that had gone reached another; refused: the replica refused the "
+            "dispatch; lost: the replica or its channel failed).",
+            ["cause"],
             registry=self.registry,
         )
 

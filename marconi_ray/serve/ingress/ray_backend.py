@@ -29,6 +29,8 @@ from marconi_ray.serve.messages import (
     Overloaded,
     ReplicaFailed,
     ReplicaStats,
+    Settlements,
+    WrongReplica,
 )
 
 log = logging.getLogger(__name__)
@@ -57,20 +59,32 @@ PLAN_WAIT_S: Final = 10.0
 
 PLAN_POLL_S: Final = 0.1
 
+SETTLE_WAIT_S: Final = 5.0
+"""How long a re-plan waits for the old replica's word on the old dispatch."""
+
 
 class GuardedStream:
     """A request's event stream that survives replica faults.
 
-    When the replica refuses the dispatch (`MisroutedDispatch`: another replica's, a
-    reset generation, a lapsed lease), loses a shard (`ReplicaFailed`) or dies itself,
-    alone or with its node (`LOST_REPLICA`: the coordinator is then told, so it drops the
-    replica as soon as its heartbeats have stopped instead of routing to it until its
-    lease runs out), the plan is abandoned at the coordinator (no lock, reservation or
-    state is left behind) and the request is planned again: from scratch when no token
-    was streamed, otherwise as a continuation whose prompt is the original prompt plus
-    the tokens already streamed (greedy outputs are unchanged by the resume; sampled ones
-    draw fresh randomness). The caller sees one uninterrupted stream whose `Completed`
-    counts the original prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
+    When the replica refuses the dispatch (`MisroutedDispatch`: a reset generation, a
+    lapsed lease; `WrongReplica`: the call reached another replica), loses a shard
+    (`ReplicaFailed`), its channel breaks or closes, or it dies itself, alone or with its
+    node (`LOST_REPLICA`: the coordinator is then told, so it drops the replica as soon
+    as its heartbeats have stopped instead of routing to it until its lease runs out),
+    the request is planned again: from scratch when no token was streamed, otherwise as
+    a continuation whose prompt is the original prompt plus the tokens already streamed
+    (greedy outputs are unchanged by the resume; sampled ones draw fresh randomness).
+    The caller sees one uninterrupted stream whose `Completed` counts the original
+    prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
+
+    The old plan is never released on a guess: the replica may be alive and may have
+    started the order. A replica that refused a dispatch released its plan itself; one
+    the call never reached (`WrongReplica`) cannot start it, so its plan is abandoned
+    here; otherwise the old dispatch is settled at its replica first (it stops the
+    request, or refuses and abandons it if it never arrived), and when the replica
+    cannot answer its plan is left to the coordinator (the replica is dropped when it
+    stays silent, or the lease runs out). A re-plan whose client leaves meanwhile is
+    abandoned once it is made (nobody sent it anywhere).
 
     `cancel` settles the current dispatch at its replica (`ChannelStream.cancel`): a
     client that leaves mid-stream stops its request there, and one that leaves before the
@@ -134,7 +148,7 @@ class GuardedStream:
         return Completed(order.request_id, reason, usage, timings)
 
     async def _resume(self, cause: BaseException) -> None:
-        await self._backend.coordinator.abandon.remote(self._dispatch)
+        await self._backend.settle_failed(self._dispatch, cause)
         if self.attempts >= MAX_ATTEMPTS:
             raise ReplicaUnavailable(str(cause)) from None
         order = self._first.order
@@ -150,7 +164,7 @@ class GuardedStream:
         prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
         params = dataclasses.replace(order.params, max_tokens=order.max_new - k)
         try:
-            self._dispatch = await self._backend.plan(prompt, params, order.submitted)
+            self._dispatch = await self._backend.plan_shielded(prompt, params, order.submitted)
         except RayTaskError as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc.cause}") from None
         except (NoReplicaAvailable, Overloaded, ValueError) as exc:
@@ -208,6 +222,60 @@ class RayBackend:
                     raise
             await asyncio.sleep(PLAN_POLL_S)
             waited += PLAN_POLL_S
+
+    async def plan_shielded(
+        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
+    ) -> Dispatch:
+        """`plan`, kept when the caller is cancelled meanwhile: the plan it makes is
+        abandoned at the coordinator (it was never sent to a replica)."""
+        task = asyncio.ensure_future(self.plan(prompt, params, submitted))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._abandon_unsent)
+            raise
+
+    def _abandon_unsent(self, task: asyncio.Future[Dispatch]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return  # nothing was planned
+        self.coordinator.abandon.remote(task.result())
+
+    async def settle_failed(self, dispatch: Dispatch, cause: BaseException) -> None:
+        """Resolve a dispatch that failed with `cause` before it is planned again, by the
+        replica's word (see `GuardedStream`): nothing to do when the replica refused it
+        (it released the plan), an abandon when the call reached another replica, else
+        a settlement at the replica, bounded by `SETTLE_WAIT_S` (no answer: the
+        coordinator's lease and silence checks are the backstop). Counted by cause."""
+        if isinstance(cause, WrongReplica):
+            self._count_replan("misrouted")
+            await self.coordinator.abandon.remote(dispatch)
+            return
+        if isinstance(cause, MisroutedDispatch):
+            self._count_replan("refused")
+            return
+        self._count_replan("lost")
+        settle = self.replicas.settle_many.remote(Settlements(dispatch.replica_id, (dispatch,)))
+        try:
+            (answer,) = await asyncio.wait_for(settle, SETTLE_WAIT_S)
+        except Exception as exc:  # the replica cannot answer: it is gone or going
+            log.info(
+                "request %d: replica %s did not settle it (%s); its lease is the backstop",
+                dispatch.order.request_id,
+                dispatch.replica_id,
+                exc,
+            )
+            return
+        log.info(
+            "request %d failed on replica %s (%s): %s there",
+            dispatch.order.request_id,
+            dispatch.replica_id,
+            type(cause).__name__,
+            answer,
+        )
+
+    def _count_replan(self, cause: str) -> None:
+        if self.metrics is not None:
+            self.metrics.replans.labels(cause=cause).inc()
 
     def generate(self, dispatch: Dispatch, stream: bool = True) -> EventStream:
         return GuardedStream(self.stream(dispatch, stream), self, dispatch, stream)

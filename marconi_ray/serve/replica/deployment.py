@@ -22,15 +22,27 @@ word that the client left: a request that runs here is stopped as above; one tha
 arrived is refused from now on and its plan abandoned at the coordinator, so no plan
 waits for its lease to expire.
 
+Exactly once: what the cache frees and moves reaches the store through the replica's
+release log (`protocol.release_log`): every dispatch and every coordinator answer carries
+the entries this replica has not acknowledged, `ReleaseCursor` takes each once and in
+order, and the loop hands them to the shards with the next step, before that step's
+starts. The replica is the one that knows whether an order started: it aborts the plans
+of the dispatches it refuses or drops unstarted (stale ones, queued ones whose client
+left), and abandons those settled before they arrived; the ingress never guesses.
+
 Faults: the replica heartbeats the coordinator every `heartbeat_s` (renewing the leases
 of the requests it runs and queues; with a host tier they also carry its rank-0 store's
-tier figures for `/metrics`, read between heartbeats so a long step never delays one);
-when a restarted coordinator asks, the loop reconciles the store with the restored tree
-between two steps. A dispatch of another generation or past its lease deadline is
-refused (`MisroutedDispatch`: the ingress plans it again). When a shard actor dies,
-every request in flight fails with `ReplicaFailed` (the ingress resumes it elsewhere),
-the coordinator drops this replica's cache, the TP group is rebuilt from scratch and
-the replica registers again under a new generation.
+tier figures for `/metrics`, read between heartbeats so a long step never delays one).
+The loop reconciles the store with the tree between two steps whenever they can have
+drifted: when a restarted coordinator asks, after a step failed, after the store refused
+part of a release (logged with the ids, counted in `/metrics`; its valid frees still
+happen) and when log entries went missing. A dispatch of another generation or past its
+lease deadline is refused (`MisroutedDispatch`: the ingress plans it again). A call
+meant for another replica is answered with a refusal, not an error (`WrongReplica`),
+and counted. When a shard actor dies, every request in flight fails with
+`ReplicaFailed` (the ingress resumes it elsewhere), the coordinator drops this
+replica's cache, the TP group is rebuilt from scratch and the replica registers again
+under a new generation.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInput, TokenEvent
+from marconi_ray.protocol.release_log import ReleaseCursor, Releases
 from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.coordinator.actor import LEASE_GRACE
 from marconi_ray.serve.detached import detached
@@ -59,6 +72,7 @@ from marconi_ray.serve.messages import (
     StreamItem,
     Submissions,
     Subscription,
+    WrongReplica,
 )
 from marconi_ray.serve.placement import model_bundle_resources
 from marconi_ray.serve.replica.outbox import Outbox
@@ -120,7 +134,19 @@ class ModelReplica:
         registered: Any = self.coordinator.register_replica.remote(
             self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
         )
-        self.generation: int = int(ray.get(registered))
+        self.init_loop(int(ray.get(registered)))
+
+    def init_loop(self, generation: int) -> None:
+        """The loop's state for a replica registered under `generation`, nothing in
+        flight (the constructor's second half; in-process tests build a replica around
+        stand-in shards and a coordinator with it)."""
+        self.generation: int = generation
+        self._cursor: ReleaseCursor = ReleaseCursor(self.generation)
+        """How far into its release log the replica has taken entries."""
+        self._refused: int = 0
+        """Releases the store refused since the last reconcile."""
+        self.misrouted = 0
+        """Calls meant for another replica that reached this one (refused)."""
         self._pending: list[Dispatch] = []
         self._stops: set[int] = set()
         self._cancels: set[int] = set()
@@ -165,7 +191,8 @@ class ModelReplica:
         one (see `replica.outbox`). Lasts until the ingress stops reading (cancels it),
         or until it has been idle for `IDLE_END_S` with no request in flight; then every
         request of the channel still here is stopped, as a departed client's is."""
-        self._check_pinned(sub.replica_id)
+        if self._misrouted(sub.replica_id, "subscription"):
+            return
         outbox = self._outbox(sub.channel)
         if outbox.subscribed:
             raise MisroutedDispatch(f"channel {sub.channel!r} already has a subscriber")
@@ -186,11 +213,13 @@ class ModelReplica:
         """Start `batch`'s dispatches here, their events to go through the stream of
         `batch.channel` (which may be subscribed to before or after). Per dispatch: None,
         or the `MisroutedDispatch` refusing it (its request was seen here already)."""
-        self._check_pinned(batch.replica_id)
+        if self._misrouted(batch.replica_id, "submission", len(batch.dispatches)):
+            return [self._wrong(batch.replica_id)] * len(batch.dispatches)
         self._prune_outboxes()
         outbox = self._outbox(batch.channel)
         results: list[MisroutedDispatch | None] = []
         for dispatch, streamed in zip(batch.dispatches, batch.streamed, strict=True):
+            self._take(dispatch.releases)
             refusal = self._refusal(dispatch)
             if refusal is None:
                 self._accept(dispatch, outbox.sink(dispatch.order.request_id, streamed))
@@ -200,16 +229,19 @@ class ModelReplica:
 
     async def settle_many(self, batch: Settlements) -> list[str]:
         """`settle` for each of `batch`'s dispatches (their answers, in order)."""
-        self._check_pinned(batch.replica_id)
+        if self._misrouted(batch.replica_id, "settlement", len(batch.dispatches)):
+            return ["misrouted"] * len(batch.dispatches)
         return [await self.settle(dispatch) for dispatch in batch.dispatches]
 
     async def generate(self, dispatch: Dispatch) -> AsyncIterator[list[TokenEvent] | Completed]:
         """Run one planned request on a stream of its own (the ingress multiplexes its
         requests instead: `subscribe`, `submit_many`); stream its tokens in batches,
         then its `Completed`."""
-        self._check_pinned(dispatch.replica_id)
+        if self._misrouted(dispatch.replica_id, "dispatch"):
+            raise self._wrong(dispatch.replica_id)
         rid = dispatch.order.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._take(dispatch.releases)
         refusal = self._refusal(dispatch)
         if refusal is not None:
             raise refusal
@@ -236,13 +268,51 @@ class ModelReplica:
                 self._stops.add(rid)
                 self._wake.set()
 
-    def _check_pinned(self, replica_id: str) -> None:
-        """Refuse a call meant for another replica (it has gone: the coordinator is told)."""
-        if replica_id != self.replica_id:
-            self.coordinator.report_unreachable.remote(replica_id)
-            raise MisroutedDispatch(
-                f"dispatch planned for replica {replica_id!r} reached {self.replica_id!r}"
-            )
+    def _misrouted(self, replica_id: str, what: str, n: int = 1) -> bool:
+        """Whether a call is meant for another replica (Serve no longer lists that one,
+        usually for a second or two after it died): then the coordinator is told, and it
+        is counted and logged as the routine refusal it is."""
+        if replica_id == self.replica_id:
+            return False
+        self.coordinator.report_unreachable.remote(replica_id)
+        self.misrouted += n
+        log.info(
+            "replica %s: a %s for replica %r reached it and was refused (%d so far)",
+            self.replica_id,
+            what,
+            replica_id,
+            self.misrouted,
+        )
+        return True
+
+    def _wrong(self, replica_id: str) -> WrongReplica:
+        return WrongReplica(
+            f"dispatch planned for replica {replica_id!r} reached {self.replica_id!r}"
+        )
+
+    def _take(self, releases: Releases) -> None:
+        """Queue what `releases` brings that the store has not applied yet, for the next
+        call to the shards (`ReleaseCursor.take`); a gap in the log has the loop
+        reconcile."""
+        self._release = self._release + self._cursor.take(releases)
+        if self._cursor.gap:
+            log.warning("replica %s: %s: reconciling", self.replica_id, self._cursor.gap)
+            self._reconcile_due = True
+            self._ensure_loop()
+
+    def _refusals(self, refused: list[str] | tuple[str, ...]) -> None:
+        """The store refused part of a release (the rest was applied): log it with its
+        ids, count it, and reconcile before the next step (tiers included)."""
+        if not refused:
+            return
+        self._refused += len(refused)
+        for message in refused:
+            log.warning("replica %s: the store refused a release: %s", self.replica_id, message)
+        self._reconcile_due = True
+
+    async def _release_now(self, release: Release) -> None:
+        """Hand `release` to the shards at once (outside a step)."""
+        self._refusals(await self.shards.call("release", release))
 
     def _refusal(self, dispatch: Dispatch) -> MisroutedDispatch | None:
         """Why `dispatch` cannot be accepted here (None when it can): its request was
@@ -282,7 +352,9 @@ class ModelReplica:
         running or queued here is stopped (committed or aborted by the loop: 'stopped');
         one that already ended is left alone ('ended'); one that never arrived is refused
         from now on and its plan abandoned at the coordinator ('abandoned'). A dispatch
-        planned for another replica is not touched ('misrouted')."""
+        planned for another replica is not touched ('misrouted'). The answer is the
+        replica's word on where the request stands: the ingress waits for it before it
+        plans the request again."""
         rid = dispatch.order.request_id
         if dispatch.replica_id != self.replica_id:
             return "misrouted"
@@ -391,17 +463,25 @@ class ModelReplica:
             await asyncio.sleep(0)
 
     async def _step(self) -> None:
-        """One iteration: one `advance` on the shards, one `commit_many` if any finished."""
-        step = StepInput(
-            self._take_release(), self._admit(), tuple(self._take_stops()), self._take_cancels()
-        )
+        """One iteration: one `advance` on the shards, one `commit_many` if any finished.
+        The dispatches that will not start (stale, stopped while queued) have their plans
+        aborted first; the step's release (everything taken so far, theirs and the
+        started orders' entries included) is applied before its starts."""
+        stops = self._take_stops()
+        unqueued = self._unqueue(stops)  # before admitting: a stopped one never starts
+        start, dropped = self._admit()
+        for rid, error in [*unqueued, *dropped]:
+            await self._abort(rid)
+            self._fail(rid, error)
+        step = StepInput(self._take_release(), start, tuple(stops), self._take_cancels())
         out = await self.shards.advance(step)
+        self._refusals(out.refused)
         self._deliver(out.events)
         for rid, message in out.failed:
-            await self._abort(rid, started=True)
+            await self._abort(rid)
             self._fail(rid, RuntimeError(message))
         for rid in out.cancelled:
-            await self._abort(rid, started=True)
+            await self._abort(rid)
             self._fail(rid, ReplicaFailed(f"request {rid} was cancelled while prefilling"))
         if out.finished:
             await self._commit(list(out.finished))
@@ -414,41 +494,51 @@ class ModelReplica:
         stops, self._stops = self._stops, set()
         return [rid for rid in stops if rid in self._orders]
 
+    def _unqueue(self, stops: list[int]) -> list[tuple[int, BaseException]]:
+        """Take the stopped requests that still queue here out of the queue (they never
+        start; their plans are aborted) and out of `stops` (the worker does not know
+        them); returns them with the error that ends their streams."""
+        stopped = set(stops)
+        queued = [d.order.request_id for d in self._pending if d.order.request_id in stopped]
+        if not queued:
+            return []
+        gone = set(queued)
+        self._pending = [d for d in self._pending if d.order.request_id not in gone]
+        stops[:] = [rid for rid in stops if rid not in gone]
+        return [(rid, ReplicaFailed(f"request {rid} stopped before it started")) for rid in queued]
+
     def _take_cancels(self) -> tuple[int, ...]:
         cancels, self._cancels = self._cancels, set()
         return tuple(cancels)
 
-    def _admit(self) -> tuple[PrefillOrder, ...]:
-        """The pending dispatches that start this step: in arrival order, while their
-        prefills fit in the step's token budget (always at least one); stale ones fail."""
+    def _admit(self) -> tuple[tuple[PrefillOrder, ...], list[tuple[int, BaseException]]]:
+        """(the pending dispatches that start this step: in arrival order, while their
+        prefills fit in the step's token budget, always at least one; the stale ones,
+        which leave the queue and never start, with the refusal that ends each)."""
         budget = self.settings.max_batch_tokens
         orders: list[PrefillOrder] = []
+        stale: list[tuple[int, BaseException]] = []
         used = 0
         while self._pending:
             dispatch = self._pending[0]
             order = dispatch.order
-            stale = self._stale(dispatch)
-            if stale:
+            why = self._stale(dispatch)
+            if why:
                 self._pending.pop(0)
-                self._fail(order.request_id, MisroutedDispatch(stale))
+                stale.append((order.request_id, MisroutedDispatch(why)))
                 continue
             tokens = min(budget, len(order.prompt) - order.hit_len)
             if orders and used + tokens > budget:
                 break
             used += tokens
             self._pending.pop(0)
-            self._release = self._release + dispatch.release
             orders.append(order)
-        return tuple(orders)
+        return tuple(orders), stale
 
     # ------------------------------------------------------------------ liveness
-    def _live(self) -> tuple[list[int], list[int]]:
-        """(every request queued or running here, those whose orders started: what
-        their dispatches carried was freed here, see `serve.coordinator.cache_state`)."""
-        queued = [d.order.request_id for d in self._pending]
-        waiting = set(queued)
-        started = [rid for rid in self._orders if rid not in waiting]
-        return queued + started, started
+    def _live(self) -> list[int]:
+        """Every request queued or running here."""
+        return list(self._orders)
 
     async def _heartbeats(self) -> None:
         """Every `heartbeat_s`: renew the leases of what runs and queues here; when the
@@ -459,9 +549,9 @@ class ModelReplica:
             await asyncio.sleep(self.settings.heartbeat_s)
             self._read_store_figures()
             try:
-                (live, started), sent = self._live(), time.time()
+                live, sent = self._live(), time.time()
                 status, _ = await self.coordinator.heartbeat.remote(
-                    self.replica_id, live, started, self._store_figures
+                    self.replica_id, live, self._cursor.applied, self._store_figures
                 )
                 if status == "ok":
                     self._renew(live, sent)
@@ -469,6 +559,7 @@ class ModelReplica:
                     self.generation = await self.coordinator.register_replica.remote(
                         self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
                     )
+                    self._cursor.reset(self.generation)
             except Exception:
                 log.exception("replica %s: heartbeat failed", self.replica_id)
                 continue
@@ -492,21 +583,34 @@ class ModelReplica:
             log.warning("replica %s: store figures not read (%s)", self.replica_id, exc)
 
     async def _reconcile(self) -> None:
-        """Report what the store holds for the cache; free what no tree refers to. Runs
-        between steps, after every finished request was committed."""
-        await self.shards.call("release", self._take_release())
-        states, slots, host_states, host_slots = await self.shards.rank0("holdings")
-        generation, release = await self.coordinator.reconcile.remote(
-            self.replica_id, states, slots, host_states, host_slots
-        )
-        await self.shards.call("release", release)
-        self.generation = generation
+        """Report what the store holds for the cache (after applying every log entry taken
+        so far), and which of it is on the host; free what no tree or later log entry
+        refers to. A tree that does not match is reset (new generation). Runs between
+        steps, after every finished request was committed."""
         self._reconcile_due = False
+        await self._release_now(self._take_release())
+        states, slots, host_states, host_slots = await self.shards.rank0("holdings")
+        cursor, refused = self._cursor, self._refused
+        generation, releases = await self.coordinator.reconcile.remote(
+            self.replica_id,
+            states,
+            slots,
+            host_states,
+            host_slots,
+            cursor.applied,
+            cursor.generation,
+            refused,
+        )
+        self._refused -= refused
+        self.generation = generation
+        cursor.reset(generation)
+        self._take(releases)
+        await self._release_now(self._take_release())
         log.warning(
             "replica %s reconciled with the coordinator: freed %d states, %d KV slots",
             self.replica_id,
-            len(release.states),
-            len(release.slots),
+            len(releases.direct.states),
+            len(releases.direct.slots),
         )
 
     async def _rebuild_if_dead(self) -> None:
@@ -546,6 +650,8 @@ class ModelReplica:
         self.generation = await self.coordinator.register_replica.remote(
             self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
         )
+        self._cursor.reset(self.generation)
+        self._release = Release()
         log.warning("replica %s: TP group rebuilt (%d)", self.replica_id, self.rebuilds)
 
     def _idle(self) -> bool:
@@ -562,8 +668,9 @@ class ModelReplica:
         """Free what the coordinator released on this replica's behalf (plans abandoned
         by the ingress) while the replica was busy, and what the last commit released."""
         try:
-            release: Release = await self.coordinator.drain.remote(self.replica_id)
-            await self.shards.call("release", self._take_release() + release)
+            releases = await self.coordinator.drain.remote(self.replica_id, self._cursor.applied)
+            self._take(releases)
+            await self._release_now(self._take_release())
         except Exception:
             log.exception("replica %s: draining releases failed", self.replica_id)
 
@@ -573,6 +680,11 @@ class ModelReplica:
             return (
                 f"dispatch planned for generation {dispatch.generation} of replica "
                 f"{self.replica_id!r}, now at {self.generation} (its cache was reset)"
+            )
+        if dispatch.needs > self._cursor.applied:
+            return (
+                f"dispatch needs release log entries up to {dispatch.needs}, the store "
+                f"has {self._cursor.applied}"
             )
         rid = dispatch.order.request_id
         if time.time() > max(dispatch.deadline, self._known.get(rid, 0.0)):
@@ -585,21 +697,22 @@ class ModelReplica:
             if queue is not None:
                 queue.put_nowait(event)
 
-    async def _abort(self, rid: int, started: bool) -> None:
-        """Release a request's plan at the coordinator; free what it returns next step.
-        `started`: its order started here (what its dispatch carried is freed already);
-        otherwise the coordinator returns that too, unless the plan had already ended."""
-        release: Release = await self.coordinator.abort.remote(
-            self.replica_id, rid, started=started
+    async def _abort(self, rid: int) -> None:
+        """Release a request's plan at the coordinator (it will not run, or no longer
+        runs, here); what the answer brings is applied with the next step."""
+        releases: Releases = await self.coordinator.abort.remote(
+            self.replica_id, rid, applied=self._cursor.applied
         )
-        self._release = self._release + release
+        self._take(releases)
 
     async def _commit(self, finished: list[Finished]) -> None:
         """Commit at the coordinator and complete the requests. The commit is sent first
         (so a client's next turn, planned after it sees the answer, finds it applied:
         the coordinator takes calls in order of arrival), the answers go out, then the
         release it returns is awaited."""
-        pending: Any = self.coordinator.commit_many.remote(self.replica_id, finished)
+        pending: Any = self.coordinator.commit_many.remote(
+            self.replica_id, finished, self._cursor.applied
+        )
         for done in finished:
             dispatch = self._orders.pop(done.request_id, None)
             queue = self._queues.pop(done.request_id, None)
@@ -608,8 +721,7 @@ class ModelReplica:
             order = dispatch.order
             usage = Usage(len(order.prompt), len(done.tokens), order.hit_len)
             queue.put_nowait(Completed(done.request_id, done.finish_reason, usage, done.timings))
-        release: Release = await pending
-        self._release = self._release + release
+        self._take(await pending)
 
     def _fail(self, rid: int, exc: BaseException) -> None:
         self._orders.pop(rid, None)
@@ -621,16 +733,17 @@ class ModelReplica:
 
     async def _fail_all(self, exc: BaseException) -> None:
         """A step failed: fail every request here, running or queued. Queued dispatches
-        leave the queue (they must not start after their plans were aborted); what they
-        carried comes back from the coordinator's abort and is freed."""
+        leave the queue (they must not start after their plans were aborted). Whether the
+        failed step applied its release is not known: the loop reconciles before the next
+        step (what it did not free is freed then; a move it did not make resets the tree)."""
         queued = {d.order.request_id for d in self._pending}
         self._pending = []
+        self._reconcile_due = True
         for rid in list(self._orders):
-            started = rid not in queued
             try:
-                if started:
+                if rid not in queued:
                     await self.shards.call("cancel", rid)
-                await self._abort(rid, started=started)
+                await self._abort(rid)
             except Exception:
                 log.exception("replica %s: cleanup of request %s failed", self.replica_id, rid)
             self._fail(rid, exc)

@@ -151,9 +151,10 @@ class ShardActor:
         out = self.advance(pickle.loads(step))
         return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def release(self, release: Release) -> None:
+    def release(self, release: Release) -> list[str]:
+        """`Worker.apply_release`: what the store refused of it (empty: all done)."""
         with self.lock:
-            self._w().release(release)
+            return self._w().apply_release(release)
 
     def stop(self, request_id: int) -> bool:
         with self.lock:
