@@ -77,17 +77,28 @@ class Backend(Protocol):
 class Detokenizer:
     """Text of a growing output, released incrementally.
 
-    Each `add` decodes only a window of the output (`skip_special_tokens`): the ids from
-    the start of the previous addition on, so the tokenizer sees the token(s) before the
-    new ones and spaces and merges come out as in a decode of the whole. The new part of
-    the window's text extends the text; a window whose text does not extend the text of
-    its own first part (a tokenizer whose decode is not prefix-stable there) has the
-    whole output decoded instead. Either way `text` is the tokenizer's decode of `ids`,
-    and a long output costs O(new ids) per `add`, not O(all ids).
+    Contract: the text released by `add`/`add_many` plus `finish` is the tokenizer's decode
+    of all the ids (`skip_special_tokens=True`) whenever that decode is prefix-stable (the
+    decode of each prefix of the ids, less a trailing U+FFFD, starts the decode of the
+    whole); with stop strings it is that decode cut before the first stop string, found
+    at the same token as a whole decode after every id would find it.
 
-    The new text is released holding back a trailing U+FFFD (an incomplete UTF-8
-    sequence: the window then stays where it is until the sequence completes) and the
-    last `len(longest stop) - 1` characters (a stop string may be arriving). When a stop
+    Each `add` decodes only a window of the output: a context (ids already decoded), then
+    the ids not yet decoded for good. What the window's text shows after the context's own
+    decode extends the text. A decode treats the first token it shows apart (SentencePiece
+    drops the leading space of its first piece, whatever skipped special ids precede it),
+    so the context must show text by itself: it is the previous addition when that does,
+    else the context before it with the previous addition appended, less its skipped
+    special ids (they change no decode, and a run of them must not grow the window). A
+    window whose text does not start with its context's decode (a tokenizer whose decode
+    is not prefix-stable there) has the whole output decoded instead; the text of the ids
+    decoded for good stays as it was (a decode that ends inside a character may show
+    earlier bytes as U+FFFD too: Llama-2's byte fallback turns each byte of a run that is
+    no UTF-8 yet into one). A long output costs O(new ids) per `add`, not O(all ids).
+
+    The text is released up to a trailing U+FFFD (an incomplete UTF-8 sequence: the
+    window then stays where it is until the sequence completes) and, before that, up to
+    the longest suffix that could still become the start of a stop string. When a stop
     string appears, the text is cut before it and `add` reports the stop. `finish`
     releases the rest.
     """
@@ -99,10 +110,11 @@ class Detokenizer:
         self.ids: list[int] = []
         self.text = ""
         self.sent = 0
-        self._start = 0  # the window: ids[_start:]
-        self._read = 0  # ids[:_read] are decoded into text[:_committed]
-        self._committed = 0
-        self._known = ""  # decode(ids[_start:_read])
+        self._read = 0  # ids[:_read] are decoded for good, into _done
+        self._done = ""
+        self._context: list[int] = []  # the window: _context + ids[_read:]
+        self._known = ""  # decode(_context)
+        self._skipped: dict[int, bool] = {}  # id -> whether a decode drops it
 
     def add(self, token: int) -> tuple[str, bool]:
         """(newly released text, whether a stop string ended the output)."""
@@ -132,21 +144,56 @@ class Detokenizer:
         if cuts:
             self.text = self.text[: min(cuts)]
             return self._take(len(self.text)), True
-        stable = len(self.text.rstrip(REPLACEMENT))
-        return self._take(min(stable, len(self.text) - self.hold)), False
+        return self._take(self._releasable()), False
+
+    def _releasable(self) -> int:
+        """How much of `text` may go out: not a trailing U+FFFD (a character whose bytes
+        are still arriving), nor the longest suffix of the text before it that a stop
+        string starts with (the next characters may complete that stop)."""
+        end = len(self.text.rstrip(REPLACEMENT))
+        for start in range(max(0, end - self.hold), end):
+            tail = self.text[start:end]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return start
+        return end
 
     def _decode(self) -> None:
-        """`text` = the decode of `ids`, from the window; the window moves on (to start at
-        the ids this call added) unless the text ends inside a character."""
-        window = self.tokenizer.decode(self.ids[self._start :], skip_special_tokens=True)
+        """`text` = the decode of `ids`, from the window; then the window moves on, unless
+        the text ends inside a character."""
+        window = self._decoded(self._context + self.ids[self._read :])
         if window.startswith(self._known):
-            self.text = self.text[: self._committed] + window[len(self._known) :]
+            self.text = self._done + window[len(self._known) :]
         else:
-            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if self.text.endswith(REPLACEMENT):
-            return
-        self._start, self._read, self._committed = self._read, len(self.ids), len(self.text)
-        self._known = self.tokenizer.decode(self.ids[self._start :], skip_special_tokens=True)
+            self.text = self._decoded(self.ids)
+        if not self.text.endswith(REPLACEMENT):
+            self._move_window()
+
+    def _move_window(self) -> None:
+        """Decode the ids so far for good and make the next window's context of them:
+        the ids since the last move when they show text by themselves, else the context
+        so far followed by those ids less the skipped ones (so that no window's decode
+        shows a new id as its first)."""
+        new = self.ids[self._read :]
+        known = self._decoded(new)
+        if known:
+            self._context = new
+        else:
+            self._context = self._context + [t for t in new if not self._is_skipped(t)]
+            known = self._decoded(self._context)
+        self._read, self._done, self._known = len(self.ids), self.text, known
+
+    def _is_skipped(self, token: int) -> bool:
+        """Whether `token` is a special id that the decode skips: alone, it decodes to
+        other text when special ids are kept."""
+        if token not in self._skipped:
+            kept = self.tokenizer.decode([token], skip_special_tokens=False)
+            self._skipped[token] = self._decoded([token]) != kept
+        return self._skipped[token]
+
+    def _decoded(self, ids: list[int]) -> str:
+        """The tokenizer's decode of `ids`, special ids skipped."""
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text
 
     def finish(self) -> str:
         """Everything not yet released, a trailing U+FFFD included: an output that ends
