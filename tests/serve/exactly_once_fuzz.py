@@ -1,0 +1,314 @@
+"""A model-based fuzzer of exactly once: random interleavings of plans, submissions
+(some to the wrong replica), starts and steps, client departures, channel breaks,
+abandons of unsent plans, lease expiries, heartbeats, drains, reconciles, coordinator
+stalls and coordinator restarts from the journal, across two replicas with the host tier
+on. The parts are the real ones (`replica_harness`: a real `CacheCoordinator`, real
+tiny-model workers, the real `ModelReplica` and `RayBackend` methods).
+
+After every event it checks each replica's store against a reference built from the
+coordinator's tree and what is still on its way to the store (log entries after the
+replica's cursor, and the release the replica has taken but not yet handed over):
+
+- the store refused nothing (a second free of an id, or a move out of order, is a
+  refusal);
+- the store holds exactly the ids the tree refers to plus those still to be freed;
+- every id the tree refers to is in the tier the tree says, unless a move still on its
+  way moves it;
+- every request that ran to its length produced what an uncached run produces.
+
+At the end every plan is closed, the log drained, and the store equals the tree exactly.
+`run_case(seed, events)` is one case; the test runs a few, `benchmarks/fuzz_exactly_once.py`
+many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from coordinator_helpers import GREEDY, LEASE, Clock, make_settings, make_worker, register
+from ray.exceptions import ActorUnavailableError
+from replica_harness import Handle, held, in_step, items, make_replica, refused, run_until_idle
+
+from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
+from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.coordinator.stall_watch import StallWatch
+from marconi_ray.serve.ingress.ray_backend import RayBackend
+from marconi_ray.serve.messages import (
+    Completed,
+    Dispatch,
+    NoReplicaAvailable,
+    Overloaded,
+    Submissions,
+    WrongReplica,
+)
+from marconi_ray.serve.replica.deployment import ModelReplica
+
+REPLICAS = ("r0", "r1")
+WEIGHTS = {
+    "plan": 6,
+    "submit": 6,
+    "step": 16,
+    "misroute": 1,
+    "forget": 1,
+    "settle": 1,
+    "break": 1,
+    "heartbeat": 2,
+    "drain": 1,
+    "expire": 1,
+    "stall": 0.5,
+    "restart": 0.5,
+}
+"""How often each event is drawn, relatively (faults rarer than traffic, so the caches
+fill, evict and move between tiers in between)."""
+EVENTS = tuple(WEIGHTS)
+_P = np.asarray(list(WEIGHTS.values())) / sum(WEIGHTS.values())
+
+
+@dataclass
+class World:
+    """One case's parts and what the fake ingress knows."""
+
+    model_dir: Path
+    rng: np.random.Generator
+    clock: Clock
+    journal: MemoryJournal
+    coord: CacheCoordinator
+    workers: dict[str, Worker]
+    replicas: dict[str, ModelReplica]
+    unsent: list[Dispatch] = field(default_factory=list)
+    sent: list[Dispatch] = field(default_factory=list)
+    sessions: list[list[int]] = field(default_factory=list)
+    session_of: dict[int, int] = field(default_factory=dict)
+    uncached: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    checked: int = 0
+
+    def backend(self, replica: ModelReplica | None = None) -> RayBackend:
+        target = replica if replica is not None else _Router(self.replicas)
+        return RayBackend(Handle(self.coord), Handle(target))  # type: ignore[arg-type]
+
+
+class _Router:
+    """The replicas' deployment handle: a pinned call reaches the replica it names."""
+
+    def __init__(self, replicas: dict[str, ModelReplica]) -> None:
+        self.replicas = replicas
+
+    async def settle_many(self, batch: Any) -> list[str]:
+        return await self.replicas[batch.replica_id].settle_many(batch)
+
+
+def make_world(model_dir: Path, seed: int) -> World:
+    clock = Clock()
+    clock.now = time.time()
+    probe = make_worker(model_dir)
+    device = 2 * (70 * probe.store.kv_bytes_per_token + 3 * probe.store.state_bytes)
+    settings = make_settings(
+        model_dir,
+        cache_bytes=device,
+        host_cache_bytes=10**8,
+        host_placement="lru",
+        max_batch_tokens=64,
+        snapshot_every=7,
+    )
+    journal = MemoryJournal()
+    coord = _coordinator(settings, journal, clock)
+    workers = {rid: make_worker(model_dir) for rid in REPLICAS}
+    for rid, worker in workers.items():
+        register(coord, worker, rid)
+    replicas = {rid: make_replica(coord, workers[rid], rid) for rid in REPLICAS}
+    rng = np.random.default_rng(seed)
+    sessions = [rng.integers(7, 263, 20).tolist() for _ in range(4)]
+    return World(model_dir, rng, clock, journal, coord, workers, replicas, sessions=sessions)
+
+
+def _coordinator(settings: Any, journal: MemoryJournal, clock: Clock) -> CacheCoordinator:
+    watch = StallWatch(1.0, 0.25, start=False)
+    return CacheCoordinator(settings, journal=journal, clock=clock, stall_watch=watch)
+
+
+# ------------------------------------------------------------------ events
+async def event(world: World, kind: str) -> None:
+    """Apply one event of `kind` (one that cannot apply now does nothing)."""
+    world.counts[kind] = world.counts.get(kind, 0) + 1
+    rng, coord = world.rng, world.coord
+    if kind == "plan":
+        i = int(rng.integers(len(world.sessions)))
+        prompt = world.sessions[i] + rng.integers(7, 263, int(rng.integers(0, 6))).tolist()
+        try:
+            dispatch = coord.plan(np.asarray(prompt, np.int32), GREEDY)
+        except (NoReplicaAvailable, Overloaded):  # none confirmed yet: the ingress waits
+            return
+        world.session_of[dispatch.order.request_id] = i
+        world.unsent.append(dispatch)
+    elif kind == "submit" and world.unsent:
+        dispatch = world.unsent.pop(int(rng.integers(len(world.unsent))))
+        replica = world.replicas[dispatch.replica_id]
+        batch = Submissions(dispatch.replica_id, "c", (dispatch,), (True,))
+        (answer,) = await replica.submit_many(batch)
+        assert answer is None, answer
+        world.sent.append(dispatch)
+    elif kind == "misroute" and world.unsent:
+        dispatch = world.unsent.pop(int(rng.integers(len(world.unsent))))
+        other = world.replicas[next(r for r in REPLICAS if r != dispatch.replica_id)]
+        batch = Submissions(dispatch.replica_id, "c", (dispatch,), (True,))
+        (answer,) = await other.submit_many(batch)
+        assert isinstance(answer, WrongReplica)
+        await world.backend().settle_failed(dispatch, answer)
+    elif kind == "forget" and world.unsent:  # a client left while its plan was unsent
+        coord.abandon(world.unsent.pop(int(rng.integers(len(world.unsent)))))
+    elif kind == "step":
+        replica = world.replicas[REPLICAS[int(rng.integers(2))]]
+        if replica._reconcile_due:
+            await replica._reconcile()
+        if not replica._idle():
+            await replica._step()
+        _collect(world, replica)
+    elif kind in ("settle", "break") and world.sent:
+        dispatch = world.sent[int(rng.integers(len(world.sent)))]
+        replica = world.replicas[dispatch.replica_id]
+        if kind == "settle":
+            await replica.settle(dispatch)
+        else:  # the channel broke: the ingress asks the replica before it re-plans
+            cause = ActorUnavailableError("channel broke", b"\x00" * 16)
+            await world.backend().settle_failed(dispatch, cause)
+    elif kind == "heartbeat":
+        await _heartbeat(world, REPLICAS[int(rng.integers(2))])
+    elif kind == "drain":
+        await world.replicas[REPLICAS[int(rng.integers(2))]]._drain()
+    elif kind == "expire":  # time passes, the replicas beating: unsent plans expire
+        for _ in range(5):
+            world.clock.now += LEASE * (1 + LEASE_GRACE) / 4
+            for rid in REPLICAS:
+                await _heartbeat(world, rid)
+    elif kind == "stall":
+        world.clock.now += 2 * LEASE
+        watch = coord.stall_watch
+        watch.tick(watch._last + 2 * LEASE)
+        await _heartbeat(world, REPLICAS[int(rng.integers(2))])
+    elif kind == "restart":
+        world.coord = _coordinator(coord.settings, world.journal, world.clock)
+        for replica in world.replicas.values():
+            replica.coordinator = Handle(world.coord)
+        for rid in REPLICAS:
+            await _heartbeat(world, rid)
+
+
+async def _heartbeat(world: World, rid: str) -> None:
+    """One of the replica's heartbeats, as `ModelReplica._heartbeats` sends it."""
+    replica = world.replicas[rid]
+    status, _ = world.coord.heartbeat(rid, replica._live(), replica._cursor.applied)
+    if status == "register":
+        replica.generation = world.coord.register_replica(
+            rid, replica.info["kv_bytes_per_token"], replica.info["state_bytes"]
+        )
+        replica._cursor.reset(replica.generation)
+    if status in ("register", "reconcile"):
+        replica._reconcile_due = True
+
+
+def _collect(world: World, replica: ModelReplica) -> None:
+    """Check every request that completed at its length against an uncached run, and
+    carry the session on with its output."""
+    outbox = replica._outboxes.get("c")
+    if outbox is None:
+        return
+    for rid in list(outbox._items):
+        got = items(replica, rid)
+        if not got or not isinstance(got[-1], Completed):
+            if got and isinstance(got[-1], BaseException):
+                del outbox._items[rid]
+            continue
+        del outbox._items[rid]
+        tokens = [e.token for e in got if isinstance(e, TokenEvent)]
+        dispatch = next((d for d in world.sent if d.order.request_id == rid), None)
+        if dispatch is None or got[-1].finish_reason != "length":
+            continue
+        prompt = dispatch.order.prompt
+        assert tokens == _uncached(world, prompt), f"request {rid}: a wrong output"
+        session = world.session_of.get(rid)
+        if session is not None:
+            tail = world.rng.integers(7, 263, 3).tolist()
+            world.sessions[session] = [*prompt.tolist(), *tokens, *tail][-120:]
+
+
+def _uncached(world: World, prompt: np.ndarray) -> list[int]:
+    key = tuple(int(t) for t in prompt)
+    if key not in world.uncached:
+        worker = make_worker(world.model_dir)
+        worker.start(PrefillOrder(1, np.asarray(prompt, np.int32), GREEDY, GREEDY.max_tokens))
+        while worker.num_running:
+            worker.step()
+        (done,) = worker.take_finished()
+        world.uncached[key] = list(done.tokens)
+    return world.uncached[key]
+
+
+# ------------------------------------------------------------------ the reference
+def check(world: World) -> None:
+    """The checks after every event (see the module docstring)."""
+    world.checked += 1
+    for rid in REPLICAS:
+        replica, worker = world.replicas[rid], world.workers[rid]
+        assert refused(replica) == [], f"replica {rid}: {refused(replica)}"
+        if rid not in world.coord.planners or replica._reconcile_due:
+            continue  # dropped or awaiting a reconcile: compared after it
+        release_log = world.coord.state.log_of(rid)
+        if release_log.generation != replica._cursor.generation:
+            continue  # reset: the replica learns of it at its next call
+        pending = release_log.pending(replica._cursor.applied) + replica._release
+        states, slots, host_states, host_slots = held(worker)
+        cache = world.coord.planners[rid].cache
+        tree_states, tree_slots = cache.referenced()
+        freed_states = set(pending.states)
+        freed_slots = set(np.asarray(pending.slots).tolist())
+        assert states == tree_states | freed_states, (rid, "states", world.counts)
+        assert slots == tree_slots | freed_slots, (rid, "slots", world.counts)
+        moving_states = {s for m in pending.moves for s in m.states}
+        moving_slots = {s for m in pending.moves for s in np.asarray(m.slots).tolist()}
+        tree_host_states, tree_host_slots = cache.referenced_on_host()
+        assert not ((host_states ^ tree_host_states) & tree_states) - moving_states, rid
+        assert not ((host_slots ^ tree_host_slots) & tree_slots) - moving_slots, rid
+
+
+async def settle_all(world: World) -> None:
+    """Close every plan (unsent ones abandoned), run both replicas to idle, reconcile."""
+    for dispatch in world.unsent:
+        world.coord.abandon(dispatch)
+    world.unsent = []
+    for rid in REPLICAS:
+        await _heartbeat(world, rid)
+        await run_until_idle(world.replicas[rid])
+        _collect(world, world.replicas[rid])
+    await event(world, "expire")  # plans sent to nobody expire
+    for rid in REPLICAS:
+        await run_until_idle(world.replicas[rid])
+        await world.replicas[rid]._drain()
+
+
+def run_case(model_dir: Path, seed: int, events: int) -> dict[str, int]:
+    """One case: `events` random events, checked after each; then everything closed and
+    each store compared with its tree exactly. Returns how often each event ran."""
+    world = make_world(model_dir, seed)
+
+    async def main() -> None:
+        for _ in range(events):
+            await event(world, str(world.rng.choice(EVENTS, p=_P)))
+            check(world)
+        await settle_all(world)
+        check(world)
+
+    asyncio.run(main())
+    for rid in REPLICAS:
+        assert refused(world.replicas[rid]) == []
+        assert world.coord.planners[rid].open_requests == 0
+        in_step(world.coord, world.workers[rid], rid)
+    assert len(world.coord.leases) == 0
+    return {**world.counts, "checks": world.checked}
