@@ -82,7 +82,8 @@ class Run:
             self.coord.register_replica(rid, KV_BYTES, STATE_BYTES)
         c, w = self.coord, self.work
         plans = lambda ps: [c.plan(p, w.params) for p in ps]  # noqa: E731
-        w.warm(plans, lambda d, done: c.commit(d.replica_id, done), self.worker, f"warm {r} {name}")
+        commit = lambda d, done: c.commit(d.replica_id, done, d.needs)  # noqa: E731
+        w.warm(plans, commit, self.worker, f"warm {r} {name}")
         c.snapshot()  # every run's timed pairs meet the journal's snapshots at the same seqs
 
     def pairs(self, prompts: list[np.ndarray]) -> None:
@@ -94,7 +95,7 @@ class Run:
             t1 = time.perf_counter()
             done = worker.finish(d.order, work.output(p))
             t2 = time.perf_counter()
-            coord.commit(d.replica_id, done)
+            coord.commit(d.replica_id, done, d.needs)  # it applied what the dispatch brought
             self.times.append(t1 - t0 + time.perf_counter() - t2)
             self.hits.append(d.order.hit_len)
 
@@ -151,14 +152,17 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
         assert all(isinstance(d, Dispatch) for d in got), got
         return list(got)
 
-    commit = lambda d, done: ray.get(coord.commit.remote(d.replica_id, done))  # noqa: E731
+    commit = lambda d, done: ray.get(coord.commit.remote(d.replica_id, done, d.needs))  # noqa: E731
     work.warm(plans, commit, worker, f"warm ray {name}")
     prompts, pairs, batcher = work.timed(args.ray_pairs), [], PlanBatcher(coord)
     outputs = {id(p): work.output(p) for p in prompts}  # made now: the driver has less to do
     commits: dict[str, Coalescer[Any, None]] = {}
 
+    applied: dict[str, int] = {}  # each fake replica acknowledges what it was sent
+
     async def commit_many(rid: str, done: list[Any]) -> list[None]:
-        await coord.commit_many.remote(rid, done)
+        answer = await coord.commit_many.remote(rid, done, applied.get(rid, 0))
+        applied[rid] = max(applied.get(rid, 0), answer.last)
         return [None] * len(done)
 
     async def caller(todo: Any) -> None:

@@ -352,7 +352,12 @@ def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, An
             return ray.get(coord.plan.remote(prompt, params, time.time())).order
 
         t0 = time.perf_counter()
-        commit = lambda done: ray.get(coord.commit.remote(REPLICA, done))  # noqa: E731
+        acked = [0]  # the fake replica acknowledges what it was sent
+
+        def commit(done: Any) -> None:
+            answer = ray.get(coord.commit.remote(REPLICA, done, acked[0]))
+            acked[0] = max(acked[0], answer.last)
+
         histories = fill_cache(plan, commit, work, worker, "fill the coordinator")
         fill_s, nodes = time.perf_counter() - t0, int(ray.get(coord.check_invariants.remote()))
         if nodes < args.min_nodes:
@@ -364,7 +369,8 @@ def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, An
         batcher = PlanBatcher(coord)  # plans coalesce as the ingress's do
 
         async def commit_many(done: list[Any]) -> list[None]:
-            await coord.commit_many.remote(REPLICA, done)
+            answer = await coord.commit_many.remote(REPLICA, done, acked[0])
+            acked[0] = max(acked[0], answer.last)
             return [None] * len(done)
 
         commits: Coalescer[Any, None] = Coalescer(commit_many)  # as a replica's step does

@@ -61,6 +61,7 @@ from redis_process import RedisProcess
 from tqdm import tqdm
 
 from marconi_ray.protocol.orders import Finished, Release
+from marconi_ray.protocol.release_log import ReleaseCursor, Releases
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.messages import Dispatch
@@ -164,6 +165,14 @@ class SyntheticReplica:
         self.slots: set[int] = set()
         self.freed_states = 0
         self.freed_slots = 0
+        self.cursor = ReleaseCursor(0)
+        """How far into its release log it applied (following the generation answers carry)."""
+
+    def take(self, releases: Releases) -> None:
+        """Apply a coordinator answer as a replica does: each log entry once, in order."""
+        if releases.generation and releases.generation != self.cursor.generation:
+            self.cursor.reset(releases.generation)
+        self.release(self.cursor.take(releases))
 
     def release(self, release: Release) -> None:
         for sid in release.states:
@@ -180,7 +189,7 @@ class SyntheticReplica:
         tokens: a state at every prefill checkpoint, at every capture depth decoding
         reached, and after the whole sequence (`keep_final`, else after its last
         sampled token); KV slots for [hit_len, deepest state)."""
-        self.release(dispatch.release)
+        self.take(dispatch.releases)
         order = dispatch.order
         n = len(order.prompt)
         out = min(reply, order.max_new)
@@ -234,11 +243,15 @@ def serve_turns(
         ]
     )
     finished = [replica.run(d, reply) for d, (_, _, reply) in zip(dispatches, batch, strict=True)]
-    releases = ray.get(
-        [coord.commit.remote(d.replica_id, f) for d, f in zip(dispatches, finished, strict=True)]
+    applied = replica.cursor.applied
+    answers = ray.get(
+        [
+            coord.commit.remote(d.replica_id, f, applied)
+            for d, f in zip(dispatches, finished, strict=True)
+        ]
     )
-    for release in releases:
-        replica.release(release)
+    for answer in answers:
+        replica.take(answer)
     for (session, _, _), prompt, done in zip(batch, prompts, finished, strict=True):
         session.history = np.concatenate([prompt, np.asarray(done.tokens, np.int32)])
         session.served += 1
@@ -361,7 +374,10 @@ def recover_once(
             raise SystemExit(f"{len(failed)} failed recoveries in a row: {failed}")
     t_alive = time.perf_counter()
     held_states, held_slots = replica.holdings()
-    _gen, release = ray.get(coord.reconcile.remote(REPLICA, held_states, held_slots))
+    _gen, answer = ray.get(
+        coord.reconcile.remote(REPLICA, held_states, held_slots, applied=replica.cursor.applied)
+    )
+    release = answer.direct
     t_reconciled = time.perf_counter()
     dispatch: Dispatch = ray.get(coord.plan.remote(prompt, params(reply), time.time()))
     t_hit = time.perf_counter()
@@ -369,8 +385,10 @@ def recover_once(
     assert hit > 0, f"no hit after recovery (prompt of {len(prompt)} tokens)"
     # serve the probe turn to the end, like any other turn
     finished = replica.run(dispatch, reply)
-    replica.release(release)
-    replica.release(ray.get(coord.commit.remote(dispatch.replica_id, finished)))
+    replica.take(answer)
+    replica.take(
+        ray.get(coord.commit.remote(dispatch.replica_id, finished, replica.cursor.applied))
+    )
     probe.history = np.concatenate([prompt, np.asarray(finished.tokens, np.int32)])
     recovery = ray.get(coord.journal_status.remote())["recovery"]
     assert recovery["ok"], f"recovery failed: {recovery}"
