@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from coordinator_helpers import Clock, make_settings, make_worker, register, turn
+from coordinator_helpers import Clock, applied, make_settings, make_worker, register, turn
 from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.engine.engine import Engine
@@ -45,9 +45,9 @@ def test_heartbeats_carry_store_figures_to_metrics(model_dir: Path) -> None:
     assert (stats.store, stats.host_capacity) == ({}, 5_000_000)
     assert stats.bytes_by_tier == {"device": 0, "host": 0}
     figures = {"bytes_to_host": 4096.0, "seconds_to_host": 0.5, "host_bytes": 4096.0}
-    assert coord.heartbeat("r0", [], [], figures)[0] == "ok"
-    assert coord.heartbeat("r0", [], [])[0] == "ok"  # no figures this time: the last kept
-    assert coord.heartbeat("ghost", [], [], figures)[0] == "register"
+    assert coord.heartbeat("r0", [], 0, figures)[0] == "ok"
+    assert coord.heartbeat("r0", [], 0)[0] == "ok"  # no figures this time: the last kept
+    assert coord.heartbeat("ghost", [], 0, figures)[0] == "register"
     got = scrape(coord)
     to_host = (("direction", "to_host"), ("replica", "r0"))
     assert got[("marconi_store_tier_copied_bytes_total", to_host)] == 4096
@@ -79,7 +79,7 @@ def test_a_real_store_and_the_coordinator_agree(model_dir: Path) -> None:
             prompt = history + [int(t) for t in rng.integers(1, 500, 8)]
             out, _ = turn(coord, worker, prompt)
             chats[i] = prompt + out
-    coord.heartbeat("r0", [], [], worker.store.tier_stats())
+    coord.heartbeat("r0", [], applied(worker), worker.store.tier_stats())
     (stats,) = coord.stats()
     cache = stats.stats
     assert cache["demotions"] and cache["promotions"] and cache["host_hit_tokens"]

@@ -161,3 +161,9 @@ def test_bad_store_figure_is_named() -> None:
     stats = ReplicaStats.of("r", cache, 0, 0, store={**STORE, "seconds_to_host": "slow"})
     with pytest.raises(ValueError, match="store field 'seconds_to_host'"):
         render_metrics(IngressMetrics(), [stats])
+
+
+def test_refused_releases_are_counted_per_replica(caches: dict[str, PrefixCache]) -> None:
+    stats = [ReplicaStats.of("one", caches["r0"], 0, 0, refused_releases=3)]
+    got = samples(render_metrics(IngressMetrics(), stats).decode())
+    assert got[("marconi_replica_refused_releases_total", (("replica", "one"),))] == 3

@@ -11,7 +11,7 @@ Cache metrics (label `replica`; `kind` and `reason` where noted):
 `marconi_cache_reserved_bytes`, `marconi_cache_peak_bytes`,
 `marconi_cache_states_admitted_total{reason}`, `marconi_cache_states_dropped_total`,
 `marconi_cache_evictions_total`, `marconi_cache_alpha`, `marconi_replica_in_flight`,
-`marconi_replica_tuner_runs_total`, `marconi_store_refused_releases_total` (releases the
+`marconi_replica_tuner_runs_total`, `marconi_replica_refused_releases_total` (releases the
 replica's store refused, each followed by a reconcile); and `marconi_tuner_runs_total`
 (all replicas). The ingress's own: `marconi_replans_total{cause}` (requests planned
 again after a fault).
@@ -186,7 +186,7 @@ class CacheCollector(Collector):
         yield admitted
         yield from self._tier_families()
         refused = CounterMetricFamily(
-            "marconi_store_refused_releases",
+            "marconi_replica_refused_releases",
             "Releases the replica's store refused (it reconciled after each).",
             labels=label,
         )
