@@ -10,6 +10,7 @@ the model's collectives keep them in lockstep and rank 0's sampled tokens are br
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -278,20 +279,20 @@ class Worker:
             self.store.apply_moves(release.moves)
         except ValueError as exc:
             refused.append(str(exc))
-        states = list(release.states)
-        gone = sorted({s for s in states if not self.store.has_state(s)})
-        gone += sorted({s for s in states if states.count(s) > 1} - set(gone))
-        for sid in dict.fromkeys(states):
+        counts = Counter(release.states)
+        gone = sorted(s for s, n in counts.items() if n > 1 or not self.store.has_state(s))
+        for sid in counts:
             if self.store.has_state(sid):
                 self.store.free_state(sid)
         if gone:
             refused.append(f"states {gone[:16]} are not held (freed twice?)")
         slots = np.asarray(release.slots, dtype=np.int64)
-        bad = self.store.slots.not_held(slots) if len(slots) else []
-        if bad:
+        try:  # validated there once: the usual case costs nothing more
+            self.store.free_slots(slots)
+        except ValueError:
+            bad = self.store.slots.not_held(slots)
             refused.append(f"KV slots {bad[:16]} are not held (freed twice?)")
-            slots = np.unique(slots[~np.isin(slots, bad)])
-        self.store.free_slots(slots)
+            self.store.free_slots(np.unique(slots[~np.isin(slots, bad)]))
         return refused
 
     # ------------------------------------------------------------------ stages

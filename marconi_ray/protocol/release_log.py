@@ -81,9 +81,13 @@ class ReleaseLog:
             self._entries.append(LogEntry(self.last + 1, release))
         return self.last
 
-    def ack(self, applied: int) -> None:
-        """The replica has applied every entry up to `applied`: they need not travel
-        again. A stale or foreign figure (below `acked`, past `last`) changes nothing."""
+    def ack(self, applied: int, generation: int | None = None) -> None:
+        """The replica has applied every entry up to `applied` of its log of `generation`
+        (None: this one): they need not travel again. A figure of another generation (a
+        replica not yet told of a reset), a stale one (below `acked`) or one past `last`
+        changes nothing."""
+        if generation is not None and generation != self.generation:
+            return
         if applied <= self.acked or applied > self.last:
             return
         while self._entries and self._entries[0].seq <= applied:

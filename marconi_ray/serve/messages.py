@@ -146,8 +146,10 @@ class ReplicaStats:
         in_flight: int,
         tuner_runs: int,
         store: dict[str, float] | None = None,
+        refused_releases: int = 0,
     ) -> ReplicaStats:
-        """A snapshot of `cache`'s figures, with the replica's `store` figures."""
+        """A snapshot of `cache`'s figures, with the replica's `store` figures and the
+        releases its store refused."""
         return cls(
             replica_id=replica_id,
             capacity=cache.capacity,
@@ -161,6 +163,7 @@ class ReplicaStats:
             bytes_by_tier=cache.bytes_by_tier(),
             host_capacity=cache.host_capacity,
             store=dict(store or {}),
+            refused_releases=refused_releases,
         )
 
 

@@ -202,16 +202,8 @@ async def event(world: World, kind: str) -> None:
 
 
 async def _heartbeat(world: World, rid: str) -> None:
-    """One of the replica's heartbeats, as `ModelReplica._heartbeats` sends it."""
-    replica = world.replicas[rid]
-    status, _ = world.coord.heartbeat(rid, replica._live(), replica._cursor.applied)
-    if status == "register":
-        replica.generation = world.coord.register_replica(
-            rid, replica.info["kv_bytes_per_token"], replica.info["state_bytes"]
-        )
-        replica._cursor.reset(replica.generation)
-    if status in ("register", "reconcile"):
-        replica._reconcile_due = True
+    """One of the replica's heartbeats (`ModelReplica._beat`)."""
+    await world.replicas[rid]._beat()
 
 
 def _collect(world: World, replica: ModelReplica) -> None:

@@ -135,7 +135,9 @@ class Coordinator:
     async def _abandon(self, dispatch: Dispatch) -> None:
         self.abandoned.append(dispatch.order.request_id)
 
-    async def _abort(self, replica_id: str, rid: int, applied: int = 0) -> Releases:
+    async def _abort(
+        self, replica_id: str, rid: int, applied: int = 0, generation: int | None = None
+    ) -> Releases:
         self.aborted.append(rid)
         return Releases()
 
@@ -143,7 +145,11 @@ class Coordinator:
         return None
 
     async def _commit_many(
-        self, replica_id: str, finished: list[Finished], applied: int = 0
+        self,
+        replica_id: str,
+        finished: list[Finished],
+        applied: int = 0,
+        generation: int | None = None,
     ) -> Releases:
         self.committed += [(f.request_id, f.finish_reason) for f in finished]
         return Releases()

@@ -36,8 +36,8 @@ class _Call:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
 
-    def remote(self, *args: Any) -> Any:
-        return self.fn(*args)
+    def remote(self, *args: Any, **kw: Any) -> Any:
+        return self.fn(*args, **kw)
 
 
 class OneTokenShards:
@@ -80,13 +80,19 @@ class GatedCoordinator:
     async def _abandon(self, dispatch: Dispatch) -> None:
         self.abandoned.append(dispatch.order.request_id)
 
-    async def _drain(self, replica_id: str, applied: int = 0) -> Releases:
+    async def _drain(
+        self, replica_id: str, applied: int = 0, generation: int | None = None
+    ) -> Releases:
         self.draining.set()
         await self.gate.wait()
         return Releases()
 
     async def _commit_many(
-        self, replica_id: str, finished: list[Finished], applied: int = 0
+        self,
+        replica_id: str,
+        finished: list[Finished],
+        applied: int = 0,
+        generation: int | None = None,
     ) -> Releases:
         self.commit_contexts.append(REQUEST.get())
         return Releases()

@@ -52,7 +52,6 @@ Expired leases and silent replicas come off deadline heaps, not a scan of all of
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -209,9 +208,11 @@ class CacheCoordinator:
         live: list[int],
         applied: int = 0,
         store: dict[str, float] | None = None,
+        generation: int | None = None,
     ) -> tuple[str, int]:
         """A replica is alive and runs (or queues) the requests `live`: renew their
-        leases. `applied`: the last entry of its release log it applied. `store`: its
+        leases. `applied`: the last entry of its release log it applied (of its
+        `generation`; None: the current one, see `ReleaseLog.ack`). `store`: its
         store's tier figures (`ReplicaStats.store`), kept for `stats`. Returns (`"ok"` |
         `"reconcile"` | `"register"`, generation): `register` when this coordinator does
         not know the replica, `reconcile` when it restored the replica from the journal and
@@ -220,7 +221,7 @@ class CacheCoordinator:
         now = self.clock()
         if info is not None:
             info.last_seen = now
-            self.state.log_of(replica_id).ack(applied)
+            self.state.log_of(replica_id).ack(applied, generation)
             if store is not None:
                 self._store_figures[replica_id] = dict(store)
         self._expire()
@@ -290,7 +291,7 @@ class CacheCoordinator:
             release_log = self.state.log_of(replica_id)
             pending = Release()
         else:
-            release_log.ack(applied)
+            release_log.ack(applied, generation)
         self._confirm(replica_id)
         keep_states = tree_states | set(pending.states)
         keep_slots = tree_slots | {int(s) for s in pending.slots}
@@ -379,16 +380,25 @@ class CacheCoordinator:
                 out.append(exc)
         return out
 
-    def commit(self, replica_id: str, done: Finished, applied: int = 0) -> Releases:
+    def commit(
+        self, replica_id: str, done: Finished, applied: int = 0, generation: int | None = None
+    ) -> Releases:
         """Admit what the cache keeps of a finished request; returns what the replica's
-        store must do (`applied`: the last log entry it applied). A commit that cannot be
+        store must do (`applied`: the last log entry it applied, of its `generation`;
+        None: the current one). A commit that cannot be
         applied aborts the request instead (nothing is cached). A commit for a request
         this coordinator no longer plans (its lease expired, the replica was reset, or it
         is a retry of an applied commit) frees, directly, what the request stored unless
         a tree node refers to it."""
-        return self.commit_many(replica_id, [done], applied)
+        return self.commit_many(replica_id, [done], applied, generation)
 
-    def commit_many(self, replica_id: str, finished: list[Finished], applied: int = 0) -> Releases:
+    def commit_many(
+        self,
+        replica_id: str,
+        finished: list[Finished],
+        applied: int = 0,
+        generation: int | None = None,
+    ) -> Releases:
         """`commit` of every request one replica step finished, in one call."""
         direct = Release()
         for done in finished:
@@ -396,7 +406,7 @@ class CacheCoordinator:
                 self._do(Commit(replica_id, done))
             else:
                 direct = direct + self.state.orphan_release(replica_id, done)
-        return self._releases(replica_id, applied, direct)
+        return self._releases(replica_id, applied, generation, direct)
 
     def abort(
         self,
@@ -405,11 +415,13 @@ class CacheCoordinator:
         done: Finished | None = None,
         reason: str = "client",
         applied: int = 0,
+        generation: int | None = None,
     ) -> Releases:
         """Release a request's plan (and what it stored, if it finished); returns what
-        the replica's store must do (`applied`: the last log entry it applied)."""
+        the replica's store must do (`applied`: the last log entry it applied, of its
+        `generation`; None: the current one)."""
         direct = self._end_plan(replica_id, request_id, done, reason)
-        return self._releases(replica_id, applied, direct)
+        return self._releases(replica_id, applied, generation, direct)
 
     def _end_plan(
         self, replica_id: str, request_id: int, done: Finished | None, reason: str
@@ -435,16 +447,24 @@ class CacheCoordinator:
         if rid in self.planners and dispatch.generation == self.state.log_of(rid).generation:
             self._end_plan(rid, dispatch.order.request_id, None, "abandoned")
 
-    def drain(self, replica_id: str, applied: int = 0) -> Releases:
-        """What the replica's store must still do (log entries after `applied`)."""
-        return self._releases(replica_id, applied)
+    def drain(self, replica_id: str, applied: int = 0, generation: int | None = None) -> Releases:
+        """What the replica's store must still do (log entries after `applied`, of its
+        `generation`; None: the current one)."""
+        return self._releases(replica_id, applied, generation)
 
-    def _releases(self, replica_id: str, applied: int, direct: Release | None = None) -> Releases:
-        """Acknowledge `applied` and return the log entries after it, with `direct`."""
+    def _releases(
+        self,
+        replica_id: str,
+        applied: int,
+        generation: int | None,
+        direct: Release | None = None,
+    ) -> Releases:
+        """Acknowledge `applied` (`ReleaseLog.ack`) and return the log entries after it,
+        with `direct`."""
         release_log = self.state.logs.get(replica_id)
         if release_log is None:  # unregistered: its store was reset or is gone
             return Releases(0, (), direct or Release())
-        release_log.ack(applied)
+        release_log.ack(applied, generation)
         return release_log.since(direct)
 
     # ------------------------------------------------------------------ tuning
@@ -500,8 +520,10 @@ class CacheCoordinator:
         for rid, planner in self.planners.items():
             runs = 0 if planner.tuner is None else len(planner.tuner.history)
             store = self._store_figures.get(rid)
-            stats = ReplicaStats.of(rid, planner.cache, planner.open_requests, runs, store)
-            out.append(dataclasses.replace(stats, refused_releases=self.refusals.get(rid, 0)))
+            refused = self.refusals.get(rid, 0)
+            out.append(
+                ReplicaStats.of(rid, planner.cache, planner.open_requests, runs, store, refused)
+            )
         return out
 
     def health(self) -> dict[str, Any]:

@@ -549,23 +549,31 @@ class ModelReplica:
             await asyncio.sleep(self.settings.heartbeat_s)
             self._read_store_figures()
             try:
-                live, sent = self._live(), time.time()
-                status, _ = await self.coordinator.heartbeat.remote(
-                    self.replica_id, live, self._cursor.applied, self._store_figures
-                )
-                if status == "ok":
-                    self._renew(live, sent)
-                if status == "register":
-                    self.generation = await self.coordinator.register_replica.remote(
-                        self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
-                    )
-                    self._cursor.reset(self.generation)
+                await self._beat()
             except Exception:
                 log.exception("replica %s: heartbeat failed", self.replica_id)
-                continue
-            if status in ("register", "reconcile"):
-                self._reconcile_due = True
-                self._ensure_loop()
+
+    async def _beat(self) -> None:
+        """One heartbeat (see `_heartbeats`): it acknowledges the release log as far as
+        this replica took it."""
+        live, sent = self._live(), time.time()
+        status, _ = await self.coordinator.heartbeat.remote(
+            self.replica_id,
+            live,
+            self._cursor.applied,
+            self._store_figures,
+            generation=self._cursor.generation,
+        )
+        if status == "ok":
+            self._renew(live, sent)
+        if status == "register":
+            self.generation = await self.coordinator.register_replica.remote(
+                self.replica_id, self.info["kv_bytes_per_token"], self.info["state_bytes"]
+            )
+            self._cursor.reset(self.generation)
+        if status in ("register", "reconcile"):
+            self._reconcile_due = True
+            self._ensure_loop()
 
     def _read_store_figures(self) -> None:
         """Start reading rank 0's store figures (`tier_stats`) for a later heartbeat, in
@@ -668,7 +676,9 @@ class ModelReplica:
         """Free what the coordinator released on this replica's behalf (plans abandoned
         by the ingress) while the replica was busy, and what the last commit released."""
         try:
-            releases = await self.coordinator.drain.remote(self.replica_id, self._cursor.applied)
+            releases = await self.coordinator.drain.remote(
+                self.replica_id, self._cursor.applied, self._cursor.generation
+            )
             self._take(releases)
             await self._release_now(self._take_release())
         except Exception:
@@ -701,7 +711,10 @@ class ModelReplica:
         """Release a request's plan at the coordinator (it will not run, or no longer
         runs, here); what the answer brings is applied with the next step."""
         releases: Releases = await self.coordinator.abort.remote(
-            self.replica_id, rid, applied=self._cursor.applied
+            self.replica_id,
+            rid,
+            applied=self._cursor.applied,
+            generation=self._cursor.generation,
         )
         self._take(releases)
 
@@ -711,7 +724,7 @@ class ModelReplica:
         the coordinator takes calls in order of arrival), the answers go out, then the
         release it returns is awaited."""
         pending: Any = self.coordinator.commit_many.remote(
-            self.replica_id, finished, self._cursor.applied
+            self.replica_id, finished, self._cursor.applied, self._cursor.generation
         )
         for done in finished:
             dispatch = self._orders.pop(done.request_id, None)
