@@ -111,9 +111,18 @@ class ReleaseLog:
         return tuple(self._entries)
 
     def restore(self, entries: Iterable[LogEntry]) -> None:
-        """Replace the pending entries (from a snapshot)."""
-        self._entries = deque(entries)
-        self.check()
+        """Replace the pending entries (from a snapshot). ValueError naming the first
+        entry whose seq does not follow `acked` consecutively; the log is then unchanged."""
+        restored = deque(entries)
+        expected = self.acked + 1
+        for entry in restored:
+            if entry.seq != expected:
+                raise ValueError(
+                    f"release log of generation {self.generation}: entry seq {entry.seq} "
+                    f"where {expected} follows acknowledged {self.acked}"
+                )
+            expected += 1
+        self._entries = restored
 
     def check(self) -> None:
         """AssertionError unless the seqs run consecutively from `acked + 1`."""

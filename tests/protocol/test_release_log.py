@@ -5,6 +5,7 @@ for its own generation."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from marconi_ray.protocol.orders import Move, Release
 from marconi_ray.protocol.release_log import ReleaseCursor, ReleaseLog
@@ -65,3 +66,15 @@ def test_acks_trim_only_what_was_applied_and_only_for_their_generation():
     log.ack(1)  # stale: ignored
     assert log.acked == 2 and log.pending(2).states == (3,) and log.pending(3).states == ()
     log.check()
+
+
+def test_restoring_entries_that_skip_a_seq_is_refused_and_changes_nothing():
+    source = ReleaseLog(generation=2)
+    for slot in (1, 2, 3):
+        source.append(_free(slot))
+    kept = source.entries()
+    log = ReleaseLog(generation=2)
+    log.restore(kept)
+    with pytest.raises(ValueError, match="entry seq 3 where 2 follows acknowledged 0"):
+        log.restore([kept[0], kept[2]])
+    assert log.entries() == kept and log.last == 3
