@@ -51,11 +51,11 @@ gpu-bundle: $(WHEELS)/.mamba-ssm-$(MAMBA_SSM)
 		--python-version $$v --platform manylinux2014_x86_64 -d build/gpu-bundle msgpack; done
 	$(PY) -m pip download -q --no-deps -d build/gpu-bundle pytest pluggy iniconfig pygments
 
-## The main job: the OpenAI-compatible service with the tiny preset model on
+## The main job: the OpenAI-compatible service with the packaged trained `chat` model on
 ## 127.0.0.1:8000 (local Ray, embedded defaults; it prints how to send a request).
 ## Ctrl-C stops it cleanly.
 run: $(STAMP)
-	$(VENV)/bin/marconi-ray serve
+	$(VENV)/bin/marconi-ray serve --model chat
 
 ## The offline pieces: replay the packaged ShareGPT sample through the four systems at
 ## four cache sizes ($(OUT)/results.json and a PNG), then chat with a tiny model through

@@ -31,8 +31,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--model",
         required=True,
-        metavar="DIR",
-        help="model folder (make-model output or HF checkpoint)",
+        metavar="M",
+        help="model folder (make-model output or HF checkpoint), the packaged trained model "
+        "chat, a preset (tiny, small, preset:family, built on first use) or a Hugging Face "
+        "id ORG/NAME[@REVISION]",
     )
     p.add_argument(
         "--prompt",
@@ -93,11 +95,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from marconi_kernels import KernelUnavailable
     from marconi_ray.engine.engine import Engine
     from marconi_ray.protocol.sampling import SamplingParams
+    from marconi_ray.serve.model_source import resolve_model
 
     torch.set_num_threads(1)
+    model_dir = resolve_model(args.model)
     try:
         engine = Engine(
-            args.model,
+            model_dir,
             system=args.system,
             cache_bytes=int(args.cache_bytes),
             dtype=args.dtype,

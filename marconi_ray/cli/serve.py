@@ -63,8 +63,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--model",
         metavar="M",
-        help="model folder (with config.json), preset: tiny, small, or preset:family "
-        "such as tiny:bamba, built on first use (default: tiny), or Hugging Face id "
+        help="model folder (with config.json), the packaged trained model chat (what "
+        "`make run` serves), preset: tiny, small, or preset:family such as tiny:bamba, "
+        "built on first use (default: tiny), or Hugging Face id "
         "ORG/NAME[@REVISION] (from the Hugging Face cache; downloaded unless HF_HUB_OFFLINE=1)",
     )
     p.add_argument("--port", type=int, metavar="P", help="HTTP port (default: 8000)")

@@ -108,7 +108,8 @@ class ServeConfig(BaseModel):
     model: str = Field(
         default="tiny",
         min_length=1,
-        description="A model folder (with config.json), a preset: tiny, small, "
+        description="A model folder (with config.json), the packaged trained model chat, "
+        "a preset: tiny, small, "
         "optionally preset:family (e.g. tiny:bamba), built on first use, or a Hugging Face "
         "id ORG/NAME[@REVISION], read from the Hugging Face cache of each node that loads "
         "it (downloaded there unless HF_HUB_OFFLINE=1).",

@@ -3,6 +3,9 @@ a Hugging Face model id.
 
 A model spec is, in this order of precedence,
 - a folder holding `config.json` (a checkpoint, e.g. one written by `make-model`),
+- the name of a model shipped in the package (`PACKAGED_MODELS`): `chat`, a small hybrid
+  trained on ShareGPT conversations by `scripts/train_chat.py`, read in place (never
+  written),
 - a preset name, optionally with a family: `tiny`, `small`, `tiny:bamba`
   (family default `nemotron_h`), or
 - a Hugging Face id `ORG/NAME[@REVISION]` (see `serve.hub_model`): the snapshot folder in
@@ -24,7 +27,9 @@ import json
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final
 
 from marconi_ray.engine.model_presets import BUILD_VERSION, FAMILIES, PRESETS
@@ -36,6 +41,26 @@ MODELS_DIR_ENV: Final = "MARCONI_MODELS_DIR"
 DEFAULT_FAMILY: Final = "nemotron_h"
 RECORD_FILE: Final = "marconi.json"
 _CONFIG_FILE: Final = "config.json"
+
+
+PACKAGED_MODELS: Final = MappingProxyType({"chat": "chat"})
+"""Name -> folder under `marconi_ray/data` of each model the package ships."""
+
+
+def packaged_model(spec: str) -> Path | None:
+    """The folder of the packaged model `spec` names, or None when it names none.
+
+    ValueError naming the folder when the package lacks its `config.json` (an install
+    without its package data)."""
+    if spec not in PACKAGED_MODELS:
+        return None
+    folder = Path(str(resources.files("marconi_ray.data") / PACKAGED_MODELS[spec]))
+    if not (folder / _CONFIG_FILE).is_file():
+        raise ValueError(
+            f"packaged model {spec!r}: {folder} has no {_CONFIG_FILE}; reinstall marconi-ray "
+            "with its package data"
+        )
+    return folder
 
 
 def default_models_root() -> Path:
@@ -77,7 +102,7 @@ def default_model_name(spec: str) -> str:
     (`tiny`, `tiny:bamba`), the Hugging Face id as written (`ORG/NAME[@REVISION]`), or
     the model folder's name."""
     name, _, _ = spec.partition(":")
-    if name in PRESETS or _is_hub_spec(spec):
+    if name in PRESETS or spec in PACKAGED_MODELS or _is_hub_spec(spec):
         return spec
     return Path(spec).expanduser().resolve().name or spec
 
@@ -86,7 +111,8 @@ def resolve_model(spec: str, root: Path | None = None) -> Path:
     """The model folder of `spec` (see the module docstring), building a preset if needed.
 
     Args:
-        spec: a folder with `config.json`, `preset[:family]`, or `ORG/NAME[@REVISION]`.
+        spec: a folder with `config.json`, a packaged model name (`chat`),
+            `preset[:family]`, or `ORG/NAME[@REVISION]`.
         root: where presets are built (default `default_models_root()`).
 
     Returns:
@@ -105,6 +131,9 @@ def resolve_model(spec: str, root: Path | None = None) -> Path:
     path = Path(spec).expanduser()
     if (path / _CONFIG_FILE).is_file():
         return path.resolve()
+    packaged = packaged_model(spec)
+    if packaged is not None:
+        return packaged
     preset = parse_preset_spec(spec)
     if preset is not None:
         return _ensure_preset(*preset, root if root is not None else default_models_root())
@@ -115,7 +144,8 @@ def resolve_model(spec: str, root: Path | None = None) -> Path:
         return hub.local_dir()
     raise ValueError(
         f"model {spec!r} is neither a model folder (with {_CONFIG_FILE}), a preset nor a "
-        f"Hugging Face id (ORG/NAME[@REVISION]); presets: {buildable_presets()} "
+        f"Hugging Face id (ORG/NAME[@REVISION]); packaged models: {list(PACKAGED_MODELS)}, "
+        f"presets: {buildable_presets()} "
         f"(optionally 'preset:family', families: {list(FAMILIES)})"
     )
 
