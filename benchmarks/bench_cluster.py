@@ -1,4 +1,4 @@
-"""Routing at cluster scale (issue 20, items 2 and 5): the coordinator's cost per request
+"""Routing at cluster scale: the coordinator's cost per request
 as the replicas grow, the indexed coordinator next to the reference, in one run.
 
 Variants (both are the real `CacheCoordinator`, the same state code, the same journal):

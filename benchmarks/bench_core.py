@@ -53,7 +53,7 @@ GB = 10**9
 UNBOUNDED = 10**18
 SYSTEMS = ("vanilla", "vllm+", "vllm+refill", "sglang+", "marconi", "marconi+")
 SWEEP_SYSTEMS = ("vllm+", "sglang+", "marconi")
-ARTIFACT_SWEEP_S = 18 * 60  # the authors' simulator, 12 SWE runs (issue 14)
+ARTIFACT_SWEEP_S = 18 * 60  # the authors' simulator, 12 SWE runs (about 18 minutes)
 ARTIFACT = {  # token hit rate (%) measured with the authors' simulator (artifact-notes.md)
     "vllm+refill": (3.17, 3.96, 8.45, 17.80),
     "sglang+": (15.58, 34.45, 68.75, 86.19),

@@ -1,5 +1,5 @@
 """Per-step fan-out of a tensor-parallel replica: plain actor calls against a Ray Compiled
-Graph (issue 12, item 1: "the step loop next to the shards").
+Graph (the step loop next to the shards).
 
 One local Ray instance, one TP group of real `ShardActor`s (--tp, default 2) on the
 `tiny` preset (NemotronH, float32, CPU, torch one thread), set up once. Both paths drive

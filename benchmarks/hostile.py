@@ -1,4 +1,4 @@
-"""Hostile clients and long outages (issue 13), measured in one run against the real service
+"""Hostile clients and long outages, measured in one run against the real service
 (the `tiny` preset, 2 replicas, tp 1, local Ray, HTTP on 127.0.0.1:PORT).
 
 Deployments: A = max_batch 4, max_queued_requests 4 (capacity C = replicas x (4 + 4) = 16
@@ -93,7 +93,7 @@ HERE = Path(__file__).resolve().parent
 DROP_POINTS = ("before headers", "after headers", "after the first chunk", "mid-stream")
 MID_STREAM_CHUNKS = 6
 LETTERS = np.array(list("abcdefghijklmnopqrstuvwxyz     .,"))
-RELEASE_S = 1.0  # issue 13: a dropped client's plan is released "at once" (~1 s)
+RELEASE_S = 1.0  # the target: a dropped client's plan is released "at once" (~1 s)
 HEALTH_P99_MS = 500.0  # /health keeps answering while big bodies are refused
 RSS_SLACK_MB = 16.0  # allocator slack and the cache tree's own growth under the load
 CATCH_UP_S = 5.0  # Redis back: the journal is ok (snapshot written, backlog empty) within

@@ -1,4 +1,4 @@
-"""Losing a model node under load (issue 20): a head and two worker raylets on this
+"""Losing a model node under load: a head and two worker raylets on this
 machine (`local_cluster.LocalCluster`), a real redis-server journal, the full HTTP
 service (ingress, coordinator and tuner on the head; one `tiny` replica on each worker),
 closed-loop clients running multi-turn sessions, and one worker's raylet killed while
