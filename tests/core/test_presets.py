@@ -123,8 +123,8 @@ def test_qwen_state_and_kv_bytes_by_hand(name: str) -> None:
 
 
 def test_published_numbers() -> None:
-    """The figures the README quotes: bytes of one state, KV bytes per token, and how many
-    tokens of KV one state costs."""
+    """The figures docs/RESULTS.md quotes: bytes of one state, KV bytes per token, and how
+    many tokens of KV one state costs."""
     figures = {n: get_preset(n) for n in SHAPES}
     assert {n: s.ssm_state_bytes for n, s in figures.items()} == {
         "qwen3.5-27b": 154_927_104,
@@ -165,8 +165,8 @@ def test_fleet_state_and_kv_bytes_by_hand(name: str) -> None:
 
 
 def test_fleet_published_numbers() -> None:
-    """The figures the README quotes: bytes of one state, KV bytes per token, and one state
-    in tokens of KV."""
+    """The figures docs/RESULTS.md quotes: bytes of one state, KV bytes per token, and one
+    state in tokens of KV."""
     specs = {n: get_preset(n) for n in FLEET}
     assert {n: (s.ssm_state_bytes, s.kv_bytes_per_token) for n, s in specs.items()} == {
         "nemotron-3-nano-30b-a3b": (49_364_992, 6_144),

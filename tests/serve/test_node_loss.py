@@ -1,4 +1,4 @@
-"""Losing a model node under load (issue 20): a Ray cluster of three raylets on this
+"""Losing a model node under load: a Ray cluster of three raylets on this
 machine (the head, two workers advertising `marconi_model`), a real redis-server journal,
 the full HTTP service (ingress, coordinator and tuner pinned to the head; one `tiny`
 replica on each worker), four closed-loop clients running eight multi-turn sessions (half

@@ -1,7 +1,7 @@
 """The hand-off of a tuning window to the tuner actor never touches the commit it
-follows (issue 20's bug 1), and a lost job is sent again: a real in-process
-`CacheCoordinator` and tiny-model `Worker`, a real local Ray with the real tuner actor
-started late."""
+follows (an error in the hand-off cannot fail the commit), and a lost job is sent again:
+a real in-process `CacheCoordinator` and tiny-model `Worker`, a real local Ray with the
+real tuner actor started late."""
 
 from __future__ import annotations
 
