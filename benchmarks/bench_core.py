@@ -39,14 +39,14 @@ import two_tier
 from tqdm import tqdm
 
 from marconi_ray.cli.plot import plot_hit_rate_vs_cache
-from marconi_ray.core import cache_codec
-from marconi_ray.core.cost_model import EFFICIENCY_FORMULAS, CostModel
-from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.core.presets import get_preset
-from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep
-from marconi_ray.core.stats import ADMISSION_REASONS
-from marconi_ray.core.systems import get_system
-from marconi_ray.core.tuner import RequestLike, TuneJob, default_grid, run_grid
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.prefix_cache import PrefixCache
+from marconi_ray.core.cache.stats import ADMISSION_REASONS
+from marconi_ray.core.cache.systems import get_system
+from marconi_ray.core.cache.tuner import RequestLike, TuneJob, default_grid, run_grid
+from marconi_ray.core.model.cost_model import EFFICIENCY_FORMULAS, CostModel
+from marconi_ray.core.model.presets import get_preset
+from marconi_ray.core.sim.replay import RunConfig, RunResult, oracle_record, replay_sweep
 from marconi_ray.traces.registry import load_trace
 
 GB = 10**9

@@ -33,13 +33,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from marconi_ray.core.replay import RunConfig, run_replay
-from marconi_ray.core.trace import Request, Trace
+from marconi_ray.core.sim.replay import RunConfig, run_replay
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.loader import load_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.traces.registry import load_trace
+from marconi_ray.traces.trace import Request, Trace
 
 SYSTEMS = ("marconi", "vanilla")
 ID_OFFSET = 7  # first id past the byte tokenizer's special tokens

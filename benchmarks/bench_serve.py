@@ -50,10 +50,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.presets import get_preset
-from marconi_ray.core.trace import Request
-from marconi_ray.core.tuner import run_grid
+from marconi_ray.core.cache.tuner import run_grid
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.presets import get_preset
 from marconi_ray.engine.engine import Engine, build_planner
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.loader import load_model, read_config
@@ -63,6 +62,7 @@ from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.traces.registry import load_trace
+from marconi_ray.traces.trace import Request
 
 PARTS = ("overhead", "tuner", "throughput")
 ID_LO, ID_HI = 7, 500  # token ids inside the byte tokenizer's real range (vocab 512)

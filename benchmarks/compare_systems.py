@@ -37,9 +37,9 @@ from typing import Any
 from loadgen.compare_report import SystemRun, markdown_table, parse_systems, write_report
 from loadgen.config import LoadConfig
 from loadgen.options import add_load_options, add_options, load_kwargs
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.replay import RunConfig
-from marconi_ray.core.tuner import TunerConfig
+from marconi_ray.core.cache.tuner import TunerConfig
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.sim.replay import RunConfig
 from marconi_ray.serve.settings import ServeSettings
 
 DEFAULT_SYSTEMS = "vanilla,vllm+,sglang+,marconi"

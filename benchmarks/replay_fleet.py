@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import replay_qwen as rq
 
-from marconi_ray.core.presets import PRESETS
+from marconi_ray.core.model.presets import PRESETS
 
 DEFAULT_SYSTEMS = "vllm+,sglang+,marconi"
 DEFAULT_SIZES = "10,20,50,100"

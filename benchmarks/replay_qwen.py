@@ -29,11 +29,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.model_spec import ModelSpec
-from marconi_ray.core.presets import PRESETS, get_preset
-from marconi_ray.core.replay import RunConfig, oracle_record, replay_sweep
-from marconi_ray.core.systems import get_system
+from marconi_ray.core.cache.systems import get_system
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.model_spec import ModelSpec
+from marconi_ray.core.model.presets import PRESETS, get_preset
+from marconi_ray.core.sim.replay import RunConfig, oracle_record, replay_sweep
 from marconi_ray.traces.registry import load_trace
 
 GB = 10**9

@@ -4,7 +4,7 @@ Per trace and device size: `marconi+` with 0, then each host size of memory in a
 tier (FLOP-aware placement), next to (a) the same bytes in one device tier, (b) LRU
 placement (same system, every victim demoted, HiCache/LMCache-style) and (c) all-LRU
 (`sglang+`: LRU eviction and LRU placement). Each run also reports the clock's TTFT
-(`core.replay`: prefill at 400 TFLOP/s, host copies at 50 GB/s).
+(`core.sim.replay`: prefill at 400 TFLOP/s, host copies at 50 GB/s).
 
 Alpha is fixed at 0 in every run: the bootstrap tuner picks alphas by window replays
 whose outcome differs between a 20 GB and a 520 GB cache for reasons of its own (on
@@ -21,7 +21,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from marconi_ray.core.replay import RunConfig, RunResult
+from marconi_ray.core.sim.replay import RunConfig, RunResult
 
 GB = 10**9
 SYSTEM = "marconi+"

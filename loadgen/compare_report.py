@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from loadgen.config import RequestRecord
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.replay import RunConfig, RunResult, run_replay
-from marconi_ray.core.systems import get_system
-from marconi_ray.core.trace import Request
+from marconi_ray.core.cache.systems import get_system
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.sim.replay import RunConfig, RunResult, run_replay
+from marconi_ray.traces.trace import Request
 
 if TYPE_CHECKING:
     from loadgen.runner import LoadResult

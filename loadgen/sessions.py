@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from marconi_ray.core.trace import Trace
+from marconi_ray.traces.trace import Trace
 
 HISTORY_MODES = ("live", "trace")
 PROMPT_MODES = ("tokens", "text")

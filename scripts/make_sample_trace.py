@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from marconi_ray.core.trace import write_jsonl
 from marconi_ray.traces.sharegpt import build_sharegpt, default_path
+from marconi_ray.traces.trace import write_jsonl
 
 N_SESSIONS = 20
 MAX_BYTES = 2_000_000
@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     if size >= MAX_BYTES:
         out.unlink()
         raise SystemExit(f"sample {out} is {size} bytes, over the {MAX_BYTES} byte limit")
-    sys.stdout.write(f"wrote {out}: {len(trace)} requests, {trace.n_sessions} sessions, "
-                     f"{size} bytes\n")
+    sys.stdout.write(
+        f"wrote {out}: {len(trace)} requests, {trace.n_sessions} sessions, {size} bytes\n"
+    )
     return 0
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.host_tier import HostTier
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.cache.host_tier import HostTier
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
 
 COST = CostModel(flops_linear=1000.0, flops_quadratic=1.0, kv_bytes_per_token=10, state_bytes=100)
 

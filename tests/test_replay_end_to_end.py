@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.presets import get_preset
-from marconi_ray.core.replay import RunConfig, oracle_record, replay_sweep, run_replay
-from marconi_ray.traces.paths import default_data_dir
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.presets import get_preset
+from marconi_ray.core.sim.replay import RunConfig, oracle_record, replay_sweep, run_replay
 from marconi_ray.traces.registry import load_trace
 
 COST = CostModel.from_spec(get_preset("paper-7b"))
-needs_data = pytest.mark.skipif(
-    not (default_data_dir() / "sharegpt").is_dir(), reason="needs the shared data folder"
-)
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 @pytest.mark.slow
-@needs_data
 def test_sharegpt_100_sessions_marconi_beats_baselines_within_capacity() -> None:
     trace = load_trace("sharegpt", n_sessions=100, sessions_per_second=1.0)
     reqs = list(trace.requests)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marconi_kernels.choices import KERNEL_CHOICES
-from marconi_ray.core.systems import SYSTEMS
+from marconi_ray.core.cache.systems import SYSTEMS
 from marconi_ray.engine.model_presets import DTYPE_NAMES
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.hf_config import spec_from_hf_config
-from marconi_ray.core.model_spec import ModelSpec
-from marconi_ray.core.presets import PRESETS, get_preset
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.hf.parse import spec_from_hf_config
+from marconi_ray.core.model.model_spec import ModelSpec
+from marconi_ray.core.model.presets import PRESETS, get_preset
 
 MODEL_HELP = (
     f"model whose FLOPs and state sizes drive the cache: a preset ({', '.join(PRESETS)}) "

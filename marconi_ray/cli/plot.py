@@ -75,7 +75,7 @@ def plot_eviction_decisions(
     requests the share of decisions where the efficiency term changed LRU's choice.
 
     Args:
-        decisions: `core.explain.Decision`s, in order.
+        decisions: `core.cache.explain.Decision`s, in order.
     """
     fig = Figure(figsize=(11.0, 4.5), layout="constrained")
     FigureCanvasAgg(fig)

@@ -29,14 +29,20 @@ from marconi_ray.cli.trace_source import (
     load_from_args,
     trace_stats,
 )
-from marconi_ray.core.cost_model import DEFAULT_EFFICIENCY, EFFICIENCY_FORMULAS
-from marconi_ray.core.eviction import RECENCY_MODES
-from marconi_ray.core.explain import Decision, summarize
-from marconi_ray.core.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, PLACEMENTS
-from marconi_ray.core.replay import RunConfig, RunResult, oracle_record, replay_sweep, run_replay
-from marconi_ray.core.systems import SYSTEMS, get_system
-from marconi_ray.core.trace import Trace
-from marconi_ray.core.tuner import OBJECTIVES, TunerConfig, default_grid
+from marconi_ray.core.cache.eviction import RECENCY_MODES
+from marconi_ray.core.cache.explain import Decision, summarize
+from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, PLACEMENTS
+from marconi_ray.core.cache.systems import SYSTEMS, get_system
+from marconi_ray.core.cache.tuner import OBJECTIVES, TunerConfig, default_grid
+from marconi_ray.core.model.cost_model import DEFAULT_EFFICIENCY, EFFICIENCY_FORMULAS
+from marconi_ray.core.sim.replay import (
+    RunConfig,
+    RunResult,
+    oracle_record,
+    replay_sweep,
+    run_replay,
+)
+from marconi_ray.traces.trace import Trace
 
 DEFAULT_CACHE_SIZES = "1e9,2e9,5e9,1e10"
 RESULTS_FILE = "results.json"

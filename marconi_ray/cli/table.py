@@ -1,7 +1,7 @@
 """The plain-text results table `replay` prints: one row per (system, cache size) + oracle.
 
 When a run had a host tier, three columns follow: its size, the share of input tokens hit
-on the host, and the clock's TTFT saved (`core.replay`)."""
+on the host, and the clock's TTFT saved (`core.sim.replay`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`marconi-ray trace build|stats`: export a trace as artifact JSONL, or print its stats.
 
-`stats` adds the reuse classes of the trace (:mod:`marconi_ray.core.reuse`): the oracle
+`stats` adds the reuse classes of the trace (:mod:`marconi_ray.core.sim.reuse`): the oracle
 hit of each request, split by where it ends (continuation, branch, inside_input).
 """
 
@@ -21,8 +21,8 @@ from marconi_ray.cli.trace_source import (
     load_from_args,
     trace_stats,
 )
-from marconi_ray.core.reuse import reuse_stats
-from marconi_ray.core.trace import write_jsonl
+from marconi_ray.core.sim.reuse import reuse_stats
+from marconi_ray.traces.trace import write_jsonl
 
 _OUT_SUFFIXES = (".jsonl", ".jsonl.gz")
 

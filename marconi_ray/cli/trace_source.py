@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 
 from marconi_ray.cli import values
-from marconi_ray.core.trace import Trace
 from marconi_ray.traces.paths import default_data_dir
 from marconi_ray.traces.registry import BUILDERS, MOONCAKE_KINDS, load_trace, mooncake_spec
 from marconi_ray.traces.tokenizer import LLAMA2_RELPATH
+from marconi_ray.traces.trace import Trace
 
 TRACE_NAMES = (*BUILDERS, "sample", *MOONCAKE_KINDS)
 MOONCAKE_HELP = (

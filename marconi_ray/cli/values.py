@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from marconi_ray.core.systems import get_system
+from marconi_ray.core.cache.systems import get_system
 
 _GRID_MAX_POINTS = 10_000
 
@@ -55,7 +55,7 @@ def host_sizes(text: str) -> tuple[int, ...]:
 
 
 def system(text: str) -> str:
-    """One known system name (see `core.systems.get_system`)."""
+    """One known system name (see `core.cache.systems.get_system`)."""
     try:
         return get_system(text.strip()).name
     except ValueError as exc:

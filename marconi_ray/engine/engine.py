@@ -30,11 +30,11 @@ import numpy.typing as npt
 import torch
 
 from marconi_kernels import get_kernels
-from marconi_ray.core.hf_config import spec_from_hf_config
-from marconi_ray.core.host_tier import HostTier
-from marconi_ray.core.prefix_cache import PrefixCache
-from marconi_ray.core.systems import get_system
-from marconi_ray.core.tuner import BootstrapTuner, TunerConfig
+from marconi_ray.core.cache.host_tier import HostTier
+from marconi_ray.core.cache.prefix_cache import PrefixCache
+from marconi_ray.core.cache.systems import get_system
+from marconi_ray.core.cache.tuner import BootstrapTuner, TunerConfig
+from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.model import HybridModel
 from marconi_ray.engine.parallel import TPGroup
@@ -82,7 +82,7 @@ def build_planner(
     host: HostTier | None = None,
 ) -> Planner:
     """A planner whose cache prices bytes as `worker`'s store holds them (this rank's
-    shard: exactly `core.model_spec`'s figures at world size 1) and FLOPs from the spec;
+    shard: exactly `core.model.model_spec`'s figures at world size 1) and FLOPs from the spec;
     `host` is its host tier (None: device only)."""
     elem = torch.empty((), dtype=worker.model.dtype).element_size()
     spec = spec_from_hf_config(raw_config, dtype_bytes=elem, state_dtype_bytes=STATE_DTYPE.itemsize)
@@ -105,12 +105,12 @@ class Engine:
 
     Args:
         model_dir: HF checkpoint directory (config.json, safetensors, tokenizer files).
-        system: caching system from `core.systems` (`vanilla`, `vllm+`, `sglang+`,
+        system: caching system from `core.cache.systems` (`vanilla`, `vllm+`, `sglang+`,
             `marconi`).
         cache_bytes: budget of KV + SSM bytes the prefix cache may hold on this device
             (under tensor parallelism: on each rank, which holds its shard of every state).
         host_cache_bytes: budget of the cache's host tier, in host memory (same unit;
-            0: no host tier). Device evictions then demote to it (see `core.host_tier`).
+            0: no host tier). Device evictions then demote to it (see `core.cache.host_tier`).
         host_placement: `flop_aware` (demote what a hit would save more prefill time on
             than its copy costs) or `lru` (demote every victim).
         dtype: model and cache dtype (`float32`, `bfloat16`, `float16`).

@@ -1,6 +1,6 @@
 """HF `config.json` dict -> `HybridConfig`: the engine's view of the core's one parse.
 
-`hybrid_config` parses with `marconi_ray.core.hf_config.parse_hf_config` (the only place
+`hybrid_config` parses with `marconi_ray.core.model.hf.parse.parse_hf_config` (the only place
 a family's config keys are interpreted; the cost model's `ModelSpec` derives from the same
 `HfArchitecture`) and converts the result with `from_architecture`. The engine runs the
 families in `FAMILIES` with one config per mixer kind; a config that needs something the
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from marconi_ray.core.hf_arch import Block, HfArchitecture, LinearConfig
-from marconi_ray.core.hf_config import parse_hf_config
+from marconi_ray.core.model.hf.arch import Block, HfArchitecture, LinearConfig
+from marconi_ray.core.model.hf.parse import parse_hf_config
 from marconi_ray.engine.model_config import (
     BLOCK_KINDS,
     AttentionConfig,

@@ -16,8 +16,8 @@ both outputs to the residual stream.
 
 The per-mixer configs (`AttentionConfig`, `MLPConfig`, `MoEConfig`, `Mamba2Config`,
 `Mamba1Config`, `GatedDeltaNetConfig`)
-are the core's `marconi_ray.core.hf_arch` dataclasses, re-exported: the config keys are
-interpreted once, in `marconi_ray.core.hf_families`, and `marconi_ray.engine.hf_families`
+are the core's `marconi_ray.core.model.hf.arch` dataclasses, re-exported: the config keys are
+interpreted once, in `marconi_ray.core.model.hf.families`, and `marconi_ray.engine.hf_families`
 derives a `HybridConfig` from that parse.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marconi_ray.core.hf_arch import (
+from marconi_ray.core.model.hf.arch import (
     AttentionConfig,
     GatedDeltaNetConfig,
     Mamba1Config,

@@ -227,7 +227,7 @@ PRESETS: Final[Mapping[str, ModelPreset]] = MappingProxyType(
             max_position_embeddings=8192,
         ),
         # The paper's 7B (NVIDIA's 8B Mamba2-Hybrid mix): 4 attention, 24 Mamba-2, 28 MLP
-        # layers, in the order of `marconi_ray.core.presets.paper_7b`; d_model 4096, d_state
+        # layers, in the order of `marconi_ray.core.model.presets.paper_7b`; d_model 4096, d_state
         # 128, Mamba-2 expand 2 (128 heads x 64), 8 groups, GQA 32/8 heads, MLP 4 * d_model.
         "paper-7b-shape": ModelPreset(
             name="paper-7b-shape",

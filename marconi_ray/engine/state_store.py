@@ -26,7 +26,7 @@ meanwhile). `load` reads every slot and the state from whichever tier holds it (
 cache could not promote is read straight from the host).
 
 Byte accounting: `bytes_used` is the device tier's: K+V of device slots and conv (store
-dtype) + recurrent (float32) of device states; it equals `core.model_spec`'s prediction
+dtype) + recurrent (float32) of device states; it equals `core.model.model_spec`'s prediction
 for the same config with `state_dtype_bytes=4`. `host_bytes_used` counts the host tier
 alike. Logits are bookkeeping, reported apart (`logits_bytes`, device states').
 

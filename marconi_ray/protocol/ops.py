@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Final
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.tuner import TuneResult, result_from, result_record
+from marconi_ray.core.cache.tuner import TuneResult, result_from, result_record
 from marconi_ray.core.wire import Fields, Record, check_int, encode_array
 from marconi_ray.protocol.orders import Finished
 from marconi_ray.protocol.results import Timings

@@ -13,13 +13,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
-from marconi_ray.core.prefix_cache import CommitFailed, Plan, PrefixCache
-from marconi_ray.core.systems import get_system
-from marconi_ray.core.tree_types import KVHandle, Reclaimed
-from marconi_ray.core.tuner import (
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.host_tier import NO_HOST_TIER, HostTier
+from marconi_ray.core.cache.prefix_cache import CommitFailed, Plan, PrefixCache
+from marconi_ray.core.cache.systems import get_system
+from marconi_ray.core.cache.tuner import (
     BootstrapTuner,
     MapFn,
     TuneJob,
@@ -27,6 +25,8 @@ from marconi_ray.core.tuner import (
     TuneResult,
     run_grid,
 )
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.tree.tree_types import KVHandle, Reclaimed
 from marconi_ray.core.wire import SCHEMA_VERSION, Record, check_header, check_int
 from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release, Slots, no_slots
 from marconi_ray.protocol.sampling import SamplingParams
@@ -105,7 +105,7 @@ class Planner:
         on_tune_job: Callable[[TuneJob], None] | None = None,
         host: HostTier | None = None,
     ) -> Planner:
-        """A planner for a named caching system (`core.systems`).
+        """A planner for a named caching system (`core.cache.systems`).
 
         Its cache prices FLOPs with the spec's (linear, quadratic) coefficients `flops` and
         bytes as the replica's store holds them, `cache_bytes` on the device and `host`'s

@@ -24,9 +24,9 @@ from urllib.parse import quote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from marconi_ray.core.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS
-from marconi_ray.core.systems import SYSTEMS, get_system
-from marconi_ray.core.tuner import default_grid
+from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS
+from marconi_ray.core.cache.systems import SYSTEMS, get_system
+from marconi_ray.core.cache.tuner import default_grid
 from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS, check_routing
@@ -48,7 +48,7 @@ REDIS_SCHEMES: Final = ("redis", "rediss")
 
 
 class TunerOptions(BaseModel):
-    """Bootstrap alpha tuning of the `marconi` system (see `core.tuner`)."""
+    """Bootstrap alpha tuning of the `marconi` system (see `core.cache.tuner`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from marconi_ray.core.prefix_cache import PrefixCache
+from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
 from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import Timings, Usage
@@ -110,7 +110,7 @@ class ReplicaStats:
 
     Attributes:
         capacity, bytes_used: the device tier's budget and the bytes it holds now.
-        stats: `core.stats.CacheStats.to_dict()` (requests, hit tokens, FLOPs saved,
+        stats: `core.cache.stats.CacheStats.to_dict()` (requests, hit tokens, FLOPs saved,
             states admitted by reason, evictions, promotions and demotions, ...).
         bytes_by_kind: bytes held now, {"kv": ..., "ssm": ...}.
         in_flight: requests planned on this replica and not yet committed or aborted.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marconi_ray.core.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, HostTier
-from marconi_ray.core.tuner import TunerConfig
+from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, HostTier
+from marconi_ray.core.cache.tuner import TunerConfig
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.hub_model import HubModel
 from marconi_ray.serve.placement import check_placement
@@ -17,7 +17,7 @@ NAMESPACE = "marconi"
 
 @dataclass(frozen=True)
 class TunerSettings(TunerConfig):
-    """Bootstrap alpha tuning (the `core.tuner.TunerConfig` every replica's planner
+    """Bootstrap alpha tuning (the `core.cache.tuner.TunerConfig` every replica's planner
     uses) and how the tuner actor runs its grid.
 
     Attributes:
@@ -54,7 +54,7 @@ class ServeSettings:
             (each shard process holds its shard's host copies, so one replica needs
             `tp` times this in its node's memory); 0: no host tier.
         host_placement, host_gbps, prefill_tflops: the host tier's placement (`flop_aware`
-            or `lru`), copy bandwidth and prefill clock (`core.host_tier.HostTier`).
+            or `lru`), copy bandwidth and prefill clock (`core.cache.host_tier.HostTier`).
         stream_interval: tokens a streamed chunk carries at least (the last: the rest).
         system: `marconi`, `marconi+`, `sglang+`, `vllm+`, `vllm+refill` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).

@@ -25,8 +25,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.tokenizer import Tokenizer, load_tokenizer
+from marconi_ray.traces.trace import Request, Trace
 
 FORMAT_VERSION = 1
 CACHE_DIR_ENV = "MARCONI_CACHE_DIR"

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from marconi_ray.core.trace import Request, TokenArray, Trace, with_session_rate
 from marconi_ray.traces.mooncake_format import BLOCK_SIZE, MooncakeRow, read_rows
 from marconi_ray.traces.mooncake_tokens import DEFAULT_VOCAB, block_tokens, output_tokens
 from marconi_ray.traces.paths import default_data_dir
+from marconi_ray.traces.trace import Request, TokenArray, Trace, with_session_rate
 
 DATA_RELPATH = Path("mooncake") / "synthetic_trace.jsonl"
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from marconi_ray.core.trace import TraceFormatError, json_object
+from marconi_ray.traces.trace import TraceFormatError, json_object
 
 BLOCK_SIZE = 512
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.trace import TokenArray
+from marconi_ray.traces.trace import TokenArray
 
 DEFAULT_VOCAB = 32000
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

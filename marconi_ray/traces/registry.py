@@ -20,10 +20,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from marconi_ray.core.trace import Trace, read_jsonl, with_session_rate
 from marconi_ray.traces import mooncake, sharegpt, swebench
 from marconi_ray.traces.cache import cached_build
 from marconi_ray.traces.tokenizer import LLAMA2_RELPATH, Tokenizer, load_tokenizer
+from marconi_ray.traces.trace import Trace, read_jsonl, with_session_rate
 
 SAMPLE_RESOURCE = "sharegpt_sample.jsonl.gz"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from marconi_ray.core.trace import Request
+from marconi_ray.traces.trace import Request
 
 
 @dataclass(frozen=True)

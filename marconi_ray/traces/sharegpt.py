@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.paths import default_data_dir, require_file
 from marconi_ray.traces.sessions import (
     Turn,
@@ -40,6 +39,7 @@ from marconi_ray.traces.sessions import (
     typing_delay,
 )
 from marconi_ray.traces.tokenizer import Tokenizer, load_tokenizer
+from marconi_ray.traces.trace import Request, Trace
 
 MODES = ("artifact", "rejoined")
 ARTIFACT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.ge10rounds_from_first17671.json"

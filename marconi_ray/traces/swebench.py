@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.paths import default_data_dir, require_dir
 from marconi_ray.traces.sessions import Turn, check_rate, poisson_starts, prefix_session
 from marconi_ray.traces.tokenizer import Tokenizer, load_tokenizer
+from marconi_ray.traces.trace import Request, Trace
 
 GAP_MODES = ("recorded", "poisson")
 KEEP_ROUNDS = 5

@@ -10,7 +10,7 @@ import pytest
 
 from marconi_ray.cli import values
 from marconi_ray.cli.main import main
-from marconi_ray.core.tuner import default_grid
+from marconi_ray.core.cache.tuner import default_grid
 
 SYSTEMS = ("vanilla", "vllm+", "sglang+", "marconi")
 SIZES = (200_000_000, 1_000_000_000)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.host_tier import NO_HOST_TIER, HostTier
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.cache.host_tier import NO_HOST_TIER, HostTier
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
 
 # 1 KV token = 10 bytes, one SSM checkpoint = 100 bytes: small numbers, easy to reason about.
 SMALL_COST = CostModel(

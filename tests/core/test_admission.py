@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from core_helpers import cache, toks
 
-from marconi_ray.core.admission import make_admission
-from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.cache.admission import make_admission
+from marconi_ray.core.cache.invariants import check_tree
 
 
 def test_shared_input_prefix_detected_on_second_and_reused_on_third_occurrence() -> None:

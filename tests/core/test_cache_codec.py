@@ -16,12 +16,13 @@ from core_helpers import SMALL_COST, cache, toks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi_ray.core import cache_codec, wire
-from marconi_ray.core.host_tier import HostTier
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import CacheConfig, Plan, PrefixCache
-from marconi_ray.core.tree_types import Reclaimed
-from marconi_ray.core.tuner import TuneJob, run_grid
+from marconi_ray.core import wire
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.host_tier import HostTier
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.cache.prefix_cache import CacheConfig, Plan, PrefixCache
+from marconi_ray.core.cache.tuner import TuneJob, run_grid
+from marconi_ray.core.tree.tree_types import Reclaimed
 from marconi_ray.traces.registry import load_sample
 
 SAMPLE = [(r.input_tokens, r.output_tokens) for r in load_sample()]  # real ShareGPT turns

@@ -13,12 +13,12 @@ from core_helpers import cache, toks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import CacheConfig, CommitFailed, PrefixCache
-from marconi_ray.core.presets import get_preset
-from marconi_ray.core.tree_types import NO_STATE
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.cache.prefix_cache import CacheConfig, CommitFailed, PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.presets import get_preset
+from marconi_ray.core.tree.tree_types import NO_STATE
 
 
 def held_states(c: PrefixCache) -> set[int]:

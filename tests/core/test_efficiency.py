@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from core_helpers import SMALL_COST, toks
 
-from marconi_ray.core.cost_model import EFFICIENCY_FORMULAS, CostModel, validate_efficiency
-from marconi_ray.core.eviction import FlopAwareEviction, make_eviction
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
-from marconi_ray.core.presets import get_preset
-from marconi_ray.core.radix_tree import RadixTree
-from marconi_ray.core.replay import RunConfig, run_replay
+from marconi_ray.core.cache.eviction import FlopAwareEviction, make_eviction
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.model.cost_model import EFFICIENCY_FORMULAS, CostModel, validate_efficiency
+from marconi_ray.core.model.presets import get_preset
+from marconi_ray.core.sim.replay import RunConfig, run_replay
+from marconi_ray.core.tree.radix_tree import RadixTree
 from marconi_ray.traces.registry import load_sample
 
 # SMALL_COST: linear 1000 FLOPs/token, quadratic 1, KV 10 B/token, state 100 B.

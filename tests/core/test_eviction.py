@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from core_helpers import SMALL_COST, cache, toks
 
-from marconi_ray.core.eviction import make_eviction
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.radix_tree import RadixTree
+from marconi_ray.core.cache.eviction import make_eviction
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.tree.radix_tree import RadixTree
 
 
 def _chain_tree() -> RadixTree:

@@ -1,4 +1,4 @@
-"""`core.explain`: recording why FLOP-aware eviction took each victim changes nothing
+"""`core.cache.explain`: recording why FLOP-aware eviction took each victim changes nothing
 and explains every eviction."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from core_helpers import SMALL_COST, chat_requests
 
-from marconi_ray.core.explain import Decision, summarize
-from marconi_ray.core.replay import RunConfig, run_replay
+from marconi_ray.core.cache.explain import Decision, summarize
+from marconi_ray.core.sim.replay import RunConfig, run_replay
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.5])

@@ -18,7 +18,7 @@ from transformers import (
     Zamba2Config,
 )
 
-from marconi_ray.core.hf_arch import (
+from marconi_ray.core.model.hf.arch import (
     AttentionConfig,
     HfArchitecture,
     LinearConfig,
@@ -27,7 +27,7 @@ from marconi_ray.core.hf_arch import (
     MLPConfig,
     MoEConfig,
 )
-from marconi_ray.core.hf_config import (
+from marconi_ray.core.model.hf.parse import (
     layer_spec,
     parse_hf_config,
     spec_from_architecture,
@@ -47,7 +47,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_bare_config_parses_like_the_class_defaults(model_type: str) -> None:
     """Every field (engine details included) of a bare {"model_type": ...} equals the parse
-    of the config class's own defaults: hf_defaults matches transformers."""
+    of the config class's own defaults: hf.defaults matches transformers."""
     full = parse_hf_config(FAMILIES[model_type]().to_dict())
     assert parse_hf_config({"model_type": model_type}) == full
     assert full.family == model_type

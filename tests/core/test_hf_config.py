@@ -23,9 +23,9 @@ from transformers import (
     Zamba2Config,
 )
 
-from marconi_ray.core.hf_config import HF_PARSERS, spec_from_hf_config, supported_model_types
-from marconi_ray.core.hf_reader import ConfigReader
-from marconi_ray.core.layers import (
+from marconi_ray.core.model.hf.parse import HF_PARSERS, spec_from_hf_config, supported_model_types
+from marconi_ray.core.model.hf.reader import ConfigReader
+from marconi_ray.core.model.layers import (
     AttentionLayer,
     LinearLayer,
     Mamba1Layer,
@@ -33,7 +33,7 @@ from marconi_ray.core.layers import (
     MLPLayer,
     MoELayer,
 )
-from marconi_ray.core.model_spec import ModelSpec
+from marconi_ray.core.model.model_spec import ModelSpec
 
 FAMILIES: dict[str, Callable[..., Any]] = {
     "nemotron_h": NemotronHConfig,

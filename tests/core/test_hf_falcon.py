@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from transformers import FalconH1Config
 
-from marconi_ray.core.hf_arch import AttentionConfig, Mamba2Config, MLPConfig, Scales
-from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
+from marconi_ray.core.model.hf.arch import AttentionConfig, Mamba2Config, MLPConfig, Scales
+from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_hf_config
 
 SHAPE: dict[str, Any] = {
     "vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

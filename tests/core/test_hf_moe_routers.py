@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from transformers import GraniteMoeHybridConfig, JambaConfig, NemotronHConfig
 
-from marconi_ray.core.hf_arch import AttentionConfig, MoEConfig, Scales
-from marconi_ray.core.hf_config import parse_hf_config
+from marconi_ray.core.model.hf.arch import AttentionConfig, MoEConfig, Scales
+from marconi_ray.core.model.hf.parse import parse_hf_config
 
 
 def _moe(arch) -> MoEConfig:

@@ -16,15 +16,15 @@ from transformers import (
     Qwen3NextConfig,
 )
 
-from marconi_ray.core.hf_arch import (
+from marconi_ray.core.model.hf.arch import (
     AttentionConfig,
     GatedDeltaNetConfig,
     HfArchitecture,
     MLPConfig,
     MoEConfig,
 )
-from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
-from marconi_ray.core.layers import GatedDeltaNetLayer, MoELayer
+from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_hf_config
+from marconi_ray.core.model.layers import GatedDeltaNetLayer, MoELayer
 
 QWEN_FAMILIES: dict[str, Callable[..., Any]] = {
     "qwen3_5_text": Qwen3_5TextConfig,
@@ -72,7 +72,7 @@ def ffn_kinds(arch: HfArchitecture) -> list[str]:
 @pytest.mark.parametrize("model_type", sorted(QWEN_FAMILIES))
 def test_bare_config_parses_like_the_class_defaults(model_type: str) -> None:
     """Every field of a bare {"model_type": ...} equals the parse of the config class's own
-    defaults: hf_defaults matches transformers for the Qwen families too."""
+    defaults: hf.defaults matches transformers for the Qwen families too."""
     full = parse_hf_config(QWEN_FAMILIES[model_type]().to_dict())
     assert parse_hf_config({"model_type": model_type}) == full
     assert full.family == model_type

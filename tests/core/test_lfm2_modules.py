@@ -19,9 +19,9 @@ from transformers import Lfm2Config, Lfm2MoeConfig  # noqa: E402
 from transformers.models.lfm2 import modeling_lfm2 as lfm2  # noqa: E402
 from transformers.models.lfm2_moe import modeling_lfm2_moe as lfm2_moe  # noqa: E402
 
-from marconi_ray.core.hf_arch import HfArchitecture, ShortConvConfig  # noqa: E402
-from marconi_ray.core.hf_config import layer_spec, parse_hf_config  # noqa: E402
-from marconi_ray.core.layers import AttentionLayer, ShortConvLayer  # noqa: E402
+from marconi_ray.core.model.hf.arch import HfArchitecture, ShortConvConfig  # noqa: E402
+from marconi_ray.core.model.hf.parse import layer_spec, parse_hf_config  # noqa: E402
+from marconi_ray.core.model.layers import AttentionLayer, ShortConvLayer  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from core_helpers import SMALL_COST, cache
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.eviction import LRUEviction
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.radix_tree import RadixTree
-from marconi_ray.core.tree_types import NO_STATE, Node, Reclaimed
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.eviction import LRUEviction
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.tree.radix_tree import RadixTree
+from marconi_ray.core.tree.tree_types import NO_STATE, Node, Reclaimed
 
 
 def scan_victim(tree: RadixTree) -> int | None:

@@ -7,11 +7,17 @@ import numpy as np
 import pytest
 from core_helpers import SMALL_COST, Req, cache, toks
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.admission import MarconiPlusAdmission, make_admission
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.reference import ReferenceCache, checked_serve
-from marconi_ray.core.tuner import BootstrapTuner, TunerConfig, result_from, result_record, run_grid
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.admission import MarconiPlusAdmission, make_admission
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.cache.tuner import (
+    BootstrapTuner,
+    TunerConfig,
+    result_from,
+    result_record,
+    run_grid,
+)
+from marconi_ray.core.sim.reference import ReferenceCache, checked_serve
 
 
 def test_speculative_depths_are_geometric_block_multiples_past_the_hit() -> None:
@@ -128,7 +134,7 @@ def test_tuning_is_the_same_serial_or_split_into_tasks() -> None:
     c = cache(capacity=2600, admission="marconi+:8")
     for req in reqs[:30]:
         c.serve(req.input_tokens, req.output_tokens)
-    from marconi_ray.core.tuner import TuneJob
+    from marconi_ray.core.cache.tuner import TuneJob
 
     window = tuple((r.input_tokens, r.output_tokens) for r in reqs[30:])
     job = TuneJob(

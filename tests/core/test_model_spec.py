@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marconi_ray.core.layers import (
+from marconi_ray.core.model.layers import (
     LAYER_KINDS,
     AttentionLayer,
     LinearLayer,
@@ -19,8 +19,8 @@ from marconi_ray.core.layers import (
     MoELayer,
     PaperSSMLayer,
 )
-from marconi_ray.core.model_spec import ModelSpec
-from marconi_ray.core.presets import PRESETS, get_preset, paper_7b
+from marconi_ray.core.model.model_spec import ModelSpec
+from marconi_ray.core.model.presets import PRESETS, get_preset, paper_7b
 
 D = 4096
 N = 128

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from core_helpers import SMALL_COST, cache, chat_requests, toks
 
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
-from marconi_ray.core.reference import ReferenceCache, checked_serve
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.sim.reference import ReferenceCache, checked_serve
 
 
 def test_bytes_follow_tokens_and_states() -> None:

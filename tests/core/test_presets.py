@@ -19,9 +19,9 @@ from transformers import (
     Qwen3NextConfig,
 )
 
-from marconi_ray.core import preset_configs
-from marconi_ray.core.hf_config import parse_hf_config
-from marconi_ray.core.layers import (
+from marconi_ray.core.model import preset_configs
+from marconi_ray.core.model.hf.parse import parse_hf_config
+from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
     Mamba1Layer,
@@ -29,7 +29,7 @@ from marconi_ray.core.layers import (
     MLPLayer,
     MoELayer,
 )
-from marconi_ray.core.presets import PRESETS, get_preset
+from marconi_ray.core.model.presets import PRESETS, get_preset
 
 BF16 = 2
 FP32 = 4

@@ -12,8 +12,8 @@ from core_helpers import SMALL_COST, cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.reference import ReferenceCache, checked_serve
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.sim.reference import ReferenceCache, checked_serve
 
 POLICIES = [
     ("marconi", "flop_aware"),

@@ -26,9 +26,9 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as q35  # noqa: E402
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as q35moe  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next as qnext  # noqa: E402
 
-from marconi_ray.core.hf_arch import HfArchitecture  # noqa: E402
-from marconi_ray.core.hf_config import layer_spec, parse_hf_config  # noqa: E402
-from marconi_ray.core.layers import (  # noqa: E402
+from marconi_ray.core.model.hf.arch import HfArchitecture  # noqa: E402
+from marconi_ray.core.model.hf.parse import layer_spec, parse_hf_config  # noqa: E402
+from marconi_ray.core.model.layers import (  # noqa: E402
     AttentionLayer,
     GatedDeltaNetLayer,
     LayerSpec,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from core_helpers import SMALL_COST, cache, toks
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.radix_tree import RadixTree
-from marconi_ray.core.tree_types import common_prefix_len
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.tree.radix_tree import RadixTree
+from marconi_ray.core.tree.tree_types import common_prefix_len
 
 
 def test_common_prefix_len() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from marconi_ray.core.presets import PRESETS
+from marconi_ray.core.model.presets import PRESETS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "replay_fleet.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -65,7 +65,7 @@ def test_lead_table_orders_presets_by_state_size() -> None:
     assert "| small | 16.5 | +0.00 | - | +0.00 |" in text
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_tiny_run_writes_tables_and_plots(tmp_path: Path) -> None:
     argv = [
         "--models", "paper-7b,falcon-h1-7b", "--traces", "sharegpt", "--sessions", "5",

@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from marconi_ray.core.presets import get_preset
-from marconi_ray.traces.paths import default_data_dir
+from marconi_ray.core.model.presets import get_preset
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "replay_qwen.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import replay_qwen as rq  # noqa: E402
-
-needs_data = pytest.mark.skipif(
-    not (default_data_dir() / "sharegpt").is_dir(), reason="needs the shared data folder"
-)
 
 
 def test_options() -> None:
@@ -41,8 +36,7 @@ def test_model_row_is_the_state_to_kv_ratio() -> None:
     assert row["state_bytes"] == row["recurrent_bytes"] + row["conv_bytes"]
 
 
-@pytest.mark.data
-@needs_data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_tiny_run_writes_tables_and_plot(tmp_path: Path) -> None:
     argv = [
         "--models", "paper-7b,qwen3.5-35b-a3b", "--systems", "sglang+,marconi",

@@ -9,8 +9,8 @@ from core_helpers import SMALL_COST, cache, chat_requests, toks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.invariants import check_tree
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.invariants import check_tree
 
 
 def test_reservation_is_the_upper_bound_and_is_released():

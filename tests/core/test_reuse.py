@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marconi_ray.core.oracle import oracle_hits
-from marconi_ray.core.reuse import KINDS, ReuseHit, ReuseStats, classify_reuse, reuse_stats
-from marconi_ray.core.trace import Request
+from marconi_ray.core.sim.oracle import oracle_hits
+from marconi_ray.core.sim.reuse import KINDS, ReuseHit, ReuseStats, classify_reuse, reuse_stats
+from marconi_ray.traces.trace import Request
 
 
 def _req(inp: list[int], out: list[int] | None = None) -> Request:

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_properties import POLICIES, streams
 
-from marconi_ray.core.host_tier import HostTier
-from marconi_ray.core.invariants import check_cache_tiers
-from marconi_ray.core.reference import TieredReference, checked_serve_tiered
+from marconi_ray.core.cache.host_tier import HostTier
+from marconi_ray.core.cache.invariants import check_cache_tiers
+from marconi_ray.core.sim.reference import TieredReference, checked_serve_tiered
 
 CLOCKS = [0.5, 2.5, 400.0]
 """Prefill speeds (TFLOP/s) that, with SMALL_COST and 50 GB/s, make demotion pay for no

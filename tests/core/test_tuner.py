@@ -9,9 +9,8 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from core_helpers import SMALL_COST, cache, chat_requests
 
-from marconi_ray.core import cache_codec
-from marconi_ray.core.replay import RunConfig, run_replay
-from marconi_ray.core.tuner import (
+from marconi_ray.core.cache import cache_codec
+from marconi_ray.core.cache.tuner import (
     BootstrapTuner,
     TuneJob,
     TunerConfig,
@@ -19,6 +18,7 @@ from marconi_ray.core.tuner import (
     pick_best,
     run_grid,
 )
+from marconi_ray.core.sim.replay import RunConfig, run_replay
 
 
 def test_default_grid_is_0_to_2_step_0_1() -> None:

@@ -9,7 +9,7 @@ import pytest
 from engine_helpers import GREEDY, prompts
 from safetensors.torch import load_file, save_file
 
-from marconi_ray.core import cache_codec
+from marconi_ray.core.cache import cache_codec
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model
 from marconi_ray.protocol.sampling import SamplingParams

@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import GREEDY, prompts
 
-from marconi_ray.core.admission import MarconiPlusAdmission
+from marconi_ray.core.cache.admission import MarconiPlusAdmission
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model
 from marconi_ray.engine.seq_state import SeqState

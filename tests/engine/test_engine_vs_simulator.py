@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from engine_helpers import GREEDY
 
-from marconi_ray.core.admission import MarconiPlusAdmission
-from marconi_ray.core.replay import RunConfig, run_replay
-from marconi_ray.core.trace import Request
-from marconi_ray.core.tuner import TunerConfig
+from marconi_ray.core.cache.admission import MarconiPlusAdmission
+from marconi_ray.core.cache.tuner import TunerConfig
+from marconi_ray.core.sim.replay import RunConfig, run_replay
 from marconi_ray.engine.engine import Engine
+from marconi_ray.traces.trace import Request
 
 
 @pytest.mark.parametrize(

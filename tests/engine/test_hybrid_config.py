@@ -1,5 +1,5 @@
 """The engine's HybridConfig and the core's ModelSpec are two views of one parse
-(`core.hf_config.parse_hf_config`); configs the engine cannot run are rejected by name.
+(`core.model.hf.parse.parse_hf_config`); configs the engine cannot run are rejected by name.
 
 Replaces the idea of checking two parsers against each other: there is one parser."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from transformers import BambaConfig, GraniteMoeHybridConfig, JambaConfig, NemotronHConfig
 
-from marconi_ray.core.hf_config import parse_hf_config, spec_from_hf_config
+from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_hf_config
 from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
 from marconi_ray.engine.loader import read_config
 from marconi_ray.engine.model_presets import LFM2_FAMILIES, QWEN_FAMILIES, preset_config

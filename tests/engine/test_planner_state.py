@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from marconi_ray.core import wire
-from marconi_ray.core.invariants import check_tree
-from marconi_ray.core.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult
+from marconi_ray.core.cache.invariants import check_tree
+from marconi_ray.core.cache.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.results import Timings

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from engine_helpers import GREEDY, prompts
 
-from marconi_ray.core.hf_config import spec_from_hf_config
+from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.loader import load_model, read_config
 from marconi_ray.engine.model import HybridModel

@@ -16,8 +16,8 @@ import pytest
 from loadgen import cli, compare, compare_report
 from loadgen.config import RequestRecord
 from loadgen.runner import LoadResult
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.replay import RunConfig, run_replay
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.sim.replay import RunConfig, run_replay
 
 
 def _rec(sid, turn, start, e2el, inp, out, error=None, warmup=False):

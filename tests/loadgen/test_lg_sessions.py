@@ -15,8 +15,8 @@ from loadgen.sessions import (
     max_tokens,
     next_prompt,
 )
-from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.registry import load_trace
+from marconi_ray.traces.trace import Request, Trace
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from marconi_ray.core.tuner import TuneResult
+from marconi_ray.core.cache.tuner import TuneResult
 from marconi_ray.core.wire import pack, unpack
 from marconi_ray.protocol.ops import (
     OP_TYPES,

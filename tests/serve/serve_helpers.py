@@ -211,8 +211,8 @@ def soak_trace(pool: int, workdir: Path) -> str:
     """The trace spec for `pool` sessions: `sharegpt` when the shared data folder has it,
     else the packaged 20-session sample replicated (copy k shifts every token id by k,
     so copies share no prefix) into a JSONL file under `workdir`."""
-    from marconi_ray.core.trace import Request, Trace, write_jsonl
     from marconi_ray.traces.registry import load_sample, load_trace
+    from marconi_ray.traces.trace import Request, Trace, write_jsonl
 
     try:
         if len(load_trace("sharegpt", n_sessions=pool).session_ids()) >= pool:

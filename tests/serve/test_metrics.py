@@ -6,7 +6,7 @@ import pytest
 from cache_samples import COST, served_cache, tiered_cache
 from prometheus_client.parser import text_string_to_metric_families
 
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 from marconi_ray.serve.messages import ReplicaStats
 

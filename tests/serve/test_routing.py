@@ -16,8 +16,8 @@ import pytest
 
 from marconi_ray.cli import serve as serve_cmd
 from marconi_ray.cli.main import build_parser, main
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, default_config
 from marconi_ray.serve.coordinator.routing import (
     ROUTERS,

@@ -18,7 +18,7 @@ import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from marconi_ray.core import cache_codec
+from marconi_ray.core.cache import cache_codec
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams

@@ -10,12 +10,12 @@ import pytest
 import ray
 from serve_helpers import GREEDY, local_ray, replicas_app, run_request
 
-from marconi_ray.core.replay import RunConfig, run_replay
-from marconi_ray.core.trace import Request
-from marconi_ray.core.tuner import TunerConfig
+from marconi_ray.core.cache.tuner import TunerConfig
+from marconi_ray.core.sim.replay import RunConfig, run_replay
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.factory import make_model
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
+from marconi_ray.traces.trace import Request
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -105,7 +105,7 @@ async def _store(handle):
 
 def test_tuner_actor_alpha_equals_offline(ray_session, model_dir):
     """Served one at a time, the tuner actor's alpha after the bootstrap window equals
-    what `core.tuner` picks offline for the same sequences."""
+    what `core.cache.tuner` picks offline for the same sequences."""
     capacity = 150_000
     tuner = TunerSettings(multiplier=1, grid=(0.0, 0.5, 1.0, 2.0), workers=2)
     settings = ServeSettings(

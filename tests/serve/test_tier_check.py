@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.host_tier import HostTier
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.cache.host_tier import HostTier
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.protocol.orders import Move, Release
 from marconi_ray.serve.coordinator.tier_check import tier_mismatch
 

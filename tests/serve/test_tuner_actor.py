@@ -12,9 +12,9 @@ import pytest
 import ray
 from ray import cloudpickle
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.prefix_cache import CacheConfig, PrefixCache
-from marconi_ray.core.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult, run_grid
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.cache.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult, run_grid
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.serve.coordinator.tuner_actor import start_tuner, stop_tuner
 from marconi_ray.serve.settings import TunerSettings
 

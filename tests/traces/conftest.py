@@ -1,7 +1,8 @@
 """Session-scoped fixtures: the shared data folder, the Llama-2 tokenizer, built traces.
 
-Data-backed fixtures skip when ``default_data_dir()`` lacks the needed files. Built traces
-are cached inside the test session (and in a session tmp disk cache) to keep tests fast.
+The data-backed fixtures do not skip: a test using one names the files it reads with
+`@pytest.mark.data(...)` (tests/conftest.py), which skips it when they are absent. Built
+traces are cached inside the test session to keep tests fast.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from marconi_ray.core.trace import Trace
 from marconi_ray.traces import mooncake, sharegpt, swebench
 from marconi_ray.traces.paths import default_data_dir
-from marconi_ray.traces.tokenizer import LLAMA2_RELPATH, Tokenizer, load_tokenizer
+from marconi_ray.traces.tokenizer import Tokenizer, load_tokenizer
+from marconi_ray.traces.trace import Trace
 
 
 class CharTokenizer:
@@ -36,19 +37,13 @@ def char_tok() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    d = default_data_dir()
-    if not (d / LLAMA2_RELPATH).is_file():
-        pytest.skip(f"shared data folder not found at {d}")
-    return d
+    return default_data_dir()
 
 
 @pytest.fixture(scope="session")
 def mooncake_file() -> Path:
-    """The shared Mooncake synthetic trace (skips, like `data_dir`, when it is missing)."""
-    path = mooncake.default_path()
-    if not path.is_file():
-        pytest.skip(f"shared Mooncake trace not found at {path}")
-    return path
+    """The shared Mooncake synthetic trace."""
+    return mooncake.default_path()
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.cache import cache_key, cached_build, decode_trace, encode_trace
 from marconi_ray.traces.sharegpt import build_sharegpt, default_path
 from marconi_ray.traces.tokenizer import Tokenizer
+from marconi_ray.traces.trace import Request, Trace
 
 
 def _same(a: Trace, b: Trace) -> None:
@@ -107,7 +107,7 @@ def test_key_needs_explicit_path_and_plain_args(char_tok: Tokenizer) -> None:
         cache_key("sg", {"weird": object()})
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_real_build_round_trip(tmp_path: Path, llama: Tokenizer) -> None:
     fn = Counting()
     args = {"path": default_path("artifact"), "n_sessions": 5, "tokenizer": llama}

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from marconi_ray.core.oracle import oracle_hits
-from marconi_ray.core.reuse import reuse_stats
-from marconi_ray.core.trace import Request, TraceFormatError
+from marconi_ray.core.sim.oracle import oracle_hits
+from marconi_ray.core.sim.reuse import reuse_stats
 from marconi_ray.traces.mooncake import MooncakeTrace, build_mooncake
 from marconi_ray.traces.mooncake_format import read_rows
 from marconi_ray.traces.mooncake_tokens import block_tokens, output_tokens
 from marconi_ray.traces.registry import load_trace
+from marconi_ray.traces.trace import Request, TraceFormatError
 
 B = 4  # block size of the hand-made files
 
@@ -200,7 +200,7 @@ def test_file_order_ties_are_allowed(tmp_path: Path) -> None:
     assert len(t) == 2 and np.array_equal(t.requests[0].input_tokens, t.requests[1].input_tokens)
 
 
-@pytest.mark.data
+@pytest.mark.data("mooncake")
 def test_shared_file(mooncake_file: Path) -> None:
     plain = load_trace("mooncake")
     assert len(plain) == 3993 and plain.n_sessions == 3993

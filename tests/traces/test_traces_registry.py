@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from marconi_ray.core.trace import Trace, write_jsonl
 from marconi_ray.traces.paths import default_data_dir, require_file
 from marconi_ray.traces.registry import load_sample, load_trace
 from marconi_ray.traces.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+from marconi_ray.traces.trace import Trace, write_jsonl
 
 
 def test_sample_loads_without_data_dir(isolated_env: Path) -> None:
@@ -30,7 +30,7 @@ def test_sample_file_is_small() -> None:
     assert len(ref.read_bytes()) < 2_000_000
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_sample_equals_first_20_sessions(sharegpt100: Trace) -> None:
     ref = sharegpt100.first_sessions(20)
     sample = load_sample()
@@ -59,7 +59,7 @@ def test_builder_without_data_names_missing_file(isolated_env: Path) -> None:
         load_trace("sharegpt")
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "sharegpt_head4000", "swebench", "llama2_tokenizer")
 def test_builder_specs(tmp_path: Path, llama: Tokenizer, data_dir: Path) -> None:
     t = load_trace("sharegpt", n_sessions=4, tokenizer=llama, cache_dir=tmp_path)
     assert t.n_sessions == 4 and t.name == "sharegpt"
@@ -125,7 +125,7 @@ def test_hf_tokenizer_folder(tmp_path: Path) -> None:
     assert load_tokenizer(tmp_path / "tokenizer.json").encode("hello", True) == [3, 2]
 
 
-@pytest.mark.data
+@pytest.mark.data("llama2_tokenizer")
 def test_llama_tokenizer(llama: Tokenizer) -> None:
     assert llama.vocab_size == 32000
     assert llama.encode("hello world", True) == [1, 22172, 3186]

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marconi_ray.core.trace import Trace
 from marconi_ray.traces.sharegpt import build_sharegpt
 from marconi_ray.traces.tokenizer import Tokenizer
+from marconi_ray.traces.trace import Trace
 
 
 def _assert_prefix_extensions(trace: Trace) -> None:
@@ -22,7 +22,7 @@ def _assert_prefix_extensions(trace: Trace) -> None:
             assert np.array_equal(b.input_tokens[: a.n_input + a.n_output], a.tokens)
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_artifact_mode_matches_published_numbers(sharegpt100: Trace) -> None:
     s = sharegpt100.stats()
     assert s["requests"] == 1238
@@ -32,13 +32,13 @@ def test_artifact_mode_matches_published_numbers(sharegpt100: Trace) -> None:
     assert s["total_input_tokens"] == 1_438_877
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_artifact_mode_prefix_extensions(sharegpt100: Trace) -> None:
     _assert_prefix_extensions(sharegpt100)
     assert all(r.input_tokens[0] == 1 for r in sharegpt100)  # BOS
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_artifact_mode_arrival_times(
     sharegpt100: Trace, sharegpt_records: list[dict[str, object]]
 ) -> None:
@@ -51,7 +51,7 @@ def test_artifact_mode_arrival_times(
             assert reqs[k].ts == pytest.approx(reqs[k - 1].ts + delay)
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt", "llama2_tokenizer")
 def test_artifact_mode_rate_and_max_tokens(llama: Tokenizer) -> None:
     t = build_sharegpt(n_sessions=3, sessions_per_second=4.0, tokenizer=llama)
     firsts = sorted(r.ts for r in t if r.turn_id == 0)
@@ -60,7 +60,7 @@ def test_artifact_mode_rate_and_max_tokens(llama: Tokenizer) -> None:
     assert 0 < len(capped) < len(t) and max(r.n_input for r in capped) <= 1500
 
 
-@pytest.mark.data
+@pytest.mark.data("sharegpt_head4000", "llama2_tokenizer")
 def test_rejoined_mode_basic(rejoined: Trace) -> None:
     sessions = rejoined.sessions()
     assert len(sessions) == 40 and rejoined.name == "sharegpt-rejoined"

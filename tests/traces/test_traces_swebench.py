@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from marconi_ray.core.trace import Request, Trace
 from marconi_ray.traces.swebench import build_swebench
 from marconi_ray.traces.tokenizer import Tokenizer
+from marconi_ray.traces.trace import Request, Trace
 
 
 def _extends(a: Request, b: Request) -> bool:
@@ -19,7 +19,7 @@ def _extends(a: Request, b: Request) -> bool:
     return b.n_input > n and np.array_equal(b.input_tokens[:n], a.tokens)
 
 
-@pytest.mark.data
+@pytest.mark.data("swebench", "llama2_tokenizer")
 def test_real_trace_prefix_extension_and_mean(swe: Trace) -> None:
     s = swe.stats()
     assert s["sessions"] == 50
@@ -29,7 +29,7 @@ def test_real_trace_prefix_extension_and_mean(swe: Trace) -> None:
         assert all(_extends(a, b) for a, b in itertools.pairwise(reqs))
 
 
-@pytest.mark.data
+@pytest.mark.data("swebench", "llama2_tokenizer")
 def test_real_trace_drop_mode_breaks_prefixes(swe: Trace, swe_drop: Trace) -> None:
     full = swe.sessions()
     for sid, reqs in swe_drop.sessions().items():
@@ -41,7 +41,7 @@ def test_real_trace_drop_mode_breaks_prefixes(swe: Trace, swe_drop: Trace) -> No
             assert np.array_equal(reqs[k].output_tokens, full[sid][k].output_tokens)
 
 
-@pytest.mark.data
+@pytest.mark.data("swebench", "llama2_tokenizer")
 def test_real_trace_arrivals(swe: Trace, llama: Tokenizer) -> None:
     starts = [reqs[0].ts for reqs in swe.sessions().values()]
     assert starts[0] == 0.0 and starts == sorted(starts)

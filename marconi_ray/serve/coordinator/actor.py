@@ -61,9 +61,9 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.hf_config import parse_hf_config, spec_from_architecture
-from marconi_ray.core.tuner import TuneJob, TuneResult
+from marconi_ray.core.cache.tuner import TuneJob, TuneResult
+from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_architecture
 from marconi_ray.protocol.model_files import DTYPE_BYTES, read_config_json
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Release

@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.invariants import check_cache_tiers
-from marconi_ray.core.tuner import TuneJob
+from marconi_ray.core.cache.invariants import check_cache_tiers
+from marconi_ray.core.cache.tuner import TuneJob
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.core.wire import decode_array, encode_array
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release

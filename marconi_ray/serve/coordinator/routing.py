@@ -56,8 +56,8 @@ from typing import ClassVar, Final, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.cost_model import CostModel
-from marconi_ray.core.prefix_cache import PrefixCache
+from marconi_ray.core.cache.prefix_cache import PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.serve.settings import ServeSettings
 
 DEFAULT_ROUTING: Final = "cache_aware"

@@ -28,8 +28,8 @@ from itertools import pairwise
 
 import numpy as np
 
-from marconi_ray.core.radix_tree import RadixTree
-from marconi_ray.core.tree_types import NO_STATE, Tokens, common_prefix_len, tokens_bytes
+from marconi_ray.core.tree.radix_tree import RadixTree
+from marconi_ray.core.tree.tree_types import NO_STATE, Tokens, common_prefix_len, tokens_bytes
 
 Entry = tuple[str, int]
 """(replica id, state id)."""

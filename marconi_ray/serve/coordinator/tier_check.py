@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from marconi_ray.core.prefix_cache import PrefixCache
+from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.protocol.orders import Release
 
 

@@ -1,6 +1,6 @@
 """The tuner actor: evaluates bootstrap alpha-tuning jobs on Ray CPU workers.
 
-The coordinator hands each finished tuning window (`core.tuner.TuneJob`) to
+The coordinator hands each finished tuning window (`core.cache.tuner.TuneJob`) to
 `TunerActor.tune(replica_id, job)` without waiting. The actor splits the alpha grid into
 `settings.workers` interleaved shares (`TuneJob.tasks`), evaluates each share as a Ray
 task with one CPU and no GPU, spread across the cluster's nodes
@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import ray
 
-from marconi_ray.core.tuner import AlphaTask, TuneJob, TuneResult, run_grid
+from marconi_ray.core.cache.tuner import AlphaTask, TuneJob, TuneResult, run_grid
 from marconi_ray.serve.placement import TUNER_TASK_OPTIONS
 from marconi_ray.serve.settings import COORDINATOR_NAME, NAMESPACE, TUNER_NAME, TunerSettings
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.core.hf_config import parse_hf_config
+from marconi_ray.core.model.hf.parse import parse_hf_config
 from marconi_ray.protocol.generation_defaults import GenerationDefaults, read_generation_defaults
 from marconi_ray.protocol.model_files import load_tokenizer, read_config_json
 from marconi_ray.protocol.sampling import SamplingParams

@@ -1,0 +1,1 @@
+"""Hugging Face `config.json` -> `HfArchitecture` -> `ModelSpec`: one parser per hybrid family."""

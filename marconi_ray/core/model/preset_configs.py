@@ -1,0 +1,351 @@
+"""Published Hugging Face config.json values of the hybrid models behind the named presets.
+
+Only the keys `hf.families` reads are kept; every other key takes the transformers class
+default, as it would from the full file. Each dict keeps the hub file's layout (Qwen3.5's
+multimodal checkpoints wrap the language model in `text_config`, Qwen3-Next's is flat with
+the legacy top-level `rope_theta` / `partial_rotary_factor`), so the presets also exercise
+the parse a downloaded config.json goes through.
+
+Sources (the official config.json files could not be opened from here; the values come
+from copies of them and from the model cards, which agree on every shape):
+- Qwen/Qwen3-Next-80B-A3B-Instruct: the config.json replicated key for key in
+  NVIDIA-NeMo/Megatron-Bridge tests/unit_tests/models/qwen/test_qwen3_next_bridge.py
+  (commit 00d5e5f66f99fb4ae1749c437667b868b31b68bf, fixture qwen3_next_80b_a3b_config_dict);
+  the same shapes in THUDM/slime scripts/models/qwen3-next-80B-A3B.sh (commit
+  af61a8ec4cfee817767630623187c4b5edbd5dd8) and in the model card
+  (huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct: 48 layers, hidden 2048,
+  12 x (3 x (Gated DeltaNet -> MoE) -> (Gated Attention -> MoE)), 512 experts, 10 routed +
+  1 shared).
+- Qwen/Qwen3.5-27B: the text config in Megatron-Bridge
+  tests/unit_tests/models/qwen/test_qwen35_bridge.py (commit
+  0be1d58bad4fb185a8f51aefb00d0d9d5a7d4986, fixture qwen3_5_27b_config_dict), which omits
+  head_dim: 256 from THUDM/slime scripts/models/qwen3.5-27B.sh (--kv-channels 256), the
+  model card's gated attention (24 Q / 4 KV heads of 256) and the class default.
+- Qwen/Qwen3.5-35B-A3B: THUDM/slime scripts/models/qwen3.5-35B-A3B.sh (commit
+  10cefc3b91ba5db960c74037390f4e2596f5773d: 40 layers, hidden 2048, 16 / 2 heads of 256,
+  256 experts of 512, top-8, shared 512, linear heads 16 K / 32 V of 128, rotary 0.25,
+  theta 1e7, vocab 248320), equal to the text_config copies of the hub file in public
+  checkpoint validators (qwen3_5_moe_text, max_position_embeddings 262144).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+_QWEN3_5_ROPE: Final[Mapping[str, object]] = MappingProxyType(
+    {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}
+)
+_QWEN_LINEAR_ATTENTION: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_value_head_dim": 128,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+    }
+)
+
+QWEN3_5_27B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": False,
+        "text_config": {
+            **_QWEN_LINEAR_ATTENTION,
+            "model_type": "qwen3_5_text",
+            "vocab_size": 248320,
+            "hidden_size": 5120,
+            "intermediate_size": 17408,
+            "num_hidden_layers": 64,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 4,
+            "linear_num_value_heads": 48,
+            "rope_parameters": dict(_QWEN3_5_ROPE),
+        },
+    }
+)
+"""Qwen/Qwen3.5-27B (dense): 48 Gated DeltaNet + 16 gated-attention layers."""
+
+QWEN3_5_35B_A3B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": False,
+        "text_config": {
+            **_QWEN_LINEAR_ATTENTION,
+            "model_type": "qwen3_5_moe_text",
+            "vocab_size": 248320,
+            "hidden_size": 2048,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "linear_num_value_heads": 32,
+            "num_experts": 256,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "rope_parameters": dict(_QWEN3_5_ROPE),
+        },
+    }
+)
+"""Qwen/Qwen3.5-35B-A3B (MoE): 30 Gated DeltaNet + 10 gated-attention layers, MoE in all."""
+
+QWEN3_NEXT_80B_A3B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_QWEN_LINEAR_ATTENTION,
+        "model_type": "qwen3_next",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "linear_num_value_heads": 32,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "norm_topk_prob": True,
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+    }
+)
+"""Qwen/Qwen3-Next-80B-A3B-Instruct: 36 Gated DeltaNet + 12 gated-attention layers, MoE in
+all (decoder_sparse_step 1, no mlp_only_layers)."""
+
+# ---- the rest of the hybrid fleet ------------------------------------------------------
+#
+# Sources (the hub files could not be opened from here; each value comes from the copy
+# named, key for key unless a note says otherwise):
+# - nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16: the whole config.json pasted as
+#   NEMOTRON3_30B_JSON in mehulbafnaa/jax-llm-examples nemotron3/tests/test_model.py
+#   (commit 3209b9399457d584fe84115d8937d3356dd34ef5, a fork of jax-ml/jax-llm-examples);
+#   the model card's counts agree (23 Mamba-2 + 23 MoE + 6 attention layers, 128 routed
+#   experts + 1 shared, 6 active; "mamba_ssm_cache_dtype": "float32").
+# - ibm-granite/granite-4.0-h-tiny and granite-4.0-h-small: the model card's architecture
+#   table (reproduced in DocDBrown/IBMGranite4Tiny README.md, commit
+#   60d949f9a1b5df8e0fb09bf970d15a8188fb963d): embedding 1536 / 4096, 4 attention + 36
+#   Mamba2 layers, attention heads 12 / 32 of 128, KV heads 4 / 8, Mamba2 state 128,
+#   Mamba2 heads 48 / 128, shared expert 1024 / 1536, experts 64 / 72, active 6 / 10,
+#   expert hidden 512 / 768, SwiGLU, 128K sequence, NoPE. Not in the card, so not
+#   published in a copy found here: mamba_n_groups (1, the class default, also what
+#   public test fixtures of the Tiny config give), mamba_d_head (derived as the class
+#   derives "auto": 2 * embedding / Mamba2 heads = 64), the vocabulary (100352 in every
+#   partial copy of both files found), the attention layers' positions (5, 15, 25, 35 in
+#   the Tiny fixtures; assumed the same for Small: the cost model does not depend on the
+#   order of layers) and the muP multipliers (left out: they change no cost figure).
+# - tiiuae/Falcon-H1-7B-Instruct: FalconH1ModelProvider7B in NVIDIA-NeMo/Megatron-Bridge
+#   src/megatron/bridge/models/falcon_h1/falconh1_provider.py (commit
+#   070c45b7a318d3f841fa852ef87cd6e8e74304ee, "Model architecture from config.json": 44
+#   layers, hidden 3072, ffn 12288, 12 heads / 2 KV, 262144 positions, Mamba2 state 256,
+#   24 heads of 128, 1 group, expand 2, conv 4, chunk 256, mamba_rms_norm, vocab 130049,
+#   untied, rope base 1e11); the attention head_dim 128 (not hidden / heads = 256) from
+#   the transformers FalconH1 doc table ("H1 7B | 44 | 3072 | 12 | 2 | 24 | 128 / 128 |
+#   256 | 256K"; copy in roboalchemist/llm-code-docs
+#   docs/llms-txt/huggingface-transformers/falcon_h1.md, commit
+#   8d73ea0007ac5fc4722083bfea16bb139f43f3a7); mamba_d_ssm = 24 * 128 = 3072 as the
+#   Megatron bridge writes it back. Its muP multipliers are left out (no cost figure uses
+#   them).
+# - ai21labs/AI21-Jamba-1.5-Mini: the config.json replicated in sdpython/
+#   experimental-experiment experimental_experiment/torch_models/llm_model_helper.py
+#   (commit 04097e3040047505e7cac0c2c9040ff294fdd980, get_ai21_jamba_15_mini).
+
+NEMOTRON_3_NANO_30B_A3B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "nemotron_h",
+        "vocab_size": 131072,
+        "hidden_size": 2688,
+        "num_hidden_layers": 52,
+        "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        "num_attention_heads": 32,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "attention_bias": False,
+        "intermediate_size": 1856,
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": False,
+        "mamba_num_heads": 64,
+        "mamba_head_dim": 64,
+        "n_groups": 8,
+        "ssm_state_size": 128,
+        "conv_kernel": 4,
+        "chunk_size": 128,
+        "expand": 2,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_min": 0.001,
+        "time_step_max": 0.1,
+        "time_step_floor": 0.0001,
+        "mamba_ssm_cache_dtype": "float32",
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 6,
+        "moe_intermediate_size": 1856,
+        "moe_shared_expert_intermediate_size": 3712,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "layer_norm_epsilon": 1e-05,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+    }
+)
+"""nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B: 23 Mamba-2, 23 MoE (128 relu2 experts, top-6,
+one shared) and 6 attention (no RoPE, 2 KV heads) layers."""
+
+_GRANITE_4_H_ATTENTION = frozenset({5, 15, 25, 35})
+_GRANITE_4_H: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "granitemoehybrid",
+        "vocab_size": 100352,
+        "num_hidden_layers": 40,
+        "layer_types": ["attention" if i in _GRANITE_4_H_ATTENTION else "mamba" for i in range(40)],
+        "position_embedding_type": "nope",
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "mamba_d_state": 128,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_expand": 2,
+        "mamba_d_conv": 4,
+        "mamba_chunk_size": 256,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+    }
+)
+
+GRANITE_4_0_H_TINY: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_GRANITE_4_H,
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "mamba_n_heads": 48,
+        "num_local_experts": 64,
+        "num_experts_per_tok": 6,
+        "intermediate_size": 512,
+        "shared_intermediate_size": 1024,
+    }
+)
+"""ibm-granite/granite-4.0-h-tiny (7B, 1B active): 36 Mamba-2 + 4 NoPE attention layers,
+each followed by 64 experts (top-6) and a shared expert."""
+
+GRANITE_4_0_H_SMALL: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        **_GRANITE_4_H,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "mamba_n_heads": 128,
+        "num_local_experts": 72,
+        "num_experts_per_tok": 10,
+        "intermediate_size": 768,
+        "shared_intermediate_size": 1536,
+    }
+)
+"""ibm-granite/granite-4.0-h-small (32B, 9B active): 36 Mamba-2 + 4 NoPE attention layers,
+each followed by 72 experts (top-10) and a shared expert."""
+
+FALCON_H1_7B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "falcon_h1",
+        "vocab_size": 130049,
+        "hidden_size": 3072,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 44,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "rope_theta": 100000000000.0,
+        "max_position_embeddings": 262144,
+        "mamba_d_ssm": 3072,
+        "mamba_n_heads": 24,
+        "mamba_d_head": 128,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 256,
+        "mamba_rms_norm": True,
+        "tie_word_embeddings": False,
+    }
+)
+"""tiiuae/Falcon-H1-7B-Instruct: 44 layers, each running attention (2 KV heads of 128) and
+a Mamba-2 (24 heads of 128, state 256) side by side, then a gated MLP."""
+
+JAMBA_1_5_MINI: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "jamba",
+        "vocab_size": 65536,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "num_experts": 16,
+        "num_experts_per_tok": 2,
+        "hidden_act": "silu",
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_dt_rank": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+    }
+)
+"""ai21labs/AI21-Jamba-1.5-Mini (52B, 12B active): 28 Mamba-1 (state 16) + 4 attention
+layers (every 8th from 4), a 16-expert top-2 MoE every other layer."""
+
+# - LiquidAI/LFM2-2.6B: the hub config.json transcribed key for key (with its
+#   "transformers_version": "4.55.0.dev0") as the defaults of a C++ `struct Config`
+#   found by the code index, which does not name that file's repository; the shapes agree
+#   with every other copy found (30 layers, attention at 2, 5, 9, 13, 17, 21, 24, 27 and
+#   22 short-conv layers, hidden 2048, 32 heads / 8 KV heads, conv_L_cache 3, FFN 10752
+#   not auto-adjusted, vocab 65536, 128000 positions). The cost of a state does not depend
+#   on anything but hidden_size, conv_L_cache and the number of conv layers.
+_LFM2_2_6B_ATTENTION = frozenset({2, 5, 9, 13, 17, 21, 24, 27})
+
+LFM2_2_6B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "lfm2",
+        "vocab_size": 65536,
+        "hidden_size": 2048,
+        "num_hidden_layers": 30,
+        "layer_types": [
+            "full_attention" if i in _LFM2_2_6B_ATTENTION else "conv" for i in range(30)
+        ],
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "block_ff_dim": 10752,
+        "block_auto_adjust_ff_dim": False,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_multiple_of": 256,
+        "norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 128000,
+        "tie_embedding": True,
+        "eos_token_id": 7,
+    }
+)
+"""LiquidAI/LFM2-2.6B: 22 gated short-conv layers (the state: a 2048 x 3 window each) and
+8 GQA attention layers (8 KV heads of 64), each followed by a SwiGLU of 10752."""

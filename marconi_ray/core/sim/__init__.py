@@ -1,0 +1,1 @@
+"""The offline simulator: trace replay, the oracle bound, a brute-force reference, reuse classes."""

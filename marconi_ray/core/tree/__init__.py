@@ -1,0 +1,1 @@
+"""The radix tree of cached token prefixes and its columnar node table."""
