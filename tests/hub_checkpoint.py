@@ -23,8 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.tokenizer import BYTE_OFFSET
-from marconi_ray.traces.paths import default_data_dir, require_file
-from marconi_ray.traces.tokenizer import LLAMA2_RELPATH
+from marconi_ray.traces.paths import data_path, require_file
 
 VOCAB: Final = 32000
 """Llama-2's vocabulary: unk 0, bos 1, eos 2, bytes 3..258 (`<0x00>`..`<0xFF>`)."""
@@ -42,7 +41,7 @@ CHAT_TEMPLATE: Final = (
 
 def llama_tokenizer_file() -> Path:
     """The shared Llama-2 SentencePiece model (`../shared/data`, or `MARCONI_DATA_DIR`)."""
-    return require_file(default_data_dir() / LLAMA2_RELPATH)
+    return require_file(data_path("llama2_tokenizer"))
 
 
 def _widen(rows: torch.Tensor, zero_rest: bool, seed: int) -> torch.Tensor:

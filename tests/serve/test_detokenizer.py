@@ -17,7 +17,6 @@ import itertools
 import json
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +25,8 @@ from marconi_ray.engine.factory import make_model
 from marconi_ray.engine.tokenizer import BYTE_OFFSET
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.serve.ingress.generation import REPLACEMENT, Detokenizer
-from marconi_ray.traces.paths import default_data_dir
-from marconi_ray.traces.tokenizer import LLAMA2_RELPATH
+from marconi_ray.traces.paths import data_path
 
-SHAREGPT = Path("sharegpt") / "ShareGPT_V3_unfiltered_cleaned_split.head4000.json"
 TEXTS = 24
 MAX_IDS = 160
 
@@ -156,21 +153,14 @@ def byte_tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def llama2_tok() -> Any:
     """Llama-2's SentencePiece tokenizer, from the shared data folder."""
-    llama = default_data_dir() / LLAMA2_RELPATH
-    if not llama.is_file():
-        pytest.skip(f"Llama-2 tokenizer not found: {llama} is absent")
     from transformers import LlamaTokenizer
 
-    return LlamaTokenizer.from_pretrained(llama.parent)
+    return LlamaTokenizer.from_pretrained(data_path("llama2_tokenizer").parent)
 
 
-@pytest.fixture(scope="module")
-def tokenizers(byte_tok: Any, llama2_tok: Any) -> dict[str, Any]:
-    """Both tokenizer kinds, by name."""
-    return {"bytes": byte_tok, "llama2": llama2_tok}
-
-
-@pytest.fixture(params=["bytes", "llama2"])
+@pytest.fixture(
+    params=["bytes", pytest.param("llama2", marks=pytest.mark.data("llama2_tokenizer"))]
+)
 def tok(request: pytest.FixtureRequest) -> Any:
     """Each tokenizer kind we ship, by itself (the byte one needs no shared data)."""
     return request.getfixturevalue("byte_tok" if request.param == "bytes" else "llama2_tok")
@@ -178,10 +168,8 @@ def tok(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="module")
 def replies() -> list[str]:
-    path = default_data_dir() / SHAREGPT
-    if not path.is_file():
-        pytest.skip(f"ShareGPT sample not found: {path} is absent")
-    data = json.loads(path.read_text())
+    """ShareGPT replies with non-ASCII characters, and replies with code."""
+    data = json.loads(data_path("sharegpt_head4000").read_text())
     out = [
         turn["value"] for conv in data for turn in conv["conversations"] if turn["from"] == "gpt"
     ]
@@ -189,11 +177,9 @@ def replies() -> list[str]:
     return picked + [t for t in out if "```" in t][: TEXTS // 2]
 
 
-@pytest.mark.parametrize("name", ["bytes", "llama2"])
-def test_released_text_is_the_whole_decode(
-    tokenizers: dict[str, Any], replies: list[str], name: str
-) -> None:
-    tok, rng = tokenizers[name], random.Random(7)
+@pytest.mark.data("sharegpt_head4000")
+def test_released_text_is_the_whole_decode(tok: Any, replies: list[str]) -> None:
+    rng = random.Random(7)
     vocab = len(tok)
     for reply in replies:
         ids = tok.encode(reply, add_special_tokens=False)[:MAX_IDS]
@@ -205,11 +191,9 @@ def test_released_text_is_the_whole_decode(
         assert run(tok, ids, (), rng) == reference(tok, ids, ())
 
 
-@pytest.mark.parametrize("name", ["bytes", "llama2"])
-def test_stop_strings_stop_at_the_same_token(
-    tokenizers: dict[str, Any], replies: list[str], name: str
-) -> None:
-    tok, rng = tokenizers[name], random.Random(11)
+@pytest.mark.data("sharegpt_head4000")
+def test_stop_strings_stop_at_the_same_token(tok: Any, replies: list[str]) -> None:
+    rng = random.Random(11)
     stopped = 0
     for reply in replies:
         ids = tok.encode(reply, add_special_tokens=False)[:MAX_IDS]

@@ -131,6 +131,7 @@ def test_unknown_id_offline_is_one_line_naming_it(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.data("llama2_tokenizer")
 def test_cached_id_resolves_offline_and_a_folder_still_wins(
     checkpoint: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,6 +150,7 @@ def test_cached_id_resolves_offline_and_a_folder_still_wins(
     assert resolve_model(REPO) == local.resolve()
 
 
+@pytest.mark.data("llama2_tokenizer")
 def test_dtype_auto_is_the_checkpoints(checkpoint: dict[str, Any], tmp_path: Path) -> None:
     """A bfloat16 checkpoint runs in bfloat16 with `dtype: auto` (float32 by default)."""
     folder = str(checkpoint["snapshot"])
@@ -162,6 +164,7 @@ def test_dtype_auto_is_the_checkpoints(checkpoint: dict[str, Any], tmp_path: Pat
     assert checkpoint_dtype(tmp_path) == "float32"
 
 
+@pytest.mark.data("llama2_tokenizer")
 def test_service_prompt_and_defaults_come_from_the_checkpoint(
     checkpoint: dict[str, Any],
 ) -> None:
@@ -205,6 +208,7 @@ def test_generation_config_values_are_checked(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- over HTTP
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.data("llama2_tokenizer")
 def test_served_by_id_with_the_checkpoint_defaults_and_eos(
     service: Any, checkpoint: dict[str, Any]
 ) -> None:

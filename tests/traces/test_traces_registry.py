@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from marconi_ray.traces.paths import default_data_dir, require_file
+from marconi_ray.traces import mooncake, sharegpt, swebench
+from marconi_ray.traces.paths import (
+    DATA_FILES,
+    data_path,
+    default_data_dir,
+    missing_data,
+    require_file,
+)
 from marconi_ray.traces.registry import load_sample, load_trace
-from marconi_ray.traces.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+from marconi_ray.traces.tokenizer import LLAMA2_RELPATH, HFTokenizer, Tokenizer, load_tokenizer
 from marconi_ray.traces.trace import Trace, write_jsonl
 
 
@@ -91,6 +98,28 @@ def test_default_data_dir_env_and_repo_relative(monkeypatch: pytest.MonkeyPatch)
 
     repo = Path(paths.__file__).resolve().parents[2]
     assert default_data_dir() == repo.parent / "shared" / "data"
+
+
+def test_the_data_table_is_what_the_builders_read(tmp_path: Path) -> None:
+    """`DATA_FILES` (what the tests' `data` marker checks) names each builder's default."""
+    assert data_path("sharegpt", tmp_path) == sharegpt.default_path("artifact", tmp_path)
+    assert data_path("sharegpt_head4000", tmp_path) == sharegpt.default_path("rejoined", tmp_path)
+    assert data_path("swebench", tmp_path) == swebench.default_path(tmp_path)
+    assert data_path("mooncake", tmp_path) == mooncake.default_path(tmp_path)
+    assert data_path("llama2_tokenizer", tmp_path) == tmp_path / LLAMA2_RELPATH
+    assert data_path("mooncake") == default_data_dir() / DATA_FILES["mooncake"]
+
+
+def test_missing_data_names_each_absent_file(tmp_path: Path) -> None:
+    have = data_path("mooncake", tmp_path)
+    have.parent.mkdir(parents=True)
+    have.write_text("")
+    assert missing_data(["mooncake", "llama2_tokenizer"], tmp_path) == {
+        "llama2_tokenizer": tmp_path / "tokenizers" / "llama2" / "tokenizer.model"
+    }
+    assert missing_data(["mooncake"], tmp_path) == {}
+    with pytest.raises(KeyError, match="'nope'; known: sharegpt, "):
+        data_path("nope")
 
 
 def test_require_file_names_path(tmp_path: Path) -> None:
