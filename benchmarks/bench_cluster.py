@@ -309,7 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from marconi_ray.engine.factory import make_model
+    from marconi_ray.engine.presets.factory import make_model
 
     names = ["indexed", "reference"] if args.reference_routing else ["indexed"]
     config = {k: v for k, v in vars(args).items()}

@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from marconi_ray.core.sim.replay import RunConfig, run_replay
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.traces.registry import load_trace
 from marconi_ray.traces.trace import Request, Trace

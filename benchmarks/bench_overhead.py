@@ -333,7 +333,7 @@ def coordinator_bench(args: argparse.Namespace, model_dir: Path) -> dict[str, An
     one call in flight, so what arrives meanwhile leaves together."""
     import ray
 
-    from marconi_ray.engine.loader import load_model
+    from marconi_ray.engine.model.loader import load_model
     from marconi_ray.engine.worker import Worker
     from marconi_ray.serve.app import start_coordinator
     from marconi_ray.serve.ingress.coalescer import Coalescer

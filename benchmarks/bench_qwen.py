@@ -24,8 +24,8 @@ import torch
 from tqdm import tqdm
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model, model_class, read_record
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.presets.factory import make_model, model_class, read_record
 from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")

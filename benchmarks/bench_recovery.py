@@ -598,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     import redis
 
     from marconi_ray.core.model.hf.parse import spec_from_hf_config
-    from marconi_ray.engine.factory import make_model
-    from marconi_ray.engine.loader import read_config
+    from marconi_ray.engine.model.loader import read_config
+    from marconi_ray.engine.presets.factory import make_model
     from marconi_ray.serve.app import shutdown_app, start_coordinator
 
     start = time.perf_counter()

@@ -54,8 +54,8 @@ from marconi_ray.core.cache.tuner import run_grid
 from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.core.model.presets import get_preset
 from marconi_ray.engine.engine import Engine, build_planner
-from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.loader import load_model, read_config
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Finished, PrefillOrder
 from marconi_ray.protocol.planner import Planner

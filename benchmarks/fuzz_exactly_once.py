@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
 
 from exactly_once_fuzz import run_case
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,7 +83,7 @@ def run_node_loss(
     """
     from ray import serve
 
-    from marconi_ray.engine.factory import make_model
+    from marconi_ray.engine.presets.factory import make_model
     from marconi_ray.serve.app import run_app, shutdown_app
     from marconi_ray.serve.settings import NAMESPACE, ServeSettings, TunerSettings
 

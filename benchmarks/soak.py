@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the soak's code, shared wit
 
 from serve_helpers import SoakConfig, SoakReport, local_ray, run_soak  # noqa: E402
 
-from marconi_ray.engine.factory import make_model  # noqa: E402
-from marconi_ray.engine.model_presets import FAMILIES, PRESETS  # noqa: E402
+from marconi_ray.engine.presets.factory import make_model  # noqa: E402
+from marconi_ray.engine.presets.model_presets import FAMILIES, PRESETS  # noqa: E402
 
 
 def checks(report: SoakReport, cfg: SoakConfig) -> dict[str, bool]:

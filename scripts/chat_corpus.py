@@ -1,5 +1,5 @@
 """The `chat` model's corpus: ShareGPT conversations, rendered with the chat template of
-`marconi_ray.engine.tokenizer`, split into training and held-out conversations.
+`marconi_ray.engine.presets.byte_tokenizer`, split into training and held-out conversations.
 
 Contract:
 - A conversation is kept when its text is at least `MIN_ASCII` ASCII (the model is an

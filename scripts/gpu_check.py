@@ -38,10 +38,10 @@ import torch
 from marconi_kernels import OPS, get_kernels
 from marconi_kernels.mamba_ssm_import import mamba_ssm_version
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import build_model
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.seq_state import SeqState
-from marconi_ray.engine.state_store import StateStore
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState
+from marconi_ray.engine.presets.factory import build_model
+from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.orders import Move
 from marconi_ray.protocol.sampling import SamplingParams
 
@@ -107,30 +107,63 @@ def kernel_cases(dev: torch.device, dtype: torch.dtype, quick: bool) -> dict[str
     f32 = torch.float32
     return {
         "ssd_chunk_scan": (
-            (rnd(1, L, H, P), rnd(1, L, H), -torch.rand(H, generator=g).to(dev) - 0.5,
-             rnd(1, L, G, N), rnd(1, L, G, N)),
-            {"chunk_size": cs, "D": rnd(H, dt=f32), "dt_bias": rnd(H, dt=f32),
-             "dt_limit": (0.001, 100.0), "initial_state": rnd(1, H, P, N, dt=f32),
-             "emit_at": emit},
+            (
+                rnd(1, L, H, P),
+                rnd(1, L, H),
+                -torch.rand(H, generator=g).to(dev) - 0.5,
+                rnd(1, L, G, N),
+                rnd(1, L, G, N),
+            ),
+            {
+                "chunk_size": cs,
+                "D": rnd(H, dt=f32),
+                "dt_bias": rnd(H, dt=f32),
+                "dt_limit": (0.001, 100.0),
+                "initial_state": rnd(1, H, P, N, dt=f32),
+                "emit_at": emit,
+            },
         ),
         "mamba2_state_update": (
-            (rnd(B, H, P, N, dt=f32), rnd(B, H, P), rnd(B, H),
-             -torch.rand(H, generator=g).to(dev) - 0.5, rnd(B, G, N), rnd(B, G, N)),
+            (
+                rnd(B, H, P, N, dt=f32),
+                rnd(B, H, P),
+                rnd(B, H),
+                -torch.rand(H, generator=g).to(dev) - 0.5,
+                rnd(B, G, N),
+                rnd(B, G, N),
+            ),
             {"D": rnd(H, dt=f32), "dt_bias": rnd(H, dt=f32), "dt_limit": (0.001, 100.0)},
         ),
         "causal_conv1d": (
-            (rnd(1, C, L), rnd(C, 4), rnd(C)), {"initial_state": rnd(1, C, 4), "emit_at": emit}
+            (rnd(1, C, L), rnd(C, 4), rnd(C)),
+            {"initial_state": rnd(1, C, 4), "emit_at": emit},
         ),
         "causal_conv1d_update": ((rnd(B, C), rnd(B, C, 4), rnd(C, 4), rnd(C)), {}),
         "selective_scan": (
-            (rnd(1, Dm, L), rnd(1, Dm, L), -torch.rand(Dm, N1, generator=g).to(dev) - 0.5,
-             rnd(1, N1, L), rnd(1, N1, L)),
-            {"D": rnd(Dm, dt=f32), "z": rnd(1, Dm, L), "delta_bias": rnd(Dm, dt=f32),
-             "initial_state": rnd(1, Dm, N1, dt=f32), "emit_at": emit},
+            (
+                rnd(1, Dm, L),
+                rnd(1, Dm, L),
+                -torch.rand(Dm, N1, generator=g).to(dev) - 0.5,
+                rnd(1, N1, L),
+                rnd(1, N1, L),
+            ),
+            {
+                "D": rnd(Dm, dt=f32),
+                "z": rnd(1, Dm, L),
+                "delta_bias": rnd(Dm, dt=f32),
+                "initial_state": rnd(1, Dm, N1, dt=f32),
+                "emit_at": emit,
+            },
         ),
         "mamba1_state_update": (
-            (rnd(B, Dm, N1, dt=f32), rnd(B, Dm), rnd(B, Dm),
-             -torch.rand(Dm, N1, generator=g).to(dev) - 0.5, rnd(B, N1), rnd(B, N1)),
+            (
+                rnd(B, Dm, N1, dt=f32),
+                rnd(B, Dm),
+                rnd(B, Dm),
+                -torch.rand(Dm, N1, generator=g).to(dev) - 0.5,
+                rnd(B, N1),
+                rnd(B, N1),
+            ),
             {"D": rnd(Dm, dt=f32), "z": rnd(B, Dm), "delta_bias": rnd(Dm, dt=f32)},
         ),
     }
@@ -176,8 +209,6 @@ def hf_on_device(preset: str, family: str, dev: torch.device, dtype: str) -> tup
     folder = Path(tempfile.mkdtemp(prefix=f"gpu-check-{preset}-{family}-"))
     hf.config.save_pretrained(folder)
     return hf, folder
-
-
 
 
 def run_exactness(dev: torch.device, preset: str) -> dict[str, Any]:
@@ -314,8 +345,13 @@ def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str
     ids = torch.randint(3, 258, (n,), generator=g).to(dev)
     if "prefill" in sections:
         try:
-            ours = load_model(folder, dtype=torch.bfloat16, device=dev,
-                              kernels=get_kernels(dev, "triton"), weights=weights)
+            ours = load_model(
+                folder,
+                dtype=torch.bfloat16,
+                device=dev,
+                kernels=get_kernels(dev, "triton"),
+                weights=weights,
+            )
             t_ours, logits = timed(lambda: ours.forward_logits(ids), dev)
             t_hf, hf_logits = hf_prefill(hf, ids, dev)
             agree = float((logits.argmax(-1) == hf_logits.argmax(-1)).float().mean())
@@ -334,8 +370,16 @@ def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str
     del hf
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    engine = Engine(folder, "marconi", 40 * 2**30, dtype="bfloat16", device=str(dev),
-                    kernels="triton", weights=weights, max_batch=64)
+    engine = Engine(
+        folder,
+        "marconi",
+        40 * 2**30,
+        dtype="bfloat16",
+        device=str(dev),
+        kernels="triton",
+        weights=weights,
+        max_batch=64,
+    )
     del weights
     if "ttft" in sections:
         try:

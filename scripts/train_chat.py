@@ -42,14 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat_corpus import Conversation, read_jsonl_gz, read_sharegpt, render, split, write_jsonl_gz
 from chat_eval import bits_per_byte
 
-from marconi_ray.engine.model_presets import ModelPreset, nemotron_h_kwargs
-from marconi_ray.engine.tokenizer import (
+from marconi_ray.engine.presets.byte_tokenizer import (
     END_ID,
     EOS_ID,
     SPECIAL_TOKENS,
     TOKENIZER_FILES,
     tokenizer_config,
 )
+from marconi_ray.engine.presets.model_presets import ModelPreset, nemotron_h_kwargs
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT_SHAPE = ModelPreset(

@@ -21,8 +21,8 @@ from typing import Any, Final
 import torch
 from safetensors.torch import load_file, save_file
 
-from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.tokenizer import BYTE_OFFSET
+from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.traces.paths import data_path, require_file
 
 VOCAB: Final = 32000

@@ -16,7 +16,7 @@ from typing import Any
 
 from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.core.cache.systems import SYSTEMS
-from marconi_ray.engine.model_presets import DTYPE_NAMES
+from marconi_ray.engine.presets.model_presets import DTYPE_NAMES
 
 
 def add_parser(subparsers: Any) -> None:

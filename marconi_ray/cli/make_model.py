@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from marconi_ray.engine.model_presets import DTYPE_NAMES, FAMILIES, PRESETS
+from marconi_ray.engine.presets.model_presets import DTYPE_NAMES, FAMILIES, PRESETS
 
 
 def add_parser(subparsers: Any) -> None:
@@ -65,7 +65,10 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Build and save the model; print the folder and parameter count; 0 on success."""
-    from marconi_ray.engine.factory import make_model, read_record  # torch is slow to import
+    from marconi_ray.engine.presets.factory import (  # torch is slow to import
+        make_model,
+        read_record,
+    )
 
     out = make_model(
         args.preset,

@@ -1,7 +1,7 @@
 """`marconi-ray models`: the model families the engine serves, their mixers, the kernels
 behind each mixer on this machine, and whether they run tensor-parallel.
 
-Configs only (models are built on the meta device); see `engine.family_report` for how
+Configs only (models are built on the meta device); see `engine.presets.family_report` for how
 every column is derived.
 """
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import torch  # slow to import: only when the command runs
 
     from marconi_kernels import KernelUnavailable
-    from marconi_ray.engine.family_report import all_reports, kernel_choice
+    from marconi_ray.engine.presets.family_report import all_reports, kernel_choice
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

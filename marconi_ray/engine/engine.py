@@ -35,10 +35,10 @@ from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.core.cache.systems import get_system
 from marconi_ray.core.cache.tuner import BootstrapTuner, TunerConfig
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
-from marconi_ray.engine.loader import load_model, read_config
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.parallel import TPGroup
-from marconi_ray.engine.state_store import STATE_DTYPE
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.store.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished
 from marconi_ray.protocol.planner import Planner

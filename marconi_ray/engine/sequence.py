@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.protocol.orders import PrefillOrder
 
 

@@ -15,11 +15,11 @@ from collections import Counter
 import numpy as np
 import torch
 
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.sampling import Sampler, make_generator
-from marconi_ray.engine.seq_state import StateCheckpoint
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.seq_state import StateCheckpoint
+from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.engine.sequence import Sequence
-from marconi_ray.engine.state_store import StateStore
+from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.orders import (
     DEFAULT_MAX_BATCH_TOKENS,
     Finished,

@@ -1,5 +1,5 @@
 """Per-request sampling settings: `SamplingParams` (torch-free; the engine's `Sampler`
-applies them, see `marconi_ray.engine.sampling` for the sampling order).
+applies them, see `marconi_ray.engine.sampler` for the sampling order).
 
 Validated on construction, so a bad request fails at the API boundary, before anything in
 the cache or the store changes.

@@ -12,7 +12,7 @@ A model spec is, in this order of precedence,
   the Hugging Face cache, downloaded first where the network allows; every node that loads
   the model resolves it again through its own cache (`hub_source`).
 
-A preset resolves to `<root>/<preset>-<family>`, built with `engine.factory.make_model`
+A preset resolves to `<root>/<preset>-<family>`, built with `engine.presets.factory.make_model`
 the first time (seed 0, float32). A folder whose `marconi.json` (written last by
 `make_model`) is missing or names another preset is rebuilt; a complete one is reused
 untouched. Builds go to a temporary sibling folder that is renamed into place, so a crash
@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final
 
-from marconi_ray.engine.model_presets import BUILD_VERSION, FAMILIES, PRESETS
+from marconi_ray.engine.presets.model_presets import BUILD_VERSION, FAMILIES, PRESETS
 from marconi_ray.serve.hub_model import HubModel, parse_hub_id
 
 MODELS_DIR_ENV: Final = "MARCONI_MODELS_DIR"
@@ -191,7 +191,7 @@ def _ensure_preset(preset: str, family: str, root: Path) -> Path:
     target = (root / f"{preset}-{family}").resolve()
     if _is_complete(target, preset, family):
         return target
-    from marconi_ray.engine.factory import make_model  # torch: imported only to build
+    from marconi_ray.engine.presets.factory import make_model  # torch: imported only to build
 
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

@@ -8,7 +8,7 @@ import pytest
 
 from marconi_kernels import OPS
 from marconi_ray.cli.main import main
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 
 
 def test_generate_multi_turn_reuses_history(tmp_path, capsys):

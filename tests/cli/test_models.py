@@ -1,5 +1,5 @@
 """`marconi-ray models`, run in-process (configs only, meta device), and the derivations
-behind it (`engine.family_report`)."""
+behind it (`engine.presets.family_report`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 
 from marconi_kernels import get_kernels
 from marconi_ray.cli.main import main
-from marconi_ray.engine.family_report import family_report, kernel_ops
-from marconi_ray.engine.hf_families import FAMILIES
-from marconi_ray.engine.layers.attention import Attention
-from marconi_ray.engine.layers.gated_deltanet import GatedDeltaNetMixer
-from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
-from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.model.from_hf import FAMILIES
+from marconi_ray.engine.model.layers.attention import Attention
+from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
+from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
+from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.presets.family_report import family_report, kernel_ops
 
 CONV = ("causal_conv1d", "causal_conv1d_update")
 

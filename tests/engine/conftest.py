@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.model_presets import FAMILIES
+from marconi_ray.engine.presets.factory import make_model
+from marconi_ray.engine.presets.model_presets import FAMILIES
 
 torch.set_num_threads(1)
 

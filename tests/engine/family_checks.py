@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from engine_helpers import hf_model, prompts
 
-from marconi_ray.engine.decode_batch import DecodeBatch
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.model.decode_batch import DecodeBatch
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.protocol.sampling import SamplingParams
 
 PROMPT_LEN = 300

@@ -8,8 +8,8 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention.bias import CausalBias
 
-from marconi_ray.engine.layers import attention
-from marconi_ray.engine.layers.attention import causal_attention
+from marconi_ray.engine.model.layers import attention
+from marconi_ray.engine.model.layers.attention import causal_attention
 
 
 def _masked(q, k, v):

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from marconi_ray.core.cache import cache_codec
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model.loader import load_model
 from marconi_ray.protocol.sampling import SamplingParams
 
 

@@ -11,8 +11,8 @@ from engine_helpers import GREEDY, prompts
 
 from marconi_ray.core.cache.admission import MarconiPlusAdmission
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILIES = ("nemotron_h", "bamba", "jamba")

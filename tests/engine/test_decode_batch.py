@@ -9,8 +9,8 @@ import torch
 from engine_helpers import prompts
 from family_checks import check_batched_decode
 
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model_presets import FAMILIES
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.presets.model_presets import FAMILIES
 
 
 def _prefilled(model, seeds):

@@ -9,7 +9,7 @@ from engine_helpers import GREEDY, prompts
 
 from marconi_kernels import get_kernels, triton_unavailable
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model.loader import load_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,9 +15,9 @@ from engine_helpers import GREEDY, make_small_jamba, prompts
 
 from marconi_kernels import OPS, KernelSet, get_kernels
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model import WARM_UP_LENGTHS
-from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.engine.model.hybrid_model import WARM_UP_LENGTHS
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState
 
 pytestmark = pytest.mark.triton
 

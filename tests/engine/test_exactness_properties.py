@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marconi_ray.engine.kv_buffer import KVBuffer
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.engine.model.kv_buffer import KVBuffer
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from marconi_ray.engine.factory import (
+from marconi_ray.engine.presets.byte_tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
+from marconi_ray.engine.presets.factory import (
     FAMILIES,
     LOGIT_STD,
     MIN_LOGIT_STD,
@@ -21,8 +22,7 @@ from marconi_ray.engine.factory import (
     preset_config,
     read_record,
 )
-from marconi_ray.engine.model_presets import LFM2_FAMILIES, MOE_HYBRIDS, QWEN_FAMILIES
-from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
+from marconi_ray.engine.presets.model_presets import LFM2_FAMILIES, MOE_HYBRIDS, QWEN_FAMILIES
 
 torch.set_num_threads(1)
 

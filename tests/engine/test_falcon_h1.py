@@ -14,13 +14,18 @@ import torch
 from engine_helpers import hf_logits, hf_model, prompts
 from family_checks import check_greedy_and_second_turn, check_resume_at_depths
 
-from marconi_ray.engine.factory import MAX_STRAY_PROB, MAX_TEMPERATURE, PRINTABLE_IDS, build_model
-from marconi_ray.engine.layers.linear import row
-from marconi_ray.engine.loader import load_model, read_config
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.model_presets import FALCON_MULTIPLIERS
-from marconi_ray.engine.parallel import Segment, TPGroup
-from marconi_ray.engine.tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.layers.linear import row
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.model.parallel import Segment, TPGroup
+from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
+from marconi_ray.engine.presets.factory import (
+    MAX_STRAY_PROB,
+    MAX_TEMPERATURE,
+    PRINTABLE_IDS,
+    build_model,
+)
+from marconi_ray.engine.presets.model_presets import FALCON_MULTIPLIERS
 
 MULTIPLIERS = {k: list(v) if isinstance(v, tuple) else v for k, v in FALCON_MULTIPLIERS.items()}
 """The preset's multipliers as config keyword arguments (lists, not tuples)."""

@@ -10,12 +10,12 @@ import pytest
 import torch
 from engine_helpers import prompts
 
-from marconi_ray.engine.device_pool import DeviceKVPool
-from marconi_ray.engine.host_pool import HostKVPool
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model_presets import FAMILIES
-from marconi_ray.engine.seq_state import SeqState
-from marconi_ray.engine.state_store import StateStore
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState
+from marconi_ray.engine.presets.model_presets import FAMILIES
+from marconi_ray.engine.store.device_pool import DeviceKVPool
+from marconi_ray.engine.store.host_pool import HostKVPool
+from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Move, PrefillOrder, Release, StepInput
 from marconi_ray.protocol.sampling import SamplingParams

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.model_presets import FAMILIES
+from marconi_ray.engine.presets.model_presets import FAMILIES
 from marconi_ray.protocol.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)

@@ -13,9 +13,10 @@ import pytest
 from transformers import BambaConfig, GraniteMoeHybridConfig, JambaConfig, NemotronHConfig
 
 from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_hf_config
-from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
-from marconi_ray.engine.loader import read_config
-from marconi_ray.engine.model_presets import LFM2_FAMILIES, QWEN_FAMILIES, preset_config
+from marconi_ray.engine.model.from_hf import FAMILIES, hybrid_config
+from marconi_ray.engine.model.loader import read_config
+from marconi_ray.engine.presets.family_configs import preset_config
+from marconi_ray.engine.presets.model_presets import LFM2_FAMILIES, QWEN_FAMILIES
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "nemotron_h": NemotronHConfig(

@@ -8,11 +8,11 @@ import pytest
 import torch
 from family_checks import check_greedy_and_second_turn, check_resume_at_depths, twin_batch
 
-from marconi_ray.engine.layers.short_conv import ShortConvMixer
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.model_presets import LFM2_FAMILIES
-from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.layers.short_conv import ShortConvMixer
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.presets.model_presets import LFM2_FAMILIES
 
 
 @pytest.mark.parametrize("family", LFM2_FAMILIES)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from engine_helpers import hf_model, prompts
 
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model.loader import load_model
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "jamba"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from engine_helpers import hf_logits, hf_model, prompts
 
-from marconi_ray.engine.loader import load_model
+from marconi_ray.engine.model.loader import load_model
 
 FAMILIES = ("nemotron_h", "bamba", "jamba")
 TOL = 1e-4

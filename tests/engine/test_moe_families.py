@@ -12,10 +12,10 @@ import torch
 from engine_helpers import prompts
 from family_checks import check_greedy_and_second_turn, check_resume_at_depths
 
-from marconi_ray.engine.layers.moe import route
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model_config import MoEConfig
-from marconi_ray.engine.model_presets import MOE_HYBRIDS
+from marconi_ray.engine.model.layers.moe import route
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.model_config import MoEConfig
+from marconi_ray.engine.presets.model_presets import MOE_HYBRIDS
 
 N_TOKENS, D, E, K = 64, 32, 8, 2
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import (
+from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
+from marconi_ray.engine.presets.factory import (
     LIFT_CHANNEL,
     MAX_STRAY_PROB,
     MAX_TEMPERATURE,
@@ -27,9 +28,8 @@ from marconi_ray.engine.factory import (
     make_model,
     read_record,
 )
-from marconi_ray.engine.model_presets import BUILD_VERSION
-from marconi_ray.engine.sampling import SamplingParams
-from marconi_ray.engine.tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE
+from marconi_ray.engine.presets.model_presets import BUILD_VERSION
+from marconi_ray.engine.sampler import SamplingParams
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.serve.ingress.generation import REPLACEMENT, Detokenizer
 

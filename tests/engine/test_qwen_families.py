@@ -8,8 +8,8 @@ import pytest
 import torch
 from family_checks import check_greedy_and_second_turn, check_resume_at_depths, twin_batch
 
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model_presets import QWEN_FAMILIES
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.presets.model_presets import QWEN_FAMILIES
 
 
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
@@ -47,7 +47,7 @@ def test_decode_batch_holds_each_sequence_state_once(model_dirs):
 def test_vision_weights_are_skipped_with_a_log_line(model_dirs, caplog):
     """The multimodal checkpoint's vision tower is saved but not loaded; the log says so,
     and its language model equals the text-only family's on the same prompt layout."""
-    with caplog.at_level("INFO", logger="marconi_ray.engine.loader"):
+    with caplog.at_level("INFO", logger="marconi_ray.engine.model.loader"):
         model = load_model(model_dirs["qwen3_5"])
     assert any("model.visual.*" in r.getMessage() for r in caplog.records)
     assert model.cfg.family == "qwen3_5" and model.cfg.weights_prefix == "model.language_model."

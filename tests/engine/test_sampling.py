@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from marconi_ray.engine.sampling import Sampler, make_generator
+from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.protocol.sampling import SamplingParams
 
 torch.set_num_threads(1)

@@ -12,9 +12,9 @@ import torch
 from hub_checkpoint import build_checkpoint
 from safetensors import safe_open
 
-from marconi_ray.engine.loader import load_weights, read_config
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.loader import load_weights, read_config
+from marconi_ray.engine.model.parallel import TPGroup
 
 WORLD = 2
 

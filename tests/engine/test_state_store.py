@@ -11,8 +11,8 @@ from engine_helpers import GREEDY
 from marconi_ray.core.cache.invariants import check_tree
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model, read_config
-from marconi_ray.engine.state_store import StateStore
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.store.state_store import StateStore
 
 FAMILIES = (
     "nemotron_h",

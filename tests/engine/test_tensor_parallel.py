@@ -40,9 +40,9 @@ from engine_helpers import GREEDY, prompts
 
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.loader import load_model, read_config
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.model.parallel import TPGroup
 
 pytestmark = pytest.mark.slow
 
@@ -87,8 +87,8 @@ def nemotron_g1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     replicated and the gated norm's single group spans both ranks."""
     from transformers import NemotronHForCausalLM
 
-    from marconi_ray.engine.factory import _separate_logits, check_logit_separation
-    from marconi_ray.engine.model_presets import preset_config
+    from marconi_ray.engine.presets.factory import _separate_logits, check_logit_separation
+    from marconi_ray.engine.presets.family_configs import preset_config
 
     cfg = preset_config("tiny", "nemotron_h")
     cfg.n_groups = 1

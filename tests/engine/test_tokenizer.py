@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from marconi_ray.engine.tokenizer import (
+from marconi_ray.engine.presets.byte_tokenizer import (
     BOS_ID,
     BYTE_OFFSET,
     BYTE_VOCAB_SIZE,

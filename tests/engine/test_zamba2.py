@@ -12,11 +12,11 @@ import torch
 from engine_helpers import hf_logits, hf_model, prompts
 from family_checks import check_greedy_and_second_turn, check_resume_at_depths
 
-from marconi_ray.engine.layers.zamba_shared import SharedBlock
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
-from marconi_ray.engine.state_store import StateStore
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.layers.zamba_shared import SharedBlock
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.store.state_store import StateStore
 
 
 def test_greedy_and_cached_second_turn_equal_transformers(model_dirs):

@@ -20,7 +20,7 @@ from loadgen.config import LoadConfig
 from loadgen.runner import run_load
 from loadgen.server_metrics import delta
 from marconi_ray.core.sim.replay import run_replay
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.app import build_app, shutdown_app, start_actors
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from redis_server import RedisServer
 
-from marconi_ray.engine.loader import load_model
-from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Release
 from marconi_ray.protocol.release_log import ReleaseCursor, Releases

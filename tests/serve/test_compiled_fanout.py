@@ -25,7 +25,7 @@ from ray import cloudpickle
 from ray.exceptions import RayActorError, RayTaskError
 from serve_helpers import local_ray
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.orders import Finished, PrefillOrder, StepInput, StepOutput
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from marconi_ray.core.cache.tuner import default_grid
-from marconi_ray.engine.model_presets import BUILD_VERSION, FAMILIES
+from marconi_ray.engine.presets.model_presets import BUILD_VERSION, FAMILIES
 from marconi_ray.serve.config import (
     API_KEY_ENV,
     ServeConfig,

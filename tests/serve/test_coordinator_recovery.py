@@ -25,7 +25,7 @@ from coordinator_helpers import (
     turn,
 )
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.orders import Move, Release
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal, RedisJournal

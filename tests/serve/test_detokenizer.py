@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.tokenizer import BYTE_OFFSET
+from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.serve.ingress.generation import REPLACEMENT, Detokenizer
 from marconi_ray.traces.paths import data_path

@@ -15,7 +15,7 @@ import pytest
 import ray
 from serve_helpers import http_service, local_ray
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.settings import ServeSettings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -31,7 +31,7 @@ from coordinator_helpers import (
 from ray.exceptions import ActorUnavailableError
 from replica_harness import Handle, in_step, items, make_replica, refused, run_until_idle, submit
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Move, PrefillOrder, Release, TokenEvent
 from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from exactly_once_fuzz import EVENTS, run_case
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 
 CASES = 4
 EVENTS_PER_CASE = 150

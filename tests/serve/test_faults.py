@@ -18,7 +18,7 @@ import ray
 from serve_helpers import local_ray, replicas_app
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress.ray_backend import RayBackend
 from marconi_ray.serve.messages import Completed

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress.api import build_app
 from marconi_ray.serve.ingress.local_backend import LocalBackend

@@ -14,7 +14,7 @@ from coordinator_helpers import LEASE, Clock, applied, make_settings, make_worke
 from fastapi.testclient import TestClient
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.ingress.api import build_app

@@ -14,7 +14,7 @@ from coordinator_helpers import Clock, applied, make_settings, make_worker, regi
 from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.ingress.local_backend import LocalBackend

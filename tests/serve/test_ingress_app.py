@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.core.cache import cache_codec
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
-from marconi_ray.engine.tokenizer import BYTE_OFFSET
+from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.ingress.api import build_app
 from marconi_ray.serve.ingress.local_backend import LocalBackend
 from marconi_ray.serve.ingress.prepare import ServedModel

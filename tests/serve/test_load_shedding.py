@@ -17,7 +17,7 @@ from coordinator_helpers import GREEDY, apply, make_settings, make_worker, regis
 from fastapi.testclient import TestClient
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.orders import PrefillOrder
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal

@@ -18,7 +18,7 @@ from ray import serve
 from serve_helpers import local_ray
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.app import build_app, shutdown_app, start_actors
 from marconi_ray.serve.model_source import resolve_model
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings

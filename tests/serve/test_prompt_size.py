@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.ingress.api import build_app
 from marconi_ray.serve.ingress.local_backend import LocalBackend
 from marconi_ray.serve.ingress.openai_protocol import APIError

@@ -27,7 +27,7 @@ from coordinator_helpers import (
 )
 from redis_server import RedisServer
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import decode_record, decode_snapshot
 

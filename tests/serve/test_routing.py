@@ -209,7 +209,7 @@ def test_two_replicas_cache_aware_sticks_round_robin_alternates(tmp_path: Path) 
     from ray import serve
     from serve_helpers import local_ray, replicas_app, run_request
 
-    from marconi_ray.engine.factory import make_model
+    from marconi_ray.engine.presets.factory import make_model
 
     model_dir = make_model("tiny", "nemotron_h", tmp_path / "tiny")
     rng = np.random.default_rng(5)

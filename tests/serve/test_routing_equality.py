@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from coordinator_helpers import Clock
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.orders import Finished, PrefillOrder
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from marconi_ray.core.cache import cache_codec
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.config import API_KEY_ENV, config_from_mapping
 from marconi_ray.serve.ingress.api import ROUTES, build_app

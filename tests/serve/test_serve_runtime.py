@@ -13,7 +13,7 @@ from serve_helpers import GREEDY, local_ray, replicas_app, run_request
 from marconi_ray.core.cache.tuner import TunerConfig
 from marconi_ray.core.sim.replay import RunConfig, run_replay
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 from marconi_ray.traces.trace import Request
 

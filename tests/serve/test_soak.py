@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from serve_helpers import SoakConfig, local_ray, run_soak
 
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SESSIONS = 32

@@ -25,7 +25,7 @@ from coordinator_helpers import (
 from serve_helpers import local_ray
 
 from marconi_ray.core.cache.tuner import run_grid
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.coordinator.tuner_actor import start_tuner

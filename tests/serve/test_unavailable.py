@@ -14,7 +14,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.factory import make_model
+from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.orders import TokenEvent
 from marconi_ray.serve.ingress.api import build_app
 from marconi_ray.serve.ingress.local_backend import LocalBackend

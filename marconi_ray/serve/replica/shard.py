@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from marconi_ray.engine.engine import load_served_model
-from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import (
     DEFAULT_MAX_BATCH_TOKENS,

@@ -5,7 +5,7 @@ execution order, each with the frozen config of its operator (attention, Mamba-2
 MLP, MoE or a bare projection) and the HF decoder layer that holds its weights, plus the
 model-wide norms, embeddings and limits. Both views of a model derive from it: the core's
 `ModelSpec` (FLOPs and bytes, `parse.spec_from_architecture`) and the engine's
-`HybridConfig` (`engine.hf_families.hybrid_config`), which re-exports these block configs.
+`HybridConfig` (`engine.model.from_hf.hybrid_config`), which re-exports these block configs.
 
 Sizes are checked where the cost model builds its layer specs (`core/model/layers.py`):
 `parse.parse_hf_config` only returns architectures whose `ModelSpec` builds. The

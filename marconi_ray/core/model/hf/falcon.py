@@ -23,7 +23,7 @@ the block configs; the cost model ignores them. How the engine applies each:
 
 Folding scales the whole checkpoint tensor before it is split across ranks, so every
 rank holds its slice of the folded tensor; the result equals transformers' up to float
-rounding (see `engine.layers.linear.ParallelLinear`).
+rounding (see `engine.model.layers.linear.ParallelLinear`).
 
 A multiplier that is null, not a number or not finite, a `key_multiplier`,
 `embedding_multiplier` or `lm_head_multiplier` that is not > 0, a multiplier list of the

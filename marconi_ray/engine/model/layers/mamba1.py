@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from marconi_kernels import KernelSet
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.norm import rms_norm
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import Mamba1Config
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.norm import rms_norm
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import Mamba1Config
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 class Mamba1Mixer(nn.Module):

@@ -27,15 +27,15 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from marconi_ray.engine.kv_buffer import KVBuffer
-from marconi_ray.engine.layers.attention import causal_attention, decode_attention
-from marconi_ray.engine.layers.linear import ParallelLinear, column, row
-from marconi_ray.engine.layers.mlp import activation
-from marconi_ray.engine.layers.norm import RMSNorm
-from marconi_ray.engine.layers.rope import Rope
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import AttentionConfig, SharedBlockConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.kv_buffer import KVBuffer
+from marconi_ray.engine.model.layers.attention import causal_attention, decode_attention
+from marconi_ray.engine.model.layers.linear import ParallelLinear, column, row
+from marconi_ray.engine.model.layers.mlp import activation
+from marconi_ray.engine.model.layers.norm import RMSNorm
+from marconi_ray.engine.model.layers.rope import Rope
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import AttentionConfig, SharedBlockConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 class _HasSpecs(Protocol):

@@ -17,7 +17,7 @@ both outputs to the residual stream.
 The per-mixer configs (`AttentionConfig`, `MLPConfig`, `MoEConfig`, `Mamba2Config`,
 `Mamba1Config`, `GatedDeltaNetConfig`)
 are the core's `marconi_ray.core.model.hf.arch` dataclasses, re-exported: the config keys are
-interpreted once, in `marconi_ray.core.model.hf.families`, and `marconi_ray.engine.hf_families`
+interpreted once, in `marconi_ray.core.model.hf.families`, and `marconi_ray.engine.model.from_hf`
 derives a `HybridConfig` from that parse.
 """
 
@@ -99,7 +99,7 @@ class HybridConfig:
     """Everything the engine needs to build and shard one hybrid model.
 
     Attributes:
-        family: the HF `model_type` it came from (see `engine.hf_families.FAMILIES`).
+        family: the HF `model_type` it came from (see `engine.model.from_hf.FAMILIES`).
         blocks: block kinds in execution order (values of `BLOCK_KINDS`).
         hf_layer: for each block, the index of the HF decoder layer holding its weights.
         max_position: the context limit in tokens.

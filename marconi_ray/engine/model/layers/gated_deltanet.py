@@ -21,11 +21,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from marconi_kernels import KernelSet
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.norm import HeadGatedRMSNorm
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import GatedDeltaNetConfig
-from marconi_ray.engine.parallel import Segment, TPGroup, local_size
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.norm import HeadGatedRMSNorm
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import GatedDeltaNetConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup, local_size
 
 MIN_CHUNK = 16
 """Shortest chunk a prefill uses (the Triton kernel's smallest tile)."""

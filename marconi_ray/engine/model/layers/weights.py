@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from marconi_ray.engine.parallel import Segment
+from marconi_ray.engine.model.parallel import Segment
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from marconi_kernels import KernelSet
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.norm import GatedGroupRMSNorm
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import Mamba2Config
-from marconi_ray.engine.parallel import Segment, TPGroup, local_size
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.norm import GatedGroupRMSNorm
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import Mamba2Config
+from marconi_ray.engine.model.parallel import Segment, TPGroup, local_size
 
 
 class Mamba2Mixer(nn.Module):

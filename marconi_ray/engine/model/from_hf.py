@@ -18,7 +18,7 @@ from typing import Final, TypeVar
 
 from marconi_ray.core.model.hf.arch import Block, HfArchitecture, LinearConfig
 from marconi_ray.core.model.hf.parse import parse_hf_config
-from marconi_ray.engine.model_config import (
+from marconi_ray.engine.model.model_config import (
     BLOCK_KINDS,
     AttentionConfig,
     GatedDeltaNetConfig,
@@ -46,10 +46,10 @@ FAMILIES: Final = (
     "lfm2",
     "lfm2_moe",
 )
-"""The model_types whose weights the engine can load (see `model.HF_NAMES`)."""
+"""The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
 PARALLEL_KINDS: Final = ("attention", "mamba2")
-"""Block kinds a residual group of parallel mixers may hold (see `model.Block`)."""
+"""Block kinds a residual group of parallel mixers may hold (see `hybrid_model.Block`)."""
 
 _C = TypeVar(
     "_C",

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marconi_ray.engine.kv_buffer import KVBuffer
+from marconi_ray.engine.model.kv_buffer import KVBuffer
 
 
 @dataclass

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.parallel import TPGroup
 
 
 def rms_norm(

@@ -22,12 +22,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from marconi_ray.engine.layers.fused_mlp import FusedGatedMLP
-from marconi_ray.engine.layers.mlp import MLP, activation
-from marconi_ray.engine.layers.moe_layout import MoELayout
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import MLPConfig, MoEConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
+from marconi_ray.engine.model.layers.mlp import MLP, activation
+from marconi_ray.engine.model.layers.moe_layout import MoELayout
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import MLPConfig, MoEConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 def route(

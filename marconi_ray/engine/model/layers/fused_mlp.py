@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.mlp import activation
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import MLPConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.mlp import activation
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import MLPConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 class FusedGatedMLP(nn.Module):

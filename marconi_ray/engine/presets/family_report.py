@@ -1,12 +1,12 @@
 """What the engine serves, per model family: its mixers, the kernels behind each, and
 whether it runs tensor-parallel. Configs only: models are built on the meta device.
 
-Everything is derived, so a family added to `hf_families.FAMILIES` shows up on its own:
+Everything is derived, so a family added to `model.from_hf.FAMILIES` shows up on its own:
 
 - a family's reference config is the make-model `tiny` preset built as that family
-  (`model_presets.preset_config`) when make-model can build it, else the transformers
+  (`family_configs.preset_config`) when make-model can build it, else the transformers
   config class's defaults (`AutoConfig.for_model`);
-- its block kinds are those of `hf_families.hybrid_config(reference)` in first-use order,
+- its block kinds are those of `model.from_hf.hybrid_config(reference)` in first-use order,
   split into mixers and feed-forwards (`model_config.FEED_FORWARD_KINDS`), each with the
   engine class that runs it (from a `HybridModel` of the reference built on the meta
   device);
@@ -25,11 +25,12 @@ from typing import Any, Final
 import torch
 
 from marconi_kernels import OPS, KernelSet, get_kernels, triton_unavailable
-from marconi_ray.engine import model_presets
-from marconi_ray.engine.hf_families import FAMILIES, hybrid_config
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.model_config import FEED_FORWARD_KINDS, HybridConfig
-from marconi_ray.engine.parallel import TPGroup
+from marconi_ray.engine.model.from_hf import FAMILIES, hybrid_config
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.model_config import FEED_FORWARD_KINDS, HybridConfig
+from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.presets import model_presets
+from marconi_ray.engine.presets.family_configs import preset_config
 
 REFERENCE_PRESET: Final = "tiny"
 TP_PROBE_WORLD: Final = 2
@@ -92,7 +93,7 @@ class FamilyReport:
 def reference_config(family: str) -> tuple[dict[str, Any], str]:
     """(config dict, where it comes from) of `family`; see the module docstring."""
     if family in model_presets.FAMILIES:
-        config = model_presets.preset_config(REFERENCE_PRESET, family).to_dict()
+        config = preset_config(REFERENCE_PRESET, family).to_dict()
         return config, f"make-model {REFERENCE_PRESET} preset"
     import transformers
 
@@ -156,5 +157,5 @@ def kernel_choice(device: str, prefer: str) -> tuple[KernelSet, str]:
 
 
 def all_reports(kernels: KernelSet) -> list[FamilyReport]:
-    """One report per family in `hf_families.FAMILIES`, in that order."""
+    """One report per family in `model.from_hf.FAMILIES`, in that order."""
     return [family_report(f, kernels) for f in FAMILIES]

@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from marconi_ray.engine.slot_table import DEVICE, HOST, TIER_NAMES, SlotTable
+from marconi_ray.engine.store.slot_table import DEVICE, HOST, TIER_NAMES, SlotTable
 from marconi_ray.protocol.orders import Move
 
 

@@ -33,15 +33,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from marconi_kernels import KernelSet, get_kernels
-from marconi_ray.engine.decode_batch import DecodeBatch
-from marconi_ray.engine.layers.attention import Attention
-from marconi_ray.engine.layers.fused_mlp import FusedGatedMLP
-from marconi_ray.engine.layers.gated_deltanet import GatedDeltaNetMixer
-from marconi_ray.engine.layers.mamba1 import Mamba1Mixer
-from marconi_ray.engine.layers.mamba2 import Mamba2Mixer
-from marconi_ray.engine.layers.mlp import MLP
-from marconi_ray.engine.layers.moe import MoE
-from marconi_ray.engine.layers.moe_layout import (
+from marconi_ray.engine.model.decode_batch import DecodeBatch
+from marconi_ray.engine.model.layers.attention import Attention
+from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
+from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
+from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
+from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.model.layers.mlp import MLP
+from marconi_ray.engine.model.layers.moe import MoE
+from marconi_ray.engine.model.layers.moe_layout import (
     GRANITE_MOE,
     JAMBA_MOE,
     LFM2_MOE,
@@ -49,13 +49,13 @@ from marconi_ray.engine.layers.moe_layout import (
     QWEN_MOE,
     MoELayout,
 )
-from marconi_ray.engine.layers.norm import RMSNorm, rms_norm
-from marconi_ray.engine.layers.short_conv import ShortConvMixer
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.layers.zamba_shared import SharedBlock, SharedWeights
-from marconi_ray.engine.model_config import FEED_FORWARD_KINDS, HybridConfig
-from marconi_ray.engine.parallel import TPGroup
-from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.model.layers.norm import RMSNorm, rms_norm
+from marconi_ray.engine.model.layers.short_conv import ShortConvMixer
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.layers.zamba_shared import SharedBlock, SharedWeights
+from marconi_ray.engine.model.model_config import FEED_FORWARD_KINDS, HybridConfig
+from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 
 
 @dataclass(frozen=True)
@@ -314,7 +314,7 @@ WARM_UP_LENGTHS = (7, 32, 57, 140)
 
 class HybridModel(nn.Module):
     """One tensor-parallel rank of a hybrid decoder. Parameters start uninitialised;
-    fill them with `engine.loader.load_weights`."""
+    fill them with `engine.model.loader.load_weights`."""
 
     def __init__(
         self,

@@ -10,13 +10,13 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from marconi_ray.engine.kv_buffer import KVBuffer
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.norm import RMSNorm
-from marconi_ray.engine.layers.rope import Rope
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import AttentionConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.kv_buffer import KVBuffer
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.norm import RMSNorm
+from marconi_ray.engine.model.layers.rope import Rope
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import AttentionConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 def causal_attention(

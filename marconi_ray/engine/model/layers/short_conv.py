@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from marconi_kernels import KernelSet
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import ShortConvConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import ShortConvConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 class ShortConvMixer(nn.Module):

@@ -4,8 +4,8 @@
 (`AutoModelForCausalLM.from_pretrained(dir)`, or `AutoModelForImageTextToText` for a
 multimodal Qwen3.5 checkpoint, and `AutoTokenizer.from_pretrained(dir)`):
 `config.json`, `generation_config.json`, `model.safetensors`, the byte tokenizer of
-`marconi_ray.engine.tokenizer`, and `marconi.json` (preset, family, seed, dtype, parameter
-count).
+`marconi_ray.engine.presets.byte_tokenizer`, and `marconi.json` (preset, family, seed,
+dtype, parameter count).
 
 Logit separation: with the usual init (std 0.02) a random model's logits are nearly flat
 (std ~0.02 * sqrt(hidden) across the vocab), so greedy decoding would flip on float
@@ -58,7 +58,9 @@ from typing import Any, Final
 
 import torch
 
-from marconi_ray.engine.model_presets import (
+from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE, save_tokenizer
+from marconi_ray.engine.presets.family_configs import preset_config
+from marconi_ray.engine.presets.model_presets import (
     BUILD_VERSION,
     DTYPE_NAMES,
     FAMILIES,
@@ -68,9 +70,7 @@ from marconi_ray.engine.model_presets import (
     ModelPreset,
     check_family,
     get_preset,
-    preset_config,
 )
-from marconi_ray.engine.tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE, save_tokenizer
 
 __all__ = [
     "DTYPES",

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from marconi_ray.engine.tier_copy import CopyEvent, device_index
+from marconi_ray.engine.store.tier_copy import CopyEvent, device_index
 
 Rows = npt.NDArray[np.int64]
 

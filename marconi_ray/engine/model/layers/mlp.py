@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from marconi_ray.engine.layers.linear import column, row
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model_config import MLPConfig
-from marconi_ray.engine.parallel import Segment, TPGroup
+from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import MLPConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:

@@ -45,14 +45,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from marconi_ray.engine.device_pool import DeviceKVPool
-from marconi_ray.engine.host_pool import HostKVPool
-from marconi_ray.engine.kv_buffer import KVBuffer
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.move_check import check_moves
-from marconi_ray.engine.seq_state import SeqState, StateCheckpoint
-from marconi_ray.engine.slot_table import DEVICE, FREE, HOST, TIER_NAMES, Slots, SlotTable
-from marconi_ray.engine.tier_copy import CopyEvent, TierCopier
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.kv_buffer import KVBuffer
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.store.device_pool import DeviceKVPool
+from marconi_ray.engine.store.host_pool import HostKVPool
+from marconi_ray.engine.store.move_check import check_moves
+from marconi_ray.engine.store.slot_table import DEVICE, FREE, HOST, TIER_NAMES, Slots, SlotTable
+from marconi_ray.engine.store.tier_copy import CopyEvent, TierCopier
 from marconi_ray.protocol.orders import Move
 
 STATE_DTYPE = torch.float32

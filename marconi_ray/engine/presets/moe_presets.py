@@ -6,7 +6,7 @@ NemotronH (`model_type` "nemotron_h") whose `-` layers are `E` (MoE) layers, so
 `tiny:nemotron_h_moe` and `tiny:nemotron_h` are two folders of one architecture.
 
 Each family takes the preset's widths with its own layer mix, and every one of them
-lifts the printable logits (see `engine.factory`) through the output-projection bias of
+lifts the printable logits (see `engine.presets.factory`) through the output-projection bias of
 its last layer's mixer, not through an MLP bias (Jamba's and Granite's MLPs have none,
 and NemotronH's `mlp_bias` would also give the shared experts and latent projections
 biases):
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from marconi_ray.engine.model_presets import (
+from marconi_ray.engine.presets.model_presets import (
     MOE_HYBRIDS,
     ModelPreset,
     common_kwargs,

@@ -1,4 +1,5 @@
-"""Named random-weight model shapes (`ModelPreset`) and their transformers configs.
+"""Named random-weight model shapes (`ModelPreset`) and the transformers config keywords
+of each family (`family_configs.preset_config` builds the config from them).
 
 A preset is family-neutral: its `pattern` is a NemotronH pattern string (`M` Mamba-2,
 `*` attention, `-` MLP). NemotronH uses it as is, one layer per character. Bamba layers are
@@ -20,7 +21,7 @@ tiny vision tower, and Qwen3-Next) take the preset's widths with their own layer
 `qwen_kwargs`): their MLPs have no biases, so the last layer's attention output bias
 lifts the logits instead (`attention_bias`, all zero but that one channel). The
 mixture-of-experts hybrids (`MOE_HYBRIDS`: NemotronH with MoE layers, Jamba with
-experts, Granite 4.0-H) are described in `engine.moe_presets`.
+experts, Granite 4.0-H) are described in `engine.presets.moe_presets`.
 
 Zamba2 (see `zamba2_kwargs`) gets one layer per mixer of the pattern: `M` a Mamba-2
 layer, `*` a hybrid layer (the shared transformer block, then a Mamba-2), so it has one
@@ -61,7 +62,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from marconi_ray.engine.tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
+from marconi_ray.engine.presets.byte_tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
 
 BUILD_VERSION: Final = 3
 """Version of how `factory.make_model` builds a preset's weights, written to its record.
@@ -75,7 +76,7 @@ QWEN_FAMILIES: Final = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_
 LFM2_FAMILIES: Final = ("lfm2", "lfm2_moe")
 """The short-conv families (see `lfm2_kwargs`)."""
 MOE_HYBRIDS: Final = ("nemotron_h_moe", "jamba", "granitemoehybrid")
-"""The mixture-of-experts hybrids (see `engine.moe_presets`)."""
+"""The mixture-of-experts hybrids (see `engine.presets.moe_presets`)."""
 FAMILIES: Final = (
     "nemotron_h",
     "bamba",
@@ -462,51 +463,3 @@ def lfm2_kwargs(p: ModelPreset, family: str, initializer_range: float = 0.02) ->
             norm_topk_prob=True,
         )
     return out
-
-
-def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
-    """The smallest vision tower of a multimodal Qwen3.5 checkpoint (its weights are saved
-    and skipped by the engine, which serves text)."""
-    return {
-        "depth": 1,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "out_hidden_size": p.hidden_size,
-    }
-
-
-def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) -> Any:
-    """The transformers config (no weights) of `preset` built as `family`.
-
-    ValueError naming the value for an unknown preset or family.
-    """
-    p = get_preset(preset)
-    check_family(family)
-    import transformers
-
-    if family == "nemotron_h":
-        return transformers.NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
-    if family == "bamba":
-        return transformers.BambaConfig(**bamba_kwargs(p, initializer_range))
-    if family == "falcon_h1":
-        return transformers.FalconH1Config(**falcon_kwargs(p, initializer_range))
-    if family == "zamba2":
-        return transformers.Zamba2Config(**zamba2_kwargs(p, initializer_range))
-    if family in LFM2_FAMILIES:
-        cls = transformers.Lfm2Config if family == "lfm2" else transformers.Lfm2MoeConfig
-        return cls(**lfm2_kwargs(p, family, initializer_range))
-    if family in MOE_HYBRIDS:
-        from marconi_ray.engine.moe_presets import moe_preset_config
-
-        return moe_preset_config(p, family, initializer_range)
-    text = qwen_kwargs(p, family, initializer_range)
-    if family in ("qwen3_5", "qwen3_5_moe"):
-        outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig
-        return outer(text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False)
-    classes = {
-        "qwen3_5_text": transformers.Qwen3_5TextConfig,
-        "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig,
-        "qwen3_next": transformers.Qwen3NextConfig,
-    }
-    return classes[family](**text)

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.parallel import Segment, TPGroup, local_size
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.parallel import Segment, TPGroup, local_size
 
 
 class ParallelLinear(nn.Module):

@@ -1,7 +1,7 @@
 """Load a Hugging Face checkpoint directory (`config.json` + safetensors, one file or
 sharded with `model.safetensors.index.json`) into a `HybridModel` rank: parse the config,
 build the shard, copy each weight's slice. A rank reads only its own slice of each split
-weight (see `engine.weight_source`), never the whole tensor.
+weight (see `engine.model.weight_source`), never the whole tensor.
 
 Errors name the file and the key: an unknown architecture, a missing or mis-shaped weight,
 or a checkpoint weight the model has no place for. Weights the config marks as not the
@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from marconi_kernels import KernelSet
-from marconi_ray.engine.hf_families import hybrid_config
-from marconi_ray.engine.layers.weights import WeightSpec
-from marconi_ray.engine.model import HybridModel
-from marconi_ray.engine.model_config import HybridConfig
-from marconi_ray.engine.parallel import Segment, TPGroup, rank_ranges
-from marconi_ray.engine.weight_source import SafetensorsSource, StateDictSource, WeightSource
+from marconi_ray.engine.model.from_hf import hybrid_config
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.layers.weights import WeightSpec
+from marconi_ray.engine.model.model_config import HybridConfig
+from marconi_ray.engine.model.parallel import Segment, TPGroup, rank_ranges
+from marconi_ray.engine.model.weight_source import SafetensorsSource, StateDictSource, WeightSource
 from marconi_ray.protocol.model_files import read_config_json
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from marconi_ray.engine.seq_state import SeqState
+from marconi_ray.engine.model.seq_state import SeqState
 
 
 class DecodeBatch:

@@ -1,0 +1,71 @@
+"""`preset_config`: the transformers config (no weights) of a named preset built as one
+family: the dense and Gated DeltaNet families from `model_presets`' keywords, the
+mixture-of-experts hybrids (`MOE_HYBRIDS`) from `moe_presets`.
+
+transformers is imported on the first call, so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marconi_ray.engine.presets.model_presets import (
+    LFM2_FAMILIES,
+    MOE_HYBRIDS,
+    ModelPreset,
+    bamba_kwargs,
+    check_family,
+    falcon_kwargs,
+    get_preset,
+    lfm2_kwargs,
+    nemotron_h_kwargs,
+    qwen_kwargs,
+    zamba2_kwargs,
+)
+from marconi_ray.engine.presets.moe_presets import moe_preset_config
+
+
+def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
+    """The smallest vision tower of a multimodal Qwen3.5 checkpoint (its weights are saved
+    and skipped by the engine, which serves text)."""
+    return {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": p.hidden_size,
+    }
+
+
+def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) -> Any:
+    """The transformers config (no weights) of `preset` built as `family`.
+
+    ValueError naming the value for an unknown preset or family.
+    """
+    p = get_preset(preset)
+    check_family(family)
+    import transformers
+
+    if family == "nemotron_h":
+        return transformers.NemotronHConfig(**nemotron_h_kwargs(p, initializer_range))
+    if family == "bamba":
+        return transformers.BambaConfig(**bamba_kwargs(p, initializer_range))
+    if family == "falcon_h1":
+        return transformers.FalconH1Config(**falcon_kwargs(p, initializer_range))
+    if family == "zamba2":
+        return transformers.Zamba2Config(**zamba2_kwargs(p, initializer_range))
+    if family in LFM2_FAMILIES:
+        cls = transformers.Lfm2Config if family == "lfm2" else transformers.Lfm2MoeConfig
+        return cls(**lfm2_kwargs(p, family, initializer_range))
+    if family in MOE_HYBRIDS:
+        return moe_preset_config(p, family, initializer_range)
+    text = qwen_kwargs(p, family, initializer_range)
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig
+        return outer(text_config=text, vision_config=_vision_kwargs(p), tie_word_embeddings=False)
+    classes = {
+        "qwen3_5_text": transformers.Qwen3_5TextConfig,
+        "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig,
+        "qwen3_next": transformers.Qwen3NextConfig,
+    }
+    return classes[family](**text)
