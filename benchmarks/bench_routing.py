@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from loadgen.config import LoadConfig, RequestRecord
 from loadgen.metrics import distribution
-from marconi_ray.serve.coordinator.routing import ROUTERS
+from marconi_ray.serve.coordinator.routing.routers import ROUTERS
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 from marconi_ray.traces.sharegpt import default_path as sharegpt_path
 

@@ -17,8 +17,9 @@ from tqdm import tqdm
 
 from marconi_ray.protocol.orders import Finished, PrefillOrder
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
-from marconi_ray.serve.coordinator.replica_choice import choose_replica_reference
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.leases import LEASE_GRACE
+from marconi_ray.serve.coordinator.routing.choose import choose_replica_reference
 from marconi_ray.serve.messages import Dispatch
 from marconi_ray.serve.settings import ServeSettings
 

@@ -13,7 +13,7 @@ TORCH_FREE = (
     "marconi_ray.serve.coordinator.actor",
     "marconi_ray.serve.ingress.api",
     "marconi_ray.serve.ingress.pinned_router",
-    "marconi_ray.serve.coordinator.routing",
+    "marconi_ray.serve.coordinator.routing.routers",
     "marconi_ray.serve.coordinator.journal",
     "marconi_ray.serve.config",
     "marconi_ray.protocol.planner",

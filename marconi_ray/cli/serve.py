@@ -25,7 +25,7 @@ from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.cli import values
 from marconi_ray.core.cache.systems import SYSTEMS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
-from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS
+from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 _FLAG_KEYS = (

@@ -29,7 +29,7 @@ from marconi_ray.core.cache.systems import SYSTEMS, get_system
 from marconi_ray.core.cache.tuner import default_grid
 from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
-from marconi_ray.serve.coordinator.routing import DEFAULT_ROUTING, ROUTERS, check_routing
+from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.model_source import default_model_name, hub_source, resolve_model
 from marconi_ray.serve.placement import check_placement, check_resource_name
 from marconi_ray.serve.settings import ServeSettings, TunerSettings

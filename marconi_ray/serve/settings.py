@@ -70,7 +70,7 @@ class ServeSettings:
             calls), `auto` (compiled on CUDA, plain on CPU).
         app_name: the Serve application's name; the coordinator and tuner actors are
             named after it, so several applications can share one Ray cluster.
-        routing: routing strategy across replicas (`serve.coordinator.routing.ROUTERS`):
+        routing: routing strategy across replicas (`serve.coordinator.routing.routers.ROUTERS`):
             `cache_aware` (default), `round_robin` or `least_loaded`.
         route_load_weight: `cache_aware` routing charges each open request of a replica
             the prefill FLOPs of this many tokens, weighed against the FLOPs its cached

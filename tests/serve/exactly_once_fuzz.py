@@ -36,8 +36,9 @@ from replica_harness import Handle, held, in_step, items, make_replica, refused,
 
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
-from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.coordinator.leases import LEASE_GRACE
 from marconi_ray.serve.coordinator.stall_watch import StallWatch
 from marconi_ray.serve.ingress.ray_backend import RayBackend
 from marconi_ray.serve.messages import (

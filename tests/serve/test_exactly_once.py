@@ -34,8 +34,9 @@ from replica_harness import Handle, in_step, items, make_replica, refused, run_u
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Move, PrefillOrder, Release, TokenEvent
-from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.coordinator.leases import LEASE_GRACE
 from marconi_ray.serve.coordinator.stall_watch import StallWatch
 from marconi_ray.serve.ingress.ray_backend import RayBackend
 from marconi_ray.serve.messages import Dispatch, MisroutedDispatch, ReplicaFailed, WrongReplica

@@ -1,7 +1,7 @@
-"""Routing across replicas (`serve.coordinator.routing`): the strategies on hand-made views, views
-read off real prefix caches, the `routing` setting (config, CLI), and a real-Ray run of
-two replicas where cache_aware keeps each session on the replica holding its state
-while round_robin alternates."""
+"""Routing across replicas (`serve.coordinator.routing.routers`): the strategies on
+hand-made views, views read off real prefix caches, the `routing` setting (config, CLI),
+and a real-Ray run of two replicas where cache_aware keeps each session on the replica
+holding its state while round_robin alternates."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from marconi_ray.cli.main import build_parser, main
 from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, default_config
-from marconi_ray.serve.coordinator.routing import (
+from marconi_ray.serve.coordinator.routing.routers import (
     ROUTERS,
     CacheAwareRouter,
     LeastLoadedRouter,

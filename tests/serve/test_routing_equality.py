@@ -1,4 +1,4 @@
-"""The coordinator's indexed routing (`replica_choice.choose_replica`) against the
+"""The coordinator's indexed routing (`routing.choose.choose_replica`) against the
 reference (`choose_replica_reference`: a view of every replica, `Router.route`), for
 every strategy, on random coordinator states: several replicas with fake stores, random
 sessions and turns, prompts cutting them anywhere, evictions (a small cache), plans left
@@ -20,10 +20,11 @@ from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.orders import Finished, PrefillOrder
 from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.serve.coordinator.actor import LEASE_GRACE, CacheCoordinator
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
-from marconi_ray.serve.coordinator.replica_choice import choose_replica, choose_replica_reference
-from marconi_ray.serve.coordinator.routing import ROUTERS, make_router
+from marconi_ray.serve.coordinator.leases import LEASE_GRACE
+from marconi_ray.serve.coordinator.routing.choose import choose_replica, choose_replica_reference
+from marconi_ray.serve.coordinator.routing.routers import ROUTERS, make_router
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded
 from marconi_ray.serve.settings import ServeSettings
 

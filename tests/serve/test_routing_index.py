@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from marconi_ray.serve.coordinator.leases import LeaseTable
-from marconi_ray.serve.coordinator.replica_table import ReplicaTable
-from marconi_ray.serve.coordinator.routing_index import RoutingIndex
+from marconi_ray.serve.coordinator.routing.prefix_index import RoutingIndex
+from marconi_ray.serve.coordinator.routing.replica_table import ReplicaTable
 
 
 def brute_candidates(held: dict[tuple[str, int], bytes], prompt: np.ndarray) -> set[str]:

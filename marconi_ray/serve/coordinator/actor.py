@@ -42,11 +42,12 @@ pause, a frozen VM: `serve.coordinator.stall_watch`), every replica counts as he
 and every lease as renewed at the moment it resumed, so heartbeats that waited in its
 queue are not taken for silence.
 
-Routing (`route`): among confirmed replicas, the deployment's strategy (`serve.coordinator.routing`,
-`settings.routing`) picks one from each replica's usable hit, the FLOPs it saves and its
-queue; `cache_aware` keeps a session on the replica holding its last state. Its cost
-does not grow with the replicas (`serve.coordinator.replica_choice`): one walk of a routing index of
-every replica's states names those that may hold a hit, and only their trees are walked.
+Routing (`route`): among confirmed replicas, the deployment's strategy
+(`serve.coordinator.routing.routers`, `settings.routing`) picks one from each replica's
+usable hit, the FLOPs it saves and its queue; `cache_aware` keeps a session on the
+replica holding its last state. Its cost does not grow with the replicas
+(`serve.coordinator.routing.choose`): one walk of a routing index of every replica's
+states names those that may hold a hit, and only their trees are walked.
 Expired leases and silent replicas come off deadline heaps, not a scan of all of them.
 """
 
@@ -55,7 +56,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -77,20 +78,16 @@ from marconi_ray.serve.coordinator.journal import (
     encode_snapshot,
     open_journal,
 )
-from marconi_ray.serve.coordinator.leases import LeaseTable
+from marconi_ray.serve.coordinator.leases import LEASE_GRACE, LeaseTable
 from marconi_ray.serve.coordinator.recovery import recover
-from marconi_ray.serve.coordinator.replica_choice import choose_replica
-from marconi_ray.serve.coordinator.routing import make_router
+from marconi_ray.serve.coordinator.routing.choose import choose_replica
+from marconi_ray.serve.coordinator.routing.routers import make_router
 from marconi_ray.serve.coordinator.stall_watch import StallWatch
 from marconi_ray.serve.coordinator.tier_check import tier_mismatch
 from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 log = logging.getLogger(__name__)
-
-LEASE_GRACE: Final = 0.5
-"""Fraction of `lease_s` a lease outlives its deadline at the coordinator (clock skew
-between the coordinator and the replica that checks the deadline)."""
 
 
 class CacheCoordinator:
@@ -339,8 +336,8 @@ class CacheCoordinator:
     # ------------------------------------------------------------------ requests
     def route(self, prompt: npt.NDArray[np.int32]) -> str:
         """The confirmed replica the deployment's routing strategy (`settings.routing`, see
-        `serve.coordinator.routing`) picks from each one's usable hit, the FLOPs it saves, its queue
-        (`replica_choice.choose_replica`: NoReplicaAvailable, Overloaded)."""
+        `serve.coordinator.routing.routers`) picks from each one's usable hit, the FLOPs it
+        saves, its queue (`routing.choose.choose_replica`: NoReplicaAvailable, Overloaded)."""
         return choose_replica(self.state, self._router, self.settings, prompt)
 
     def plan(

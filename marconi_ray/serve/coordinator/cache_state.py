@@ -39,7 +39,7 @@ from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.release_log import LogEntry, ReleaseLog
 from marconi_ray.serve.coordinator.leases import LeaseTable
-from marconi_ray.serve.coordinator.route_state import RouteState
+from marconi_ray.serve.coordinator.routing.state import RouteState
 from marconi_ray.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class CacheState:
     def apply(self, op: Op) -> Any:
         """Apply one operation: `Plan` -> `Planned`, `Commit`/`Abort` -> `Release`,
         `Adopt` -> whether the replica took it, others -> None. The routing state
-        follows every operation (`serve.coordinator.route_state`)."""
+        follows every operation (`serve.coordinator.routing.state`)."""
         return self.routing.follow(self, op, self._handlers[type(op)])
 
     def set_confirmed(self, replica_id: str, confirmed: bool) -> None:

@@ -21,9 +21,15 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+LEASE_GRACE: Final = 0.5
+"""Fraction of `lease_s` a lease outlives its deadline at the coordinator (clock skew
+between the coordinator and the replica that checks the deadline). The replica reads it
+too (`serve.replica.deployment`: when a heartbeat's renewal is sound), so it lives here,
+beside the leases, where both may import it."""
 
 _COMPACT_SLACK = 1024
 """Stale heap entries (of released leases) tolerated beyond twice the live ones."""

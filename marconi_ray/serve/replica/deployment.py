@@ -60,7 +60,7 @@ from ray.exceptions import RayActorError
 from marconi_ray.protocol.orders import Finished, PrefillOrder, Release, StepInput, TokenEvent
 from marconi_ray.protocol.release_log import ReleaseCursor, Releases
 from marconi_ray.protocol.results import Usage
-from marconi_ray.serve.coordinator.actor import LEASE_GRACE
+from marconi_ray.serve.coordinator.leases import LEASE_GRACE
 from marconi_ray.serve.detached import detached
 from marconi_ray.serve.messages import (
     Completed,

@@ -1,11 +1,14 @@
 """`RouteState`: what routing reads besides the trees, kept in step with `CacheState` by
 its one `apply` (so live operations and journal replay run the same code).
 
+It sees the coordinator's state only through `Fleet` (each replica's planner and
+`ReplicaStatus`), which `CacheState` is; it never imports `cache_state`.
+
 It holds the `RoutingIndex` (every replica's states in one trie), the `ReplicaTable`
 (open requests and confirmed flags by registration slot) and the replicas' silence
 deadlines (`leases.Deadlines` over `ReplicaInfo.last_seen`).
 
-`follow(state, op, run)` applies an operation through `run` with its hook around it:
+`follow(fleet, op, run)` applies an operation through `run` with its hook around it:
 - `Register`: a table row, no index entries, a silence entry;
 - `Unregister`: its row and index entries go;
 - `Plan`, `Abort`: the state ids the returned `Release` lists leave the index (what
@@ -14,28 +17,49 @@ deadlines (`leases.Deadlines` over `ReplicaInfo.last_seen`).
   that the release does not free enters it at the depth it was taken (the states the
   commit admitted or refilled, or a failed commit kept; no tree walk);
 - every operation: the replica's open requests in the table.
-`rebuild` makes all of it again from the state (after `CacheState.restore`); `check`
-compares it with a full scan of the state.
+`rebuild` makes all of it again from the fleet (after `CacheState.restore`); `check`
+compares it with a full scan of the fleet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from marconi_ray.protocol.ops import Abort, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Release
+from marconi_ray.protocol.planner import Planner
 from marconi_ray.serve.coordinator.leases import Deadlines
-from marconi_ray.serve.coordinator.replica_table import ReplicaTable
-from marconi_ray.serve.coordinator.routing_index import RoutingIndex, tree_states
+from marconi_ray.serve.coordinator.routing.prefix_index import RoutingIndex, tree_states
+from marconi_ray.serve.coordinator.routing.replica_table import ReplicaTable
 
-if TYPE_CHECKING:
-    from marconi_ray.serve.coordinator.cache_state import CacheState, ReplicaInfo
+
+class ReplicaStatus(Protocol):
+    """What routing reads of a registered replica besides its planner
+    (`cache_state.ReplicaInfo` is one)."""
+
+    @property
+    def confirmed(self) -> bool: ...
+
+    @property
+    def last_seen(self) -> float: ...
+
+
+class Fleet(Protocol):
+    """What the routing state reads of the coordinator's state (`CacheState` is one): the
+    planner and the status of every registered replica, in registration order."""
+
+    @property
+    def planners(self) -> Mapping[str, Planner]: ...
+
+    @property
+    def replicas(self) -> Mapping[str, ReplicaStatus]: ...
+
 
 Run = Callable[[Any], Any]
-Hook = Callable[["CacheState", Any, Run], Any]
+Hook = Callable[[Fleet, Any, Run], Any]
 
 
 class RouteState:
@@ -54,45 +78,46 @@ class RouteState:
         }
 
     # ------------------------------------------------------------------ operations
-    def follow(self, state: CacheState, op: Op, run: Run) -> Any:
-        """`run(op)` with `op`'s hook around it; returns what `run` returns."""
+    def follow(self, fleet: Fleet, op: Op, run: Run) -> Any:
+        """`run(op)` with `op`'s hook around it; returns what `run` returns. The hooks read
+        `fleet` after (and, for a commit, before) `run` changes it."""
         hook = self._hooks.get(type(op))
-        result = run(op) if hook is None else hook(state, op, run)
-        planner = state.planners.get(op.replica)
+        result = run(op) if hook is None else hook(fleet, op, run)
+        planner = fleet.planners.get(op.replica)
         if planner is not None:
             self.table.set_open(op.replica, planner.open_requests)
         return result
 
-    def _register(self, state: CacheState, op: Register, run: Run) -> Any:
+    def _register(self, fleet: Fleet, op: Register, run: Run) -> Any:
         result = run(op)
-        info = state.replicas[op.replica]
+        info = fleet.replicas[op.replica]
         self.index.drop_replica(op.replica)
         self.table.add(op.replica, info.confirmed)
         self._silence.push(op.replica, info.last_seen)
         return result
 
-    def _unregister(self, state: CacheState, op: Unregister, run: Run) -> Any:
+    def _unregister(self, fleet: Fleet, op: Unregister, run: Run) -> Any:
         result = run(op)
         self.table.remove(op.replica)
         self.index.drop_replica(op.replica)
         return result
 
-    def _plan(self, state: CacheState, op: Plan, run: Run) -> Any:
+    def _plan(self, fleet: Fleet, op: Plan, run: Run) -> Any:
         planned = run(op)
         self.index.remove(op.replica, planned.release.states)
         return planned
 
-    def _abort(self, state: CacheState, op: Abort, run: Run) -> Any:
+    def _abort(self, fleet: Fleet, op: Abort, run: Run) -> Any:
         release: Release = run(op)
         self.index.remove(op.replica, release.states)
         return release
 
-    def _commit(self, state: CacheState, op: Commit, run: Run) -> Any:
-        planner = state.planners.get(op.replica)
+    def _commit(self, fleet: Fleet, op: Commit, run: Run) -> Any:
+        planner = fleet.planners.get(op.replica)
         prompt = None if planner is None else planner.prompt_of(op.done.request_id)
         release: Release = run(op)
         self.index.remove(op.replica, release.states)
-        if prompt is not None and op.replica in state.planners:
+        if prompt is not None and op.replica in fleet.planners:
             self._index_kept(op.replica, prompt, op.done, release)
         return release
 
@@ -117,7 +142,9 @@ class RouteState:
     def set_confirmed(self, replica_id: str, confirmed: bool) -> None:
         self.table.set_confirmed(replica_id, confirmed)
 
-    def silent(self, replicas: Mapping[str, ReplicaInfo], now: float, lease_s: float) -> list[str]:
+    def silent(
+        self, replicas: Mapping[str, ReplicaStatus], now: float, lease_s: float
+    ) -> list[str]:
         """Replicas not heard from for more than `lease_s` (`now - last_seen > lease_s`),
         in registration order; without a scan of every replica. (`last_seen` only moves
         forward but at a restore; a wall clock stepping back delays a drop by the step.)"""
@@ -130,11 +157,11 @@ class RouteState:
         return sorted(due, key=self.table.slot)
 
     # ------------------------------------------------------------------ whole state
-    def rebuild(self, state: CacheState) -> None:
-        """Make the index, table and deadlines again from `state`."""
+    def rebuild(self, fleet: Fleet) -> None:
+        """Make the index, table and deadlines again from `fleet`."""
         self.clear()
-        for rid, planner in state.planners.items():
-            info = state.replicas[rid]
+        for rid, planner in fleet.planners.items():
+            info = fleet.replicas[rid]
             self.table.add(rid, info.confirmed, planner.open_requests)
             self.index.add_tree(rid, planner.cache.tree)
             self._silence.push(rid, info.last_seen)
@@ -144,20 +171,20 @@ class RouteState:
         self.table.clear()
         self._silence.clear()
 
-    def check(self, state: CacheState) -> None:
-        """Full-scan check against `state`; AssertionError on a violation: the table's
+    def check(self, fleet: Fleet) -> None:
+        """Full-scan check against `fleet`; AssertionError on a violation: the table's
         rows are the replicas in registration order with their open requests and
         confirmed flags, and the index holds exactly the (replica, state id, path) of
         every state in the trees."""
         rows = [
-            (rid, planner.open_requests, state.replicas[rid].confirmed)
-            for rid, planner in state.planners.items()
+            (rid, planner.open_requests, fleet.replicas[rid].confirmed)
+            for rid, planner in fleet.planners.items()
         ]
         assert list(self.table.rows()) == rows, (list(self.table.rows()), rows)
         self.index.check()
         want = {
             (rid, sid, path)
-            for rid, planner in state.planners.items()
+            for rid, planner in fleet.planners.items()
             for sid, path in tree_states(planner.cache.tree)
         }
         have = set(self.index.entries())

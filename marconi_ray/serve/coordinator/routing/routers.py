@@ -33,7 +33,7 @@ Strategies:
 
 Two ways in, one answer. `route` (the reference) builds the view of every replica, each
 a walk of its tree (`PrefixCache.peek`): O(replicas) per request. `pick` (what the
-coordinator calls) takes an `Eligible`: the replicas a `serve.coordinator.routing_index` walk names
+coordinator calls) takes an `Eligible`: the replicas a `prefix_index` walk names
 (those that may hold a usable hit) and, of all the others (hit 0, no session), only the
 least loaded; only the named are walked. A replica with hit 0 and no session never beats
 a less loaded one of the same kind (nor an earlier one equally loaded) under these rules,

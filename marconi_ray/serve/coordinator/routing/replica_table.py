@@ -7,7 +7,7 @@ order of the coordinator's `planners`; adding a replica already present keeps it
 as assigning a present dict key keeps its place). Removed slots are masked out (not
 confirmed) and compacted away, order kept, once they outnumber the live ones.
 
-`serve.coordinator.route_state` keeps it in step with `CacheState`: open requests after every
+`serve.coordinator.routing.state` keeps it in step with `CacheState`: open requests after every
 operation, the confirmed flag where it changes (`CacheState.set_confirmed`).
 """
 

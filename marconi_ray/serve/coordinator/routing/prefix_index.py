@@ -10,7 +10,7 @@ returns the replicas holding a state at a node fully on it (depth <= len(prompt)
 the index is in step with the trees, exactly the replicas whose usable hit is > 0.
 Callers rely only on the superset: a replica not named has hit 0.
 
-Keeping it in step (`serve.coordinator.route_state` does it for every operation `CacheState`
+Keeping it in step (`serve.coordinator.routing.state` does it for every operation `CacheState`
 applies): `insert` a replica's states as its tree takes them (idempotent: a pair already
 indexed is skipped), `remove` the state ids a `Release` lists (unknown ids are ignored),
 `drop_replica` when its tree goes, `add_tree` to rebuild from a tree.

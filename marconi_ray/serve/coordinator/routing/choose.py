@@ -7,28 +7,34 @@ holds fewer than `max_batch + max_queued_requests` open requests. None confirmed
 `choose_replica` is what the coordinator runs: the eligible replicas are a mask over the
 `ReplicaTable`'s columns, the routing index names those that may hold a usable hit, and
 the router `pick`s from the named ones and the least loaded of the others (see
-`serve.coordinator.routing`); its cost grows with the replicas the prompt's path touches, not with
-all replicas. `choose_replica_reference` is the former way, kept as the reference the
+`routers`); its cost grows with the replicas the prompt's path touches, not with all
+replicas. `choose_replica_reference` is the former way, kept as the reference the
 tests and `benchmarks/bench_cluster.py` compare it with: the view of every eligible
 replica (a walk of each tree) and the router's `route`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from marconi_ray.protocol.planner import Planner
-from marconi_ray.serve.coordinator.replica_table import Mask, ReplicaTable
-from marconi_ray.serve.coordinator.routing import Contender, Router
-from marconi_ray.serve.coordinator.routing_index import RoutingIndex
+from marconi_ray.serve.coordinator.routing.prefix_index import RoutingIndex
+from marconi_ray.serve.coordinator.routing.replica_table import Mask, ReplicaTable
+from marconi_ray.serve.coordinator.routing.routers import Contender, Router
+from marconi_ray.serve.coordinator.routing.state import Fleet, RouteState
 from marconi_ray.serve.messages import NoReplicaAvailable, Overloaded
 from marconi_ray.serve.settings import ServeSettings
 
-if TYPE_CHECKING:
-    from marconi_ray.serve.coordinator.cache_state import CacheState
+
+class RoutedFleet(Fleet, Protocol):
+    """A `Fleet` with the `RouteState` that follows it (`CacheState` is one)."""
+
+    @property
+    def routing(self) -> RouteState: ...
 
 
 def max_open(settings: ServeSettings) -> int | None:
@@ -46,7 +52,7 @@ def _overloaded(settings: ServeSettings, confirmed: int) -> Overloaded:
 
 
 class IndexedEligible:
-    """`routing.Eligible` over a `ReplicaTable` mask and a `RoutingIndex` walk (the walk
+    """`routers.Eligible` over a `ReplicaTable` mask and a `RoutingIndex` walk (the walk
     and the shortlist are made on first use)."""
 
     def __init__(
@@ -55,7 +61,7 @@ class IndexedEligible:
         mask: Mask,
         count: int,
         index: RoutingIndex,
-        planners: dict[str, Planner],
+        planners: Mapping[str, Planner],
         prompt: npt.NDArray[np.int32],
     ) -> None:
         self._table, self._mask, self._count, self._index = table, mask, count, index
@@ -85,7 +91,7 @@ class IndexedEligible:
 
 
 def choose_replica(
-    state: CacheState, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
+    state: RoutedFleet, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
 ) -> str:
     """The replica `router` picks for `prompt` among those that may take it (module
     docstring), from the routing index and table: what `choose_replica_reference`
@@ -104,7 +110,7 @@ def choose_replica(
 
 
 def choose_replica_reference(
-    state: CacheState, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
+    state: Fleet, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
 ) -> str:
     """The reference: `router.route` over the view of every replica that may take the
     request (one walk of each tree, a loop over every replica)."""
