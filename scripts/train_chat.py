@@ -4,7 +4,7 @@ and its BPE tokenizer, on the English ShareGPT conversations of `../shared/data`
 Steps, each skipped when its output is already in --work (so a rerun resumes):
 1. read and split the conversations (`chat_corpus`), write the held-out ones;
 2. train a byte-level BPE tokenizer (`tokenizers`) on the training text, with the
-   special tokens and chat template of `marconi_ray.engine.tokenizer` (ids 0..6);
+   special tokens and chat template of `marconi_ray.engine.presets.byte_tokenizer` (ids 0..6);
 3. tokenize the training conversations into one stream (`train_tokens.npy`);
 4. train with AdamW (warm-up, cosine decay) on random windows of the stream, the batch
    of step s drawn from a generator seeded with (seed, s): a run resumed from a
