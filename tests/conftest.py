@@ -30,6 +30,14 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the local Ray the Ray tests share (tests/ray_session.py), if one was started."""
+    import sys
+
+    if "ray_session" in sys.modules:
+        sys.modules["ray_session"].stop_ray()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip each `data`-marked test whose data files are absent (see the module docstring)."""
     from marconi_ray.traces.paths import DATA_FILES, missing_data

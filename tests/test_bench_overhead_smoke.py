@@ -3,7 +3,6 @@ plot of every section, and the bare-Ray-Serve floor app answering over HTTP."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,20 +101,14 @@ def test_cpu_accounting_sees_this_process_and_tabulates_per_request() -> None:
 def test_floor_app_answers() -> None:
     import ray
     from ray import serve
+    from ray_session import SERVE_PORT, local_ray
 
-    from marconi_ray.serve.settings import NAMESPACE
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with local_ray():  # Serve on SERVE_PORT
         actor = bo.start_floor()
         serve.run(bo.floor_app(), name=bo.FLOOR_APP, route_prefix="/floor")
         args = bo.parse_args(["--concurrency", "4"])
         load = bo.Load(args, np.random.default_rng(0))
-        url = f"http://127.0.0.1:{port}/floor/v1/completions"
+        url = f"http://127.0.0.1:{SERVE_PORT}/floor/v1/completions"
 
         async def go() -> tuple[list[float], float]:
             return await load.seq(url, 3, 1, "seq"), await load.conc(url, 8, 1, "conc")
@@ -123,6 +116,3 @@ def test_floor_app_answers() -> None:
         times, wall = load.run(go)
         assert len(times) == 3 and all(0 < t < 30 for t in times) and wall > 0
         assert ray.get(actor.plan.remote("abc")) == 3
-    finally:
-        serve.shutdown()
-        ray.shutdown()

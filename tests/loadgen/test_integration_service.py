@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 from ray import serve
+from ray_session import SERVE_PORT, local_ray
 
 from loadgen import compare_report
 from loadgen.config import LoadConfig
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import compare_systems
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-PORT = 8137
+PORT = SERVE_PORT
 URL = f"http://127.0.0.1:{PORT}"
 SUMMARY_KEYS = (
     "requests", "completed", "failed", "errors", "ttft_ms", "tpot_ms", "itl_ms", "e2el_ms",
@@ -44,19 +45,8 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def local_serve() -> Iterator[None]:
-    ray.init(
-        address="local",
-        num_cpus=8,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-    )
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    with local_ray():  # Serve on PORT
         yield
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 @contextmanager

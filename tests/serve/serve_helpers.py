@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import ray
 from ray import serve
+from ray_session import SERVE_PORT as SERVE_PORT  # the shared local Ray and Serve
+from ray_session import local_ray as local_ray
 
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.app import shutdown_app, start_actors
@@ -22,23 +24,6 @@ from marconi_ray.serve.replica.deployment import replica_deployment
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-
-
-@contextmanager
-def local_ray(num_cpus: int = 12) -> Iterator[None]:
-    """A fresh local Ray instance (logical CPUs may exceed the physical ones)."""
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-    )
-    try:
-        yield
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 @contextmanager

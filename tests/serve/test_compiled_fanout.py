@@ -51,7 +51,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ray_session() -> Iterator[None]:
     # the echo shard is defined here, and Ray workers cannot import test modules
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    with local_ray(num_cpus=8):
+    with local_ray():
         yield
 
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import ray
-from serve_helpers import http_service, local_ray
+from serve_helpers import SERVE_PORT, http_service, local_ray
 
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.settings import ServeSettings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-PORT = 8131
+PORT = SERVE_PORT
 SETTLE_S = 2.0
 """How long the plan may stay open after the client left (the issue asks for ~1 s; the
 margin is for a loaded 2-core CI machine; before the fix it was the lease: 60 s here)."""
@@ -36,7 +36,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         lease_s=60.0,
         app_name="dropped",
     )
-    with local_ray(num_cpus=8), http_service(settings) as coordinator:
+    with local_ray(), http_service(settings) as coordinator:
         yield coordinator
 
 

@@ -41,7 +41,7 @@ def reference(model_dir: Path) -> Engine:
 
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
-    with local_ray(num_cpus=12):
+    with local_ray():
         yield
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hub_checkpoint import COMMIT, build_checkpoint, place_in_hub_cache, write_generation_config
 from ray import serve
-from serve_helpers import local_ray
+from serve_helpers import SERVE_PORT, local_ray
 from transformers import AutoTokenizer
 
 from marconi_ray.cli.main import main
@@ -33,7 +33,7 @@ from marconi_ray.serve.hub_model import HubModel, parse_hub_id
 from marconi_ray.serve.ingress.prepare import ServedModel, prepare_chat, prepare_completion
 from marconi_ray.serve.model_source import resolve_model
 
-PORT = 8137
+PORT = SERVE_PORT
 REPO = "marconi-test/tiny-hybrid"
 BASE = f"http://127.0.0.1:{PORT}/v1"
 MESSAGES = [
@@ -88,8 +88,7 @@ def service(checkpoint: dict[str, Any]) -> Any:
         assert Path(settings.model_dir).is_relative_to(driver_cache)
         shutil.rmtree(driver_cache)
         mp.setenv("HF_HUB_CACHE", str(checkpoint["cache"]))
-        with local_ray(num_cpus=8):
-            serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        with local_ray(fresh=True):  # its workers see only HF_HUB_CACHE set above
             start_actors(settings)
             serve.run(build_app(settings), name=settings.app_name, route_prefix="/")
             yield settings

@@ -24,11 +24,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from node_loss import run_node_loss
+from ray_session import stop_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_losing_a_model_node_under_load(tmp_path: Path) -> None:
+    stop_ray()  # it starts a cluster of its own and connects to it
     report = run_node_loss(tmp_path, warm_turns=2, before_s=3.0, after_s=8.0, out=None)
     summary = {k: v for k, v in report.to_dict().items() if k not in ("config", "machine")}
     # placement: the control plane on the head, one replica per model node

@@ -15,7 +15,7 @@ import ray
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
-from serve_helpers import local_ray
+from serve_helpers import SERVE_PORT, local_ray
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.presets.factory import make_model
@@ -24,7 +24,7 @@ from marconi_ray.serve.model_source import resolve_model
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-PORT = 8123
+PORT = SERVE_PORT
 QWEN = "tiny:qwen3_5"
 BASE = f"http://127.0.0.1:{PORT}"
 
@@ -55,8 +55,7 @@ def services(tmp_path_factory):
         app_name="qwen",
     )
     apps = ((marconi, "/"), (vanilla, "/vanilla"), (qwen, "/qwen"))
-    with local_ray(num_cpus=16):
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    with local_ray():
         for settings, prefix in apps:
             start_actors(settings)
             serve.run(build_app(settings), name=settings.app_name, route_prefix=prefix)

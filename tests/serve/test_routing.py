@@ -206,7 +206,6 @@ def test_two_replicas_cache_aware_sticks_round_robin_alternates(tmp_path: Path) 
     the replica that served the previous one and resumes from its whole previous turn.
     round_robin (one request at a time): replicas alternate request by request, so each
     session changes replica every turn and never resumes a whole previous turn."""
-    from ray import serve
     from serve_helpers import local_ray, replicas_app, run_request
 
     from marconi_ray.engine.presets.factory import make_model
@@ -226,8 +225,7 @@ def test_two_replicas_cache_aware_sticks_round_robin_alternates(tmp_path: Path) 
             app_name=f"route-test-{routing}",
         )
 
-    with local_ray(num_cpus=8):
-        serve.start(http_options={"host": "127.0.0.1", "port": 8140})
+    with local_ray():
         # cache_aware: each turn of the 3 sessions at once
         with replicas_app(app("cache_aware")) as (coordinator, handle):
             histories = [list(p) for p in firsts]

@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_session():
-    with local_ray(num_cpus=12):
+    with local_ray():
         yield
 
 

@@ -10,7 +10,7 @@ cache accounts for. `benchmarks/soak.py` is the same run, longer and configurabl
 from __future__ import annotations
 
 import pytest
-from serve_helpers import SoakConfig, local_ray, run_soak
+from serve_helpers import SERVE_PORT, SoakConfig, local_ray, run_soak
 
 from marconi_ray.engine.presets.factory import make_model
 
@@ -29,10 +29,10 @@ def test_soak_32_sessions_zero_errors_capacity_held_locks_released(tmp_path):
         cache_bytes=600_000,
         max_tokens=4,
         max_prompt=768,
-        port=8150,
+        port=SERVE_PORT,
         app_name="soak-test",
     )
-    with local_ray(num_cpus=8):
+    with local_ray():
         report = run_soak(cfg, tmp_path)
     summary = (
         f"{report.requests} requests, errors {report.errors}, peak {report.peak_seen}"

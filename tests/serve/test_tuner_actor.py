@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import ray
 from ray import cloudpickle
+from ray_session import local_ray as shared_ray
 
 from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi_ray.core.cache.tuner import BootstrapTuner, TuneJob, TunerConfig, TuneResult, run_grid
@@ -76,14 +77,8 @@ def _job(seed: int) -> TuneJob:
 def local_ray() -> Iterator[None]:
     # the coordinator double is defined here, and Ray workers cannot import test modules
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
+    with shared_ray():
         yield
-    finally:
-        if started:
-            ray.shutdown()
 
 
 @pytest.fixture()

@@ -54,7 +54,7 @@ def test_a_missing_tuner_leaves_the_commit_whole_and_the_job_is_sent_again(model
         model_dir, alpha=None, cache_bytes=1_500_000, app_name="handoff", tuner=tuning
     )
     clock = Clock()
-    with local_ray(num_cpus=2):
+    with local_ray():
         coord = CacheCoordinator(settings, journal=MemoryJournal(), clock=clock)
         worker = make_worker(model_dir)
         register(coord, worker)
