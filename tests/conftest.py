@@ -28,6 +28,21 @@ def pytest_configure(config: pytest.Config) -> None:
         "data(*names): reads these files of the shared data folder (names of "
         "marconi_ray.traces.paths.DATA_FILES); skipped when one is absent",
     )
+    compile_packages()
+
+
+def compile_packages() -> None:
+    """Byte-compile the repository's packages (a no-op when their `__pycache__` is up to
+    date). Where PYTHONDONTWRITEBYTECODE is set (CI containers), no process writes one,
+    so every Ray worker (one per actor: each shard, replica, coordinator, tuner)
+    compiled again the modules it imports: ~0.6 s of CPU for a model replica."""
+    import compileall
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("marconi_ray", "loadgen", "kernels/marconi_kernels"):
+        if (root / package).is_dir():
+            compileall.compile_dir(root / package, quiet=1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
