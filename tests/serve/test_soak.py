@@ -23,7 +23,7 @@ def test_soak_32_sessions_zero_errors_capacity_held_locks_released(tmp_path):
     cfg = SoakConfig(
         model_dir=str(model_dir),
         sessions=SESSIONS,
-        duration_s=15.0,
+        duration_s=10.0,  # 2-core machine: 142 requests in 7 s, 420 in 15 s; >= 64 asserted
         pool=4 * SESSIONS,
         replicas=2,
         cache_bytes=600_000,
