@@ -1,11 +1,12 @@
-"""marconi_kernels: SSM compute kernels for the hybrid model engine.
+"""marconi_kernels: SSM and attention compute kernels for the hybrid model engine.
 
 Pure-torch references (any device, float32 compute) for the Mamba-2 chunked SSD scan with
 state emission at arbitrary positions, single-step state updates, the causal conv1d with
-state, the Mamba-1 selective scan with an initial state, and the gated delta rule (Gated
-DeltaNet) prefill with state emission and its decode step; Triton versions of each (ours
-and mamba-ssm's) that run on CUDA, or on CPU under ``TRITON_INTERPRET=1``. ``get_kernels``
-picks a set. Names are imported lazily, so ``marconi_kernels.choices`` needs no torch.
+state, the Mamba-1 selective scan with an initial state, the gated delta rule (Gated
+DeltaNet) prefill with state emission and its decode step, and decode attention over a
+token-row table; Triton versions of each (ours and mamba-ssm's) that run on CUDA, or on
+CPU under ``TRITON_INTERPRET=1``. ``get_kernels`` picks a set. Names are imported lazily,
+so ``marconi_kernels.choices`` needs no torch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _EXPORTS = {
     "ssd_chunk_scan_ref": "marconi_kernels.ssd",
     "ssd_naive_ref": "marconi_kernels.ssd",
     "mamba1_state_update_ref": "marconi_kernels.state_update",
+    "paged_decode_attention_ref": "marconi_kernels.paged_attention",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

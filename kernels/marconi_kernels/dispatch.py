@@ -24,6 +24,7 @@ import torch
 from .choices import KERNEL_CHOICES
 from .conv import causal_conv1d_ref, causal_conv1d_update_ref
 from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
+from .paged_attention import paged_decode_attention_ref
 from .selective_scan import selective_scan_ref
 from .ssd import ssd_chunk_scan_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
@@ -40,6 +41,7 @@ OPS = (
     "selective_scan",
     "gated_delta_chunk",
     "gated_delta_step",
+    "paged_decode_attention",
 )
 
 
@@ -60,6 +62,8 @@ class KernelSet:
     gated_delta_chunk: see ``gated_delta_chunk_ref`` (q, k [b, L, H, K], v [b, L, H, V]
         -> o, state [b, H, K, V], emitted).
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
+    paged_decode_attention: see ``paged_decode_attention_ref`` (q [B, H, hd] over pool
+        rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -72,6 +76,7 @@ class KernelSet:
     selective_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_step: Callable[..., torch.Tensor]
+    paged_decode_attention: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -92,6 +97,7 @@ def _build_ref() -> KernelSet:
         selective_scan=selective_scan_ref,
         gated_delta_chunk=gated_delta_chunk_ref,
         gated_delta_step=gated_delta_step_ref,
+        paged_decode_attention=paged_decode_attention_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -106,6 +112,7 @@ def _triton_set() -> KernelSet | str:
         from .mamba_ssm_import import mamba_ssm_version
         from .triton_conv import causal_conv1d_triton, causal_conv1d_update_triton
         from .triton_gated_delta import gated_delta_chunk_triton, gated_delta_step_triton
+        from .triton_paged_attention import paged_decode_attention_triton
         from .triton_selective_scan import selective_scan_triton
 
         mamba = mamba_ssm_ops.load()
@@ -121,6 +128,7 @@ def _triton_set() -> KernelSet | str:
         selective_scan=selective_scan_triton,
         gated_delta_chunk=gated_delta_chunk_triton,
         gated_delta_step=gated_delta_step_triton,
+        paged_decode_attention=paged_decode_attention_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -131,6 +139,7 @@ def _triton_set() -> KernelSet | str:
             "selective_scan": "triton:marconi",
             "gated_delta_chunk": "triton:marconi",
             "gated_delta_step": "triton:marconi",
+            "paged_decode_attention": "triton:marconi",
         },
     )
 
@@ -181,7 +190,5 @@ def get_kernels(device: torch.device | str = "cpu", prefer: str = "auto") -> Ker
             log.info("kernels=auto on %s: using the torch references (%s)", dev, reason)
             prefer = "ref"
     if prefer not in KERNEL_REGISTRY:
-        raise ValueError(
-            f"unknown kernel set {prefer!r}; choose one of {list(KERNEL_CHOICES)}"
-        )
+        raise ValueError(f"unknown kernel set {prefer!r}; choose one of {list(KERNEL_CHOICES)}")
     return KERNEL_REGISTRY[prefer](dev)
