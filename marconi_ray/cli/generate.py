@@ -71,7 +71,8 @@ def add_parser(subparsers: Any) -> None:
         "--kernels",
         choices=KERNEL_CHOICES,
         default="auto",
-        help="SSM kernels: auto (Triton on CUDA when installed, else the torch references; "
+        help="kernels (SSM scans, convs, decode attention): auto (Triton on CUDA when "
+        "installed, else the torch references; "
         "the log says why), ref (pure torch), triton (mamba-ssm's and our Triton kernels; "
         "CUDA, or CPU under TRITON_INTERPRET=1; fails loudly when it cannot run) "
         "(default: auto)",

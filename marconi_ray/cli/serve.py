@@ -113,7 +113,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--kernels",
         choices=KERNEL_CHOICES,
-        help="SSM kernels of the shards: auto (Triton on CUDA when installed, else the "
+        help="kernels of the shards (SSM scans, convs, decode attention): auto (Triton on "
+        "CUDA when installed, else the "
         "torch references, logged), ref, or triton (fails the shard's set-up with the reason "
         "when it cannot run) (default: auto)",
     )

@@ -127,6 +127,9 @@ class Engine:
             op's implementation.
         weights: checkpoint tensors by key to load instead of the folder's safetensors
             (see `loader.load_model`).
+        max_running_tokens: KV rows the running requests may hold together (`Worker`:
+            `add_request` of one that does not fit raises ValueError naming both numbers;
+            `generate_many` starts each when it fits); None: no bound.
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class Engine:
         weights: Mapping[str, torch.Tensor] | None = None,
         host_cache_bytes: int = 0,
         host_placement: str = "flop_aware",
+        max_running_tokens: int | None = None,
     ) -> None:
         get_system(system)
         self.model_dir = Path(model_dir)
@@ -153,7 +157,9 @@ class Engine:
         self.config = cfg
         self.system = system
         model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
-        self.worker = Worker(model, max_batch, max_batch_tokens)
+        self.worker = Worker(
+            model, max_batch, max_batch_tokens, max_running_tokens=max_running_tokens
+        )
         host = (
             HostTier(int(host_cache_bytes), placement=host_placement) if host_cache_bytes else None
         )
@@ -215,6 +221,8 @@ class Engine:
         try:
             while pending or self.worker.num_running or self._results:
                 while pending and self.worker.num_running < self.worker.max_batch:
+                    if self.worker.num_running and not self._fits(*pending[0]):
+                        break  # its KV rows are reserved by running requests: wait
                     prompt, sp = pending.pop(0)
                     ids.append(self._start(prompt, sp, submitted))
                 for result in self.step():
@@ -263,6 +271,10 @@ class Engine:
         return arr, params
 
     # ------------------------------------------------------------------ stages
+    def _fits(self, prompt: npt.NDArray[np.int32], params: SamplingParams) -> bool:
+        """Whether a request surely fits the running rows now (counting no hit)."""
+        return self.worker.fits(len(prompt) + params.max_tokens)
+
     def _start(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
     ) -> int:

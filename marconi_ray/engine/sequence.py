@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from marconi_ray.engine.model.seq_state import SeqState
@@ -21,6 +22,12 @@ class Sequence:
             state after the whole sequence can be checkpointed (`order.keep_final`).
         prefilled: prompt tokens consumed so far (a chunked prefill advances it step by
             step; the sequence decodes once it reaches the prompt's length).
+        own: the KV slot ids the worker allocated for the tokens this request computed,
+            in order (positions hit_len, hit_len + 1, ...; one per consumed token past
+            the hit): handed to the cache when it ends, those it keeps, or freed.
+        staged: device slots holding copies of the hit's host-tier KV (freed at the end).
+        reserved: KV rows admission set aside for it (`Worker.rows_needed`), given back
+            when it ends.
     """
 
     order: PrefillOrder
@@ -34,6 +41,9 @@ class Sequence:
     finish_reason: str | None = None
     finishing: bool = False
     prefilled: int = 0
+    own: list[int] = field(default_factory=list)
+    staged: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    reserved: int = 0
 
     @property
     def request_id(self) -> int:

@@ -5,6 +5,14 @@ for the cache's commit. It makes no caching decision: those come in `PrefillOrde
 
 Under tensor parallelism every rank's worker receives the same calls in the same order;
 the model's collectives keep them in lockstep and rank 0's sampled tokens are broadcast.
+
+KV: one pool (the store's device pool) for running and cached tokens. A request's hit is
+its first rows, read in place; every token it computes gets a slot as it is computed
+(one allocation per prefill chunk, one per decode step for the whole batch); when it
+ends, the slots up to its deepest checkpoint go to the cache as they are and the rest
+are freed. A decode step is one attention call per attention layer (the decode batch's
+row table), one sampling call, one TP broadcast and one device-to-host read of the
+tokens.
 """
 
 from __future__ import annotations
@@ -16,9 +24,10 @@ import numpy as np
 import torch
 
 from marconi_ray.engine.model.hybrid_model import HybridModel
-from marconi_ray.engine.model.seq_state import StateCheckpoint
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.engine.sequence import Sequence
+from marconi_ray.engine.store.slot_table import HOST
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.orders import (
     DEFAULT_MAX_BATCH_TOKENS,
@@ -46,6 +55,15 @@ class Worker:
     Args:
         max_batch: most sequences decoded together in one step (the rest wait their turn).
         max_batch_tokens: tokens one step processes at most (decode rows + prefill chunk).
+        store: the state store to use (default: a new one for `model`); its device pool
+            holds the running requests' KV too.
+        max_running_tokens: KV rows the running requests may hold together (None: no
+            bound, the pool grows as they need). Admission reserves each request's most
+            (`rows_needed`) when it starts; an order that does not fit waits in `advance`
+            (first come, first served: later orders wait behind it) until running ones
+            end, so a burst of long prompts queues instead of running out of memory, and
+            a running request never runs short. With the cache's own byte budget that
+            bounds the pool: cache rows + max_running_tokens.
     """
 
     def __init__(
@@ -53,13 +71,20 @@ class Worker:
         model: HybridModel,
         max_batch: int = 8,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        store: StateStore | None = None,
+        max_running_tokens: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        if max_running_tokens is not None and max_running_tokens < 1:
+            raise ValueError(f"max_running_tokens must be None or >= 1, got {max_running_tokens}")
+        self.max_running_tokens = max_running_tokens
+        self.reserved_rows = 0
+        """KV rows reserved by the running requests (the sum of their `reserved`)."""
         self.model = model
-        self.store = StateStore(model)
+        self.store = store or StateStore(model)
         self.tp = model.tp
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
@@ -67,13 +92,14 @@ class Worker:
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._waiting: list[PrefillOrder] = []
-        """Orders with a hit held back by `advance` while promotions copy to the device
-        (CUDA), so running requests keep decoding; started in order once they land."""
+        """Orders held back by `advance`: a hit's while promotions copy to the device
+        (CUDA), any while the KV rows it needs are reserved by running requests; running
+        requests keep decoding meanwhile, and they start in order once they can."""
         self._finished: list[Finished] = []
         self._taken: list[Finished] = []
         """The last `take_finished`'s requests, until the next `advance`: a replica that
         never got them (a peer rank failed the step) `cancel`s them, which frees them."""
-        self._batch = model.new_decode_batch(max_batch)
+        self._batch = model.new_decode_batch(max_batch, self.store.device_kv)
 
     @property
     def num_running(self) -> int:
@@ -91,9 +117,18 @@ class Worker:
         `max_batch_tokens`, sample the first token now (its event is returned), else the
         prefill continues chunk by chunk in `step`. On error everything the request
         stored is freed and the error re-raised."""
+        need = self.rows_needed(order)
+        if not self.fits(need):
+            raise ValueError(
+                f"request {order.request_id} needs {need} KV rows, {self.reserved_rows} of "
+                f"max_running_tokens={self.max_running_tokens} are reserved"
+            )
+        empty = torch.empty(0, dtype=torch.long, device=self.model.device)
         seq = Sequence(
-            order, self.model.new_state(), make_generator(order.params.seed, self.model.device)
+            order, SeqState(rows=empty), make_generator(order.params.seed, self.model.device)
         )
+        seq.reserved = need
+        self.reserved_rows += need
         try:
             self._load_hit(seq)
             if len(order.prompt) - seq.prefilled > self.max_batch_tokens:
@@ -104,6 +139,19 @@ class Worker:
         except Exception:
             self._drop(seq)
             raise
+
+    def rows_needed(self, order: PrefillOrder) -> int:
+        """The most KV rows `order` holds while it runs: one per uncached prompt token
+        and per token it may generate, plus device copies of its hit's host-tier
+        tokens."""
+        hit = np.asarray(order.hit_slots[: order.hit_len], dtype=np.int64)
+        on_host = int(np.count_nonzero(self.store.slots.tiers_of(hit) == HOST))
+        return len(order.prompt) - order.hit_len + order.max_new + on_host
+
+    def fits(self, need: int) -> bool:
+        """Whether a request needing `need` rows can start now."""
+        cap = self.max_running_tokens
+        return cap is None or self.reserved_rows + need <= cap
 
     def step(self, prefill_chunk: bool = True) -> list[TokenEvent]:
         """One step: a decode for up to `max_batch` running sequences (oldest first), then
@@ -131,7 +179,7 @@ class Worker:
     def _first_token(self, seq: Sequence) -> TokenEvent:
         """Sample a fully prefilled sequence's first token; it joins the decode batch."""
         assert seq.state.logits is not None
-        event = self._sample(seq, seq.state.logits[None])
+        (event,) = self._sample([seq], seq.state.logits[None])
         self._running.append(seq)
         if seq.finish_reason is not None and not seq.finishing:
             self._finish(seq)
@@ -151,13 +199,18 @@ class Worker:
         batch = sorted(batch, key=lambda seq: row_of[id(seq.state)])
         ids = torch.tensor([s.output[-1] for s in batch], dtype=torch.long)
         try:
+            slots = self.store.alloc_slots(len(batch))
+            for seq, slot in zip(batch, slots.tolist(), strict=True):
+                seq.own.append(slot)
+            rows = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
+            self._batch.extend(rows)
             logits = self.model.decode_batch(ids, self._batch)
         except Exception:
             for s in batch:
                 self._drop(s)
             raise
         elapsed = time.perf_counter() - t0
-        events: list[TokenEvent] = []
+        sampled: list[int] = []
         for row, seq in enumerate(batch):
             seq.decode_s += elapsed
             depth = seq.state.length
@@ -165,8 +218,14 @@ class Worker:
                 self._capture(seq, depth, logits[row])
             if seq.finishing:
                 self._finish(seq)
-                continue
-            events.append(self._sample(seq, logits[row : row + 1]))
+            else:
+                sampled.append(row)
+        if not sampled:
+            return []
+        picked = [batch[row] for row in sampled]
+        rows_of = torch.as_tensor(sampled, device=logits.device)
+        events = self._sample(picked, logits if len(sampled) == len(batch) else logits[rows_of])
+        for seq in picked:
             if seq.finish_reason is not None and not seq.finishing:
                 self._finish(seq)
         return events
@@ -179,10 +238,20 @@ class Worker:
         events: list[TokenEvent] = []
         failed: list[tuple[int, str]] = []
         orders, self._waiting = [*self._waiting, *step.start], []
-        started = False
+        started = rows_short = False
         for order in orders:
             if order.hit_len and (self._waiting or self.store.promotions_in_flight()):
                 self._waiting.append(order)  # its hit is still copying: decodes go on
+                continue
+            need = self.rows_needed(order)
+            cap = self.max_running_tokens
+            if cap is not None and need > cap:
+                failed.append((order.request_id, f"ValueError: it needs {need} KV rows, "
+                               f"more than max_running_tokens={cap}"))  # fmt: skip
+                continue
+            if rows_short or not self.fits(need):
+                rows_short = True  # it waits for rows; later orders wait behind it
+                self._waiting.append(order)
                 continue
             started = True
             try:
@@ -244,11 +313,12 @@ class Worker:
         """(state ids, KV slot ids) the store holds on the cache's behalf: everything but
         what running and not-yet-taken finished requests own. Reconciliation with the
         coordinator's tree compares against these."""
-        owned = {
-            sid for seq in (*self._running, *self._prefilling) for sid in seq.state_ids.values()
-        }
+        live = (*self._running, *self._prefilling)
+        owned = {sid for seq in live for sid in seq.state_ids.values()}
         owned.update(sid for done in self._finished for sid in done.state_ids.values())
         pending = [done.kv_slots for done in self._finished]
+        pending += [np.asarray(seq.own, dtype=np.int64) for seq in live]
+        pending += [seq.staged for seq in live]
         slots = self.store.used_slots()
         if pending:
             slots = slots[~np.isin(slots, np.concatenate(pending))]
@@ -300,9 +370,13 @@ class Worker:
         t0 = time.perf_counter()
         order = seq.order
         if order.hit_len > 0:
-            seq.state = self.store.load(
-                order.hit_slots[: order.hit_len], order.hit_state, order.hit_len
-            )
+            hit = order.hit_slots[: order.hit_len]
+            if len(hit) != order.hit_len:
+                raise ValueError(f"{len(hit)} KV slots for a hit of {order.hit_len} tokens")
+            state = self.store.load_state(order.hit_state, order.hit_len)
+            rows, seq.staged = self.store.hit_rows(hit, order.hit_len)
+            state.rows = torch.as_tensor(rows, device=self.model.device)
+            seq.state = state
         seq.prefilled = order.hit_len
         seq.prefill_s += time.perf_counter() - t0
 
@@ -314,25 +388,40 @@ class Worker:
         if start < end:
             ids = torch.as_tensor(seq.order.prompt[start:end], dtype=torch.long)
             depths = [d for d in seq.order.checkpoints if start < d <= end]
-            for ckpt in self.model.prefill(ids, seq.state, depths):
+            slots = self.store.alloc_slots(end - start)
+            seq.own.extend(slots.tolist())
+            new = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
+            assert seq.state.rows is not None
+            seq.state.rows = torch.cat([seq.state.rows, new])
+            pool = self.store.device_kv
+            for ckpt in self.model.prefill(ids, seq.state, depths, pool):
                 seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
         seq.prefilled = end
         seq.prefill_s += time.perf_counter() - t0
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-        token = self.sampler.sample(logits, [seq.order.params], [seq.generator])
-        t = int(self.tp.broadcast(token.to(torch.long))[0])
-        if seq.first_token_at is None:
-            seq.first_token_at = time.time()
-        seq.output.append(t)
-        p = seq.order.params
-        if t in p.stop_token_ids or (not p.ignore_eos and t in self.model.cfg.eos_token_ids):
-            seq.finish_reason = "stop"
-        elif len(seq.output) >= seq.order.max_new:
-            seq.finish_reason = "length"
-        if seq.finish_reason is not None:
-            seq.finishing = seq.order.keep_final
-        return TokenEvent(seq.request_id, t, seq.finish_reason is not None)
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
+        """Sample one token for each of `seqs` from logits [len(seqs), V] in one call,
+        broadcast them from rank 0 in one collective and read them to the host once."""
+        tokens = self.sampler.sample(
+            logits, [s.order.params for s in seqs], [s.generator for s in seqs]
+        )
+        picked: list[int] = self.tp.broadcast(tokens.to(torch.long)).tolist()
+        now = time.time()
+        eos = self.model.cfg.eos_token_ids
+        events = []
+        for seq, t in zip(seqs, picked, strict=True):
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            seq.output.append(t)
+            p = seq.order.params
+            if t in p.stop_token_ids or (not p.ignore_eos and t in eos):
+                seq.finish_reason = "stop"
+            elif len(seq.output) >= seq.order.max_new:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                seq.finishing = seq.order.keep_final
+            events.append(TokenEvent(seq.request_id, t, seq.finish_reason is not None))
+        return events
 
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:
         if depth in seq.state_ids:
@@ -343,14 +432,20 @@ class Worker:
         )
 
     def _finish(self, seq: Sequence) -> None:
-        """Write the KV the cache may keep into slots and queue the request for commit."""
+        """Hand the slots the cache may keep (the request's own, up to its deepest
+        checkpoint) to its `Finished`, free the rest, and queue it for commit."""
         self._running.remove(seq)
         if seq.state in self._batch:
             self._batch.leave(seq.state)
         h = seq.order.hit_len
         deepest = max(seq.state_ids, default=h)
-        slots = self.store.alloc_slots(max(0, deepest - h))
-        self.store.write_kv(slots, seq.state, h)
+        own = np.asarray(seq.own, dtype=np.int64)
+        assert len(own) == seq.state.length - h, (len(own), seq.state.length, h)
+        slots = own[: max(0, deepest - h)]
+        self.store.free_slots(np.concatenate([own[len(slots) :], seq.staged]))
+        seq.own, seq.staged = [], np.empty(0, dtype=np.int64)
+        self.reserved_rows -= seq.reserved
+        seq.reserved = 0
         now = time.time()
         first = seq.first_token_at or now
         self._finished.append(
@@ -373,4 +468,8 @@ class Worker:
             self._running.remove(seq)
         if seq in self._prefilling:
             self._prefilling.remove(seq)
-        self.release(Release(tuple(seq.state_ids.values()), np.empty(0, dtype=np.int64)))
+        slots = np.concatenate([np.asarray(seq.own, dtype=np.int64), seq.staged])
+        seq.own, seq.staged = [], np.empty(0, dtype=np.int64)
+        self.reserved_rows -= seq.reserved
+        seq.reserved = 0
+        self.release(Release(tuple(seq.state_ids.values()), slots))

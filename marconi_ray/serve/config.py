@@ -175,7 +175,8 @@ class ServeConfig(BaseModel):
     )
     kernels: Literal["auto", "ref", "triton"] = Field(
         default="auto",
-        description="SSM kernels: auto (Triton on CUDA when installed, else the torch "
+        description="Kernels (SSM scans, convs, decode attention): auto (Triton on CUDA "
+        "when installed, else the torch "
         "references, logged), ref (pure torch), triton (mamba-ssm's and our Triton kernels; "
         "a shard that cannot run them fails its set-up with the reason).",
     )
@@ -186,6 +187,15 @@ class ServeConfig(BaseModel):
         description="Tokens one step of a replica processes at most (decode rows plus a "
         "prefill chunk): longer prompts are prefilled in chunks interleaved with the running "
         "decodes, so a long prefill never stalls them for its whole length.",
+    )
+    max_running_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="KV rows (tokens) a replica's running requests may hold together, on "
+        "top of what its cache holds: each request reserves its uncached prompt plus its "
+        "max_tokens when it starts, and a request that does not fit waits for running ones "
+        "to end, so a burst of long prompts queues instead of running out of device memory. "
+        "null: no bound (the KV pool grows as needed).",
     )
     max_queued_requests: int = Field(
         default=256,
@@ -452,6 +462,7 @@ class ServeConfig(BaseModel):
             kernels=self.kernels,
             max_batch=self.max_batch,
             max_batch_tokens=self.max_batch_tokens,
+            max_running_tokens=self.max_running_tokens,
             max_queued_requests=self.max_queued_requests,
             step_graph=self.step_graph,
             routing=self.routing,

@@ -62,6 +62,8 @@ class ServeSettings:
         kernels: SSM kernel set, `auto`, `ref` or `triton` (see `marconi_kernels`).
         max_batch: most requests one replica decodes together.
         max_batch_tokens: tokens one replica step processes at most (chunked prefill).
+        max_running_tokens: KV rows a replica's running requests may hold together
+            (`Worker`'s admission bound); None: no bound.
         max_queued_requests: requests a replica may hold planned beyond `max_batch` (its
             queue); when every replica's is full, new requests get 429. -1: no limit.
         step_graph: how a tp > 1 replica fans a step out to its shards: `compiled` (a Ray
@@ -120,6 +122,7 @@ class ServeSettings:
     kernels: str = "auto"
     max_batch: int = 8
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_running_tokens: int | None = None
     max_queued_requests: int = 256
     step_graph: str = "auto"
     routing: str = "cache_aware"

@@ -271,8 +271,7 @@ def test_a_hit_waits_for_its_promotion_while_running_requests_keep_decoding(bamb
             slots[:hit] if hit else np.zeros(0, np.int64),
         )  # fmt: skip
 
-    alone = Worker(model)
-    alone.store = worker.store
+    alone = Worker(model, store=worker.store)
     want = alone.advance(StepInput(start=(order(9, HIT),))).events
     while alone.num_running:
         want += alone.advance(StepInput()).events

@@ -11,15 +11,28 @@ Joining copies the sequence's states into the next free row; leaving moves the l
 into the freed one and gives the leaving sequence its own copy. That is one copy per
 join or leave, none per step; the fixed shapes leave room for CUDA graphs of the step.
 
+With a KV pool (`pool`, the serving path) the batch also keeps the members' KV row
+table on the device: `table[r, :lens[r]]` are member r's pool rows, oldest token first
+(a hit's cached rows, then one per token it consumed), widened by doubling. Each step,
+`extend` writes every member's new row at column `lens[r]`, one scatter for the batch;
+`decode_kv` hands the attention layers that table (one attention call per layer), and
+`advance` counts the token in. Without a pool the members' KV stays in their own
+`KVBuffer`s (`SeqState.kv`), one attention call per sequence.
+
 Invariant (checked by `check`): `members[r].conv[i]` is `conv[i][r]` for every member
-row r and SSM block i, and `len(members) <= capacity`.
+row r and SSM block i, `len(members) <= capacity`, and with a pool `lens[r]` is
+`members[r].length` and a member's own `rows` is None (its rows are the table's).
 """
 
 from __future__ import annotations
 
 import torch
 
+from marconi_ray.engine.model.paged_kv import KVRows, PagedAttention, PagedDecode
 from marconi_ray.engine.model.seq_state import SeqState
+
+MIN_TABLE_WIDTH = 64
+"""Columns of a new row table (it doubles as members grow past it)."""
 
 
 class DecodeBatch:
@@ -29,10 +42,16 @@ class DecodeBatch:
         templates: SSM block index -> (conv, ssm) zero states of one sequence (shapes and
             dtypes of `Mixer.empty_state`).
         capacity: most members (the worker's `max_batch`).
+        pool: the KV pool the members' rows index (None: members keep `KVBuffer`s).
+        device: where the row table lives (the pool's device).
     """
 
     def __init__(
-        self, templates: dict[int, tuple[torch.Tensor, torch.Tensor]], capacity: int
+        self,
+        templates: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        capacity: int,
+        pool: KVRows | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -40,6 +59,13 @@ class DecodeBatch:
         self.conv = {i: c.new_zeros((capacity, *c.shape)) for i, (c, _) in templates.items()}
         self.ssm = {i: s.new_zeros((capacity, *s.shape)) for i, (_, s) in templates.items()}
         self.members: list[SeqState] = []
+        self.pool = pool
+        self.table = torch.zeros((capacity, MIN_TABLE_WIDTH), dtype=torch.long, device=device)
+        """[capacity, width] pool rows of each member (with a pool)."""
+        self.lens = torch.zeros(capacity, dtype=torch.long, device=device)
+        """[capacity] tokens each member has consumed (with a pool)."""
+        self._step: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        """(new rows [n], tokens attended over [n], width) of the step `extend` prepared."""
 
     def __len__(self) -> int:
         return len(self.members)
@@ -52,6 +78,14 @@ class DecodeBatch:
         if len(self.members) >= self.capacity:
             raise ValueError(f"decode batch is full ({self.capacity} members)")
         row = len(self.members)
+        if self.pool is not None:
+            if state.rows is None or len(state.rows) != state.length:
+                have = None if state.rows is None else len(state.rows)
+                raise ValueError(f"a pooled member needs {state.length} KV rows, got {have}")
+            self._widen(state.length + 1)
+            self.table[row, : state.length] = state.rows
+            self.lens[row] = state.length
+            state.rows = None
         for i in self.conv:
             self.conv[i][row].copy_(state.conv[i])
             self.ssm[i][row].copy_(state.ssm[i])
@@ -63,14 +97,58 @@ class DecodeBatch:
         row = next(r for r, m in enumerate(self.members) if m is state)
         state.conv = {i: t[row].clone() for i, t in self.conv.items()}
         state.ssm = {i: t[row].clone() for i, t in self.ssm.items()}
+        if self.pool is not None:
+            state.rows = self.table[row, : state.length].clone()
         last = len(self.members) - 1
         moved = self.members.pop()
+        self._step = None
         if row != last:
             for i in self.conv:
                 self.conv[i][row].copy_(self.conv[i][last])
                 self.ssm[i][row].copy_(self.ssm[i][last])
+            self.table[row] = self.table[last]
+            self.lens[row] = self.lens[last]
             self.members[row] = moved
             self._bind(moved, row)
+
+    # ------------------------------------------------------------------ KV rows
+    def extend(self, new_rows: torch.Tensor) -> None:
+        """Give every member (in row order) its row for the next token, `new_rows` [n] on
+        the table's device: written at column `lens[r]` in one scatter."""
+        n = len(self.members)
+        if self.pool is None:
+            raise ValueError("this decode batch has no KV pool")
+        if new_rows.shape != (n,):
+            raise ValueError(f"need one new row per member ({n}), got {tuple(new_rows.shape)}")
+        width = max(m.length for m in self.members) + 1
+        self._widen(width)
+        members = torch.arange(n, device=self.table.device)
+        self.table.index_put_((members, self.lens[:n]), new_rows)
+        self._step = (new_rows, self.lens[:n] + 1, width)
+
+    def decode_kv(self, i: int, kernel: PagedAttention) -> PagedDecode:
+        """Attention block i's view of the step `extend` prepared."""
+        if self.pool is None or self._step is None:
+            raise ValueError("call extend(new_rows) before a pooled decode step")
+        new, lens, width = self._step
+        n = len(self.members)
+        k, v = self.pool.k[i], self.pool.v[i]
+        return PagedDecode(k, v, self.table[:n, :width], lens, new, kernel)
+
+    def positions(self) -> torch.Tensor:
+        """[n] the position of each member's next token (its length), on the device."""
+        return self.lens[: len(self.members)]
+
+    def advance(self) -> None:
+        """Count the step's token in: every member's length grows by one."""
+        self.lens[: len(self.members)] += 1
+        self._step = None
+
+    def _widen(self, width: int) -> None:
+        if width > self.table.shape[1]:
+            grown = self.table.new_zeros((self.capacity, max(width, 2 * self.table.shape[1])))
+            grown[:, : self.table.shape[1]] = self.table
+            self.table = grown
 
     def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [n, C, K], ssm [n, ...]) views of SSM block i's member rows."""
@@ -84,6 +162,10 @@ class DecodeBatch:
     def check(self) -> None:
         """Assert the invariant of the module docstring."""
         assert len(self.members) <= self.capacity
+        if self.pool is not None:
+            lens = self.lens[: len(self.members)].tolist()
+            assert lens == [m.length for m in self.members], (lens, "member lengths")
+            assert all(m.rows is None for m in self.members)
         for row, m in enumerate(self.members):
             for i in self.conv:
                 assert m.conv[i].data_ptr() == self.conv[i][row].data_ptr()

@@ -20,12 +20,17 @@ Contracts:
   exact SSM states and logits after each absolute depth in `emit_at`, in one pass.
 - `decode(ids, states)` consumes one token for each of B sequences at once.
 Both update the given `SeqState`s in place (KV appended, SSM states replaced).
+
+KV lives in one of two places (see `paged_kv`): a state's own `KVBuffer`s (the model's
+standalone API above), or rows of a shared KV pool (the serving path: `prefill(...,
+pool=)` over `state.rows`, and `decode_batch` over a pooled `DecodeBatch`, one attention
+call per attention layer for the whole batch).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -34,6 +39,7 @@ from torch.nn import functional as F
 
 from marconi_kernels import KernelSet, get_kernels
 from marconi_ray.engine.model.decode_batch import DecodeBatch
+from marconi_ray.engine.model.kv_buffer import KVBuffer
 from marconi_ray.engine.model.layers.attention import Attention
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
@@ -54,6 +60,7 @@ from marconi_ray.engine.model.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.layers.zamba_shared import SharedBlock, SharedWeights
 from marconi_ray.engine.model.model_config import FEED_FORWARD_KINDS, HybridConfig
+from marconi_ray.engine.model.paged_kv import BufferDecode, DecodeKV, KVRows, PagedPrefill
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 
@@ -466,13 +473,19 @@ class HybridModel(nn.Module):
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def prefill(
-        self, ids: torch.Tensor, state: SeqState, emit_at: Sequence[int] = ()
+        self,
+        ids: torch.Tensor,
+        state: SeqState,
+        emit_at: Sequence[int] = (),
+        pool: KVRows | None = None,
     ) -> list[StateCheckpoint]:
         """Consume `ids` [L] after `state.length` tokens, updating `state` in place.
 
         Args:
             emit_at: absolute depths d with state.length < d <= state.length + L, sorted;
                 the SSM states and next-token logits after each are returned.
+            pool: the KV pool of a pooled state: `state.rows` must hold length + L rows
+                (the caller allocated the new tokens' rows), whose K and V are written.
         Returns:
             one `StateCheckpoint` per depth in `emit_at`; `state.logits` is the last one.
         """
@@ -483,7 +496,12 @@ class HybridModel(nn.Module):
             raise ValueError(
                 f"emit_at {list(emit_at)} must be sorted, distinct, in ({start}, {start + n}]"
             )
-        x, conv_out, ssm_out = self._prefill_hidden(ids, state, rel)
+        if pool is not None and (state.rows is None or len(state.rows) != start + n):
+            have = None if state.rows is None else len(state.rows)
+            raise ValueError(
+                f"a pooled prefill to depth {start + n} needs as many rows, got {have}"
+            )
+        x, conv_out, ssm_out = self._prefill_hidden(ids, state, rel, pool)
         rows = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
         logits = self._logits(x.index_select(0, rows))
         state.length = start + n
@@ -507,43 +525,70 @@ class HybridModel(nn.Module):
             i: (torch.stack([s.conv[i] for s in states]), torch.stack([s.ssm[i] for s in states]))
             for i in self.ssm_blocks
         }
-        logits = self._decode(ids, states, stacked)
+        kv = {i: BufferDecode([s.kv[i] for s in states]) for i in self.attn_blocks}
+        positions = torch.tensor([s.length for s in states], device=self.device)
+        logits = self._decode(ids, positions, stacked, kv)
+        for b, s in enumerate(states):
+            s.length += 1
+            s.logits = logits[b]
         for i, (conv, ssm) in stacked.items():
             for b, s in enumerate(states):
                 s.conv[i], s.ssm[i] = conv[b], ssm[b]
         return logits
 
-    def new_decode_batch(self, capacity: int) -> DecodeBatch:
-        """A persistent decode batch of this rank's SSM state shapes (see `DecodeBatch`)."""
+    def new_decode_batch(self, capacity: int, pool: KVRows | None = None) -> DecodeBatch:
+        """A persistent decode batch of this rank's SSM state shapes, its members' KV in
+        `pool` (None: in their own buffers); see `DecodeBatch`."""
         return DecodeBatch(
-            {i: self.ssm(i).empty_state(self.device) for i in self.ssm_blocks}, capacity
+            {i: self.ssm(i).empty_state(self.device) for i in self.ssm_blocks},
+            capacity,
+            pool,
+            self.device,
         )
 
     @torch.inference_mode()
     def decode_batch(self, ids: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
         """Consume one token per member of `batch` (ids [n], in row order); the SSM states
-        are updated in place in the batch's rows. Returns next-token logits [n, V]."""
+        are updated in place in the batch's rows. Returns next-token logits [n, V].
+
+        A pooled batch (`batch.pool`) must have been `extend`ed with the step's rows; its
+        members' `logits` are not set (the step returns them). An unpooled batch's
+        members append to their own `KVBuffer`s and keep their logits."""
         rows = {i: batch.rows(i) for i in self.ssm_blocks}
-        return self._decode(ids, batch.members, rows)
+        kv: dict[int, DecodeKV]
+        if batch.pool is None:
+            kv = {i: BufferDecode([s.kv[i] for s in batch.members]) for i in self.attn_blocks}
+            positions = torch.tensor([s.length for s in batch.members], device=self.device)
+        else:
+            attend = self.kernels.paged_decode_attention
+            kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
+            positions = batch.positions()
+        logits = self._decode(ids, positions, rows, kv)
+        for b, s in enumerate(batch.members):
+            s.length += 1
+            if batch.pool is None:
+                s.logits = logits[b]
+        if batch.pool is not None:
+            batch.advance()
+        return logits
 
     def _decode(
         self,
         ids: torch.Tensor,
-        states: Sequence[SeqState],
+        positions: torch.Tensor,
         ssm_rows: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        kv: Mapping[int, DecodeKV],
     ) -> torch.Tensor:
-        """One decode step; `ssm_rows[i]` = (conv [B, C, K], ssm [B, ...]) of SSM block i,
-        updated in place."""
-        positions = torch.tensor([s.length for s in states], device=self.device)
+        """One decode step at `positions` [B]; `ssm_rows[i]` = (conv [B, C, K], ssm
+        [B, ...]) of SSM block i, updated in place; `kv[i]`: attention block i's KV."""
         emb = self._embed(ids)
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
             if isinstance(mixer, SharedBlock):
-                kvs = [s.kv[i] for s in states]
-                return mixer.decode(self.shared_weights(mixer), h, emb, positions, kvs)
+                return mixer.decode(self.shared_weights(mixer), h, emb, positions, kv[i])
             if isinstance(mixer, Attention):
-                return mixer.decode(h, positions, [s.kv[i] for s in states])
+                return mixer.decode(h, positions, kv[i])
             if isinstance(mixer, SSMMixer):
                 conv, ssm = ssm_rows[i]
                 return mixer.decode(h, conv, ssm)
@@ -551,30 +596,36 @@ class HybridModel(nn.Module):
             return out
 
         x = self._run_groups(emb, run)
-        logits = self._logits(x)
-        for b, s in enumerate(states):
-            s.length += 1
-            s.logits = logits[b]
-        return logits
+        return self._logits(x)
 
     def _prefill_hidden(
-        self, ids: torch.Tensor, state: SeqState, rel: Sequence[int]
+        self,
+        ids: torch.Tensor,
+        state: SeqState,
+        rel: Sequence[int],
+        pool: KVRows | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Run the blocks over `ids` after `state.length` tokens (updating `state`'s KV and
-        SSM states). Returns the final hidden states [L, D] and, per SSM block, the conv
-        and ssm states emitted at the relative positions `rel`."""
+        SSM states; with `pool`, writing the KV into `state.rows`). Returns the final
+        hidden states [L, D] and, per SSM block, the conv and ssm states emitted at the
+        relative positions `rel`."""
         start = state.length
         positions = torch.arange(start, start + ids.shape[0], device=self.device)
         conv_out: dict[int, torch.Tensor] = {}
         ssm_out: dict[int, torch.Tensor] = {}
         emb = self._embed(ids)
+        kv: dict[int, KVBuffer | PagedPrefill] = dict(state.kv)
+        if pool is not None:
+            assert state.rows is not None
+            past, new = state.rows[:start], state.rows[start:]
+            kv = {i: PagedPrefill(pool.k[i], pool.v[i], past, new) for i in self.attn_blocks}
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
             if isinstance(mixer, SharedBlock):
-                return mixer.prefill(self.shared_weights(mixer), h, emb, positions, state.kv[i])
+                return mixer.prefill(self.shared_weights(mixer), h, emb, positions, kv[i])
             if isinstance(mixer, Attention):
-                return mixer.prefill(h, positions, state.kv[i])
+                return mixer.prefill(h, positions, kv[i])
             if isinstance(mixer, SSMMixer):
                 y, conv, ssm, conv_e, ssm_e = mixer.prefill(
                     h, state.conv.get(i), state.ssm.get(i), rel

@@ -45,6 +45,11 @@ class KVBuffer:
         self.v[:, self.length : need] = v
         self.length = need
 
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`append`, then `view`: the keys and values of every position (a prefill's)."""
+        self.append(k, v)
+        return self.view()
+
     def view(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The valid keys and values, `[n_kv_local, length, head_dim]` each (views)."""
         return self.k[:, : self.length], self.v[:, : self.length]

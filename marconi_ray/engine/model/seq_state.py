@@ -19,6 +19,10 @@ class SeqState:
         conv: block index -> conv state [conv_local, d_conv] (SSM blocks).
         ssm: block index -> recurrent state, float32 (SSM blocks).
         logits: [vocab] logits after the last consumed token (None before any token).
+        rows: a pooled sequence's KV (the serving path): [length] long, its pool rows in
+            token order (see `paged_kv`); `kv` is then empty. None: the KV is in `kv`,
+            or the sequence is a member of a pooled `DecodeBatch`, whose row table
+            holds its rows.
     """
 
     length: int = 0
@@ -26,6 +30,7 @@ class SeqState:
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)
     logits: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
 
     @classmethod
     def resumed(cls, ckpt: StateCheckpoint, kv_of: SeqState) -> SeqState:

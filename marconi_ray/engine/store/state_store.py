@@ -25,10 +25,19 @@ without waiting; decodes of running requests never read the pool, so they keep s
 meanwhile). `load` reads every slot and the state from whichever tier holds it (a hit the
 cache could not promote is read straight from the host).
 
+One KV pool for running and cached tokens: a running request's KV is in device slots
+too, allocated as its tokens are computed (`alloc_slots`); its hit is read in place
+(`hit_rows`), and when it ends the slots the cache keeps are handed over as they are
+(no copy) and the rest freed. `write_kv` / `load` copy KV between a state's own
+`KVBuffer`s and slots, for the model's unpooled API.
+
 Byte accounting: `bytes_used` is the device tier's: K+V of device slots and conv (store
 dtype) + recurrent (float32) of device states; it equals `core.model.model_spec`'s prediction
-for the same config with `state_dtype_bytes=4`. `host_bytes_used` counts the host tier
-alike. Logits are bookkeeping, reported apart (`logits_bytes`, device states').
+for the same config with `state_dtype_bytes=4`. It counts everything the store holds on
+the device: what the cache references (what the coordinator accounts: its tree's device
+bytes) plus what running requests hold (their own slots and captured states, until they
+commit; zero when the worker is idle). `host_bytes_used` counts the host tier alike.
+Logits are bookkeeping, reported apart (`logits_bytes`, device states').
 
 Invariant (`check`): a held slot id has exactly one location (a tier and a row of that
 tier's pool); a device row or host row belongs to at most one id, and a pool row is held
@@ -357,40 +366,78 @@ class StateStore:
                 self.copier.copy(dt, st)
 
     # ------------------------------------------------------------------ hits
-    def load(self, slots: Slots, sid: int, length: int) -> SeqState:
-        """A `SeqState` on the device resuming after `length` cached tokens: the KV of
-        `slots` (one per token, in order; each in either tier), `[n_kv_local, length,
-        head_dim]` per attention block, and state `sid`'s SSM states and logits (either
-        tier). The store is unchanged: nothing moves."""
+    def hit_rows(self, slots: Slots, length: int) -> tuple[Slots, Slots]:
+        """The device rows a request reads its hit's KV from, in place: (rows, staged).
+
+        `slots` are the hit's slot ids, one per cached token in order (`length` of them,
+        else ValueError), each in either tier. A device slot's row is its own (no copy:
+        the plan's lock keeps it there until the request commits). A host slot's KV is
+        copied into a new device slot of the request's (`staged`, freed when it ends)
+        and its row read instead (a hit the cache could not promote). ValueError naming
+        slots that are not held."""
         ids = np.asarray(slots, dtype=np.int64)
         if len(ids) != length:
             raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
+        missing = ids[self.slots.tiers_of(ids) == FREE]
+        if len(missing):
+            raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
         self._await_promotions()
-        ckpt = self._states[sid]
+        rows = self.slots.row[ids].copy()
+        on_host = self.slots.tier[ids] == HOST
+        staged = np.empty(0, dtype=np.int64)
+        if on_host.any():
+            packed, _ = self._to_device(rows[on_host], [])
+            staged = self.alloc_slots(int(on_host.sum()))
+            rows[on_host] = self.slots.row[staged]
+            self.device_kv.write(rows[on_host], self.device_kv.unpack(packed))
+        return rows, staged
+
+    def load_state(self, sid: int, length: int) -> SeqState:
+        """A `SeqState` (no KV) resuming after `length` cached tokens: copies of state
+        `sid`'s SSM states (conv in the model dtype) and its logits, from either tier.
+        ValueError when the state is at another depth."""
+        ckpt = self._states.get(sid)
+        if ckpt is None:
+            raise ValueError(f"state {sid} of the hit is not held")
         if ckpt.depth != length:
             raise ValueError(f"state {sid} is at depth {ckpt.depth}, the hit is {length}")
+        self._await_promotions()
+        if sid in self._host_states:
+            _, (ckpt,) = self._to_device(np.empty(0, dtype=np.int64), [ckpt])
+        else:
+            ckpt = _like(ckpt, torch.clone)
+        state = SeqState(length=length, logits=ckpt.logits)
+        for i in self.model.ssm_blocks:
+            state.conv[i] = ckpt.conv[i].to(self.model.dtype)
+            state.ssm[i] = ckpt.ssm[i]
+        return state
+
+    def load(self, slots: Slots, sid: int, length: int) -> SeqState:
+        """`load_state` with copies of the hit's KV in the state's own `KVBuffer`s,
+        `[n_kv_local, length, head_dim]` per attention block, read from whichever tier
+        holds each slot (the model's unpooled API: the serving path reads the hit in
+        place through `hit_rows`). The store is unchanged: nothing moves."""
+        ids = np.asarray(slots, dtype=np.int64)
+        if len(ids) != length:
+            raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
+        state = self.load_state(sid, length)
         missing = ids[self.slots.tiers_of(ids) == FREE]
         if len(missing):
             raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
         rows = self.slots.row[ids]
         on_host = self.slots.tier[ids] == HOST
-        from_host = [ckpt] if sid in self._host_states else []
-        packed: torch.Tensor | None = None
-        fetched: list[StateCheckpoint] = []
-        if on_host.any() or from_host:
-            packed, fetched = self._to_device(rows[on_host], from_host)
-        if packed is not None and on_host.any():
+        if on_host.any():
+            packed, _ = self._to_device(rows[on_host], [])
             kv = self.device_kv.merge(rows, on_host, packed)
         else:
             kv = self.device_kv.read(rows)
-        ckpt = fetched[0] if from_host else _like(ckpt, torch.clone)
-        state = SeqState(length=length, logits=ckpt.logits)
         for i, (k, v) in kv.items():
             state.kv[i] = KVBuffer(k.to(self.model.dtype), v.to(self.model.dtype))
-        for i in self.model.ssm_blocks:
-            state.conv[i] = ckpt.conv[i].to(self.model.dtype)
-            state.ssm[i] = ckpt.ssm[i]
         return state
+
+    def device_rows(self, slots: Slots) -> Slots:
+        """The device rows of device slots (a request's own, just allocated)."""
+        return self.slots.row[np.asarray(slots, dtype=np.int64)]
 
     # ------------------------------------------------------------------ checks
     def check(self) -> None:

@@ -89,6 +89,7 @@ class ShardActor:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         hub_model: HubModel | None = None,
         host_cache_bytes: int = 0,
+        max_running_tokens: int | None = None,
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
@@ -116,7 +117,9 @@ class ShardActor:
         tp = TPGroup(self.rank, self.world)
         model = load_served_model(model_dir, tp, dtype, dev, kernels)
         warm_s = model.warm_up()
-        self.worker = Worker(model, max_batch, max_batch_tokens)
+        self.worker = Worker(
+            model, max_batch, max_batch_tokens, max_running_tokens=max_running_tokens
+        )
         return {
             "kernels": model.kernels.name,
             "backends": dict(model.kernels.backends),

@@ -69,6 +69,7 @@ def _setup_args(settings: ServeSettings, address: str) -> tuple[Any, ...]:
         s.max_batch_tokens,
         s.hub_model,
         s.host_cache_bytes,
+        s.max_running_tokens,
     )
 
 

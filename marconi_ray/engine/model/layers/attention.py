@@ -3,7 +3,7 @@ q/k norms and a sigmoid output gate (Qwen3.5, Qwen3-Next)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -16,6 +16,7 @@ from marconi_ray.engine.model.layers.norm import RMSNorm
 from marconi_ray.engine.model.layers.rope import Rope
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import AttentionConfig
+from marconi_ray.engine.model.paged_kv import DecodeKV, PagedPrefill
 from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
@@ -44,31 +45,6 @@ def causal_attention(
     return out[0]
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kvs: Sequence[KVBuffer],
-    scale: float | None = None,
-) -> torch.Tensor:
-    """One new token per sequence: q [H, B, hd], k, v [KV, B, hd] (H % KV == 0). Appends
-    sequence b's k, v to `kvs[b]` and attends over its whole cache (scores scaled by
-    `scale`, None: hd**-0.5). Returns [B, H * hd]."""
-    outs = []
-    for b, kv in enumerate(kvs):
-        kv.append(k[:, b : b + 1], v[:, b : b + 1])
-        keys, values = kv.view()
-        o = sdpa(
-            q[None, :, b : b + 1],
-            keys[None],
-            values[None],
-            enable_gqa=q.shape[0] != k.shape[0],
-            scale=scale,
-        )
-        outs.append(o[0, :, 0])
-    return torch.stack(outs).reshape(len(kvs), -1)
-
-
 class Attention(nn.Module):
     """q/k/v column-parallel by heads (n_heads/world and n_kv_heads/world per rank),
     o row-parallel (one all-reduce; with `reduce=False` the caller all-reduces, see
@@ -81,7 +57,12 @@ class Attention(nn.Module):
     RMS-normed over head_dim (scale 1 + w when `unit_offset_norms`) before RoPE.
 
     `prefix` is the HF sub-module name (`mixer` for NemotronH, `self_attn` for the rest).
+
+    A pooled decode step runs the kernel set's `paged_decode_attention` (one call for the
+    batch, see `paged_kv`); prefill runs torch's SDPA.
     """
+
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("paged_decode_attention",)
 
     def __init__(
         self,
@@ -151,20 +132,20 @@ class Attention(nn.Module):
     def empty_cache(self, device: torch.device) -> KVBuffer:
         return KVBuffer.empty(self.n_kv, self.cfg.head_dim, self.dtype, device)
 
-    def prefill(self, x: torch.Tensor, positions: torch.Tensor, kv: KVBuffer) -> torch.Tensor:
-        """x [L, D] at absolute `positions` [L]; appends to `kv`; returns [L, D]."""
+    def prefill(
+        self, x: torch.Tensor, positions: torch.Tensor, kv: KVBuffer | PagedPrefill
+    ) -> torch.Tensor:
+        """x [L, D] at absolute `positions` [L]; extends `kv`; returns [L, D]."""
         q, k, v, gate = self._qkv(x, positions)
-        kv.append(k, v)
-        keys, values = kv.view()
+        keys, values = kv.extend(k, v)
         out = causal_attention(q, keys, values, self.cfg.scale)
         return self._out(out.transpose(0, 1).reshape(q.shape[1], -1), gate)
 
-    def decode(
-        self, x: torch.Tensor, positions: torch.Tensor, kvs: Sequence[KVBuffer]
-    ) -> torch.Tensor:
-        """One new token per sequence: x [B, D], positions [B]; appends to each `kvs[b]`."""
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
+        """One new token per sequence: x [B, D], positions [B]; `kv` stores the step's
+        keys and values and attends over each sequence's (see `paged_kv`)."""
         q, k, v, gate = self._qkv(x, positions)
-        return self._out(decode_attention(q, k, v, kvs, self.cfg.scale), gate)
+        return self._out(kv.attend(q, k, v, self.cfg.scale), gate)
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         out: dict[str, WeightSpec] = {}

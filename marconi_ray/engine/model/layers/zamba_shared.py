@@ -22,19 +22,20 @@ D-wide output). The KV of each hybrid layer is its own (`n_kv` heads of this ran
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from marconi_ray.engine.model.kv_buffer import KVBuffer
-from marconi_ray.engine.model.layers.attention import causal_attention, decode_attention
+from marconi_ray.engine.model.layers.attention import causal_attention
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column, row
 from marconi_ray.engine.model.layers.mlp import activation
 from marconi_ray.engine.model.layers.norm import RMSNorm
 from marconi_ray.engine.model.layers.rope import Rope
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import AttentionConfig, SharedBlockConfig
+from marconi_ray.engine.model.paged_kv import DecodeKV, PagedPrefill
 from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
@@ -134,6 +135,8 @@ class SharedBlock(nn.Module):
     `empty_cache`.
     """
 
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("paged_decode_attention",)
+
     def __init__(
         self,
         d_model: int,
@@ -202,12 +205,11 @@ class SharedBlock(nn.Module):
         x: torch.Tensor,
         emb: torch.Tensor,
         positions: torch.Tensor,
-        kv: KVBuffer,
+        kv: KVBuffer | PagedPrefill,
     ) -> torch.Tensor:
-        """x, emb [L, D] at absolute `positions` [L]; appends to `kv`; returns [L, D]."""
+        """x, emb [L, D] at absolute `positions` [L]; extends `kv`; returns [L, D]."""
         q, k, v = self._qkv(w, x, emb, positions)
-        kv.append(k, v)
-        keys, values = kv.view()
+        keys, values = kv.extend(k, v)
         out = causal_attention(q, keys, values, self.cfg.scale)
         return self._out(w, out.transpose(0, 1).reshape(q.shape[1], -1))
 
@@ -217,12 +219,12 @@ class SharedBlock(nn.Module):
         x: torch.Tensor,
         emb: torch.Tensor,
         positions: torch.Tensor,
-        kvs: Sequence[KVBuffer],
+        kv: DecodeKV,
     ) -> torch.Tensor:
-        """One new token per sequence: x, emb [B, D], positions [B]; appends to each
-        `kvs[b]`; returns [B, D]."""
+        """One new token per sequence: x, emb [B, D], positions [B]; `kv` stores the
+        step's keys and values and attends (see `paged_kv`); returns [B, D]."""
         q, k, v = self._qkv(w, x, emb, positions)
-        return self._out(w, decode_attention(q, k, v, kvs, self.cfg.scale))
+        return self._out(w, kv.attend(q, k, v, self.cfg.scale))
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         mods: dict[str, _HasSpecs] = {"gate_up_adapter": self.gate_up_adapter}

@@ -1,0 +1,125 @@
+"""Attention KV kept in rows of a shared pool (the engine's one KV pool), as the attention
+layers read and write it.
+
+A pool (`KVRows`: the store's `DeviceKVPool`) holds, per attention block i, keys `k[i]`
+and values `v[i]` of shape [n_kv_local, rows, head_dim]; one row index is one token's K
+and V in every block. A sequence's KV is the list of its rows, oldest token first: a
+cache hit's rows are the cached tokens' own rows, read in place, and each new token's K
+and V are written into a row allocated for it. Nothing is gathered into a private buffer.
+
+Two per-block views, built by the model for one forward:
+- `PagedPrefill`: one sequence's L new tokens (`extend` writes them, returns what the
+  prefill attends over);
+- `PagedDecode`: one new token for each of B sequences, one attention call for the batch
+  through a row table (`attend`).
+`BufferDecode` is the same call over per-sequence `KVBuffer`s (the unpooled states of the
+model's own API: validation, tools), one SDPA per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+from marconi_ray.engine.model.kv_buffer import KVBuffer
+
+PagedAttention = Callable[..., torch.Tensor]
+"""`marconi_kernels` `paged_decode_attention`: (q [B, H, hd], k_pool, v_pool [KV, R, hd],
+table [B, W], lens [B], scale) -> [B, H, hd]."""
+
+
+class KVRows(Protocol):
+    """A KV pool: attention block index -> keys / values [n_kv_local, rows, head_dim]."""
+
+    k: dict[int, torch.Tensor]
+    v: dict[int, torch.Tensor]
+
+
+class DecodeKV(Protocol):
+    """Where one attention layer's decode step reads and writes its KV."""
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        """Store the step's k, v [KV, B, hd] and attend q [H, B, hd] over each sequence's
+        KV including them; returns [B, H * hd]."""
+        ...
+
+
+@dataclass(frozen=True)
+class PagedPrefill:
+    """One attention block's KV of one sequence being prefilled.
+
+    k_pool, v_pool: the block's pool tensors [KV, R, hd]; past: rows [P] of the tokens
+    already consumed (a hit's rows, earlier chunks); new: rows [L] for the tokens of this
+    forward.
+    """
+
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    past: torch.Tensor
+    new: torch.Tensor
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [KV, L, hd] into the new rows; returns the keys and values of every
+        position, [KV, P + L, hd] (k, v themselves when nothing came before)."""
+        self.k_pool.index_copy_(1, self.new, k.to(self.k_pool.dtype))
+        self.v_pool.index_copy_(1, self.new, v.to(self.v_pool.dtype))
+        if not len(self.past):
+            return k, v
+        rows = torch.cat([self.past, self.new])
+        return self.k_pool.index_select(1, rows), self.v_pool.index_select(1, rows)
+
+
+@dataclass(frozen=True)
+class PagedDecode:
+    """One attention block's KV for one decode step of B sequences.
+
+    table: [B, W] rows of each sequence (its new token's row included, at column
+    lens[b] - 1); lens: [B] tokens to attend over, the new one included; new: [B] the
+    rows the step's k, v go to; kernel: the kernel set's `paged_decode_attention`.
+    """
+
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    table: torch.Tensor
+    lens: torch.Tensor
+    new: torch.Tensor
+    kernel: PagedAttention
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        self.k_pool.index_copy_(1, self.new, k.to(self.k_pool.dtype))
+        self.v_pool.index_copy_(1, self.new, v.to(self.v_pool.dtype))
+        out = self.kernel(q.transpose(0, 1), self.k_pool, self.v_pool, self.table, self.lens, scale)
+        return out.reshape(q.shape[1], -1)
+
+
+@dataclass(frozen=True)
+class BufferDecode:
+    """Decode over per-sequence `KVBuffer`s: appends sequence b's k, v to `kvs[b]` and
+    attends over its whole buffer, one SDPA per sequence."""
+
+    kvs: Sequence[KVBuffer]
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        outs = []
+        for b, kv in enumerate(self.kvs):
+            kv.append(k[:, b : b + 1], v[:, b : b + 1])
+            keys, values = kv.view()
+            o = sdpa(
+                q[None, :, b : b + 1],
+                keys[None],
+                values[None],
+                enable_gqa=q.shape[0] != k.shape[0],
+                scale=scale,
+            )
+            outs.append(o[0, :, 0])
+        return torch.stack(outs).reshape(len(self.kvs), -1)
