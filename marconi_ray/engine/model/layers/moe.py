@@ -64,6 +64,11 @@ def route(
     return weights.to(logits.dtype), experts
 
 
+GATHER_BUDGET = 1 << 24
+"""Most weight elements the gathered dispatch may gather in one call (pairs x the
+experts' gate, up and down weights of this rank); larger inputs take the grouped one."""
+
+
 class MoE(nn.Module):
     """`fc2(sum_k w_k * expert_k(fc1(x))) + gate(x) * shared(x)` for x [N, D] -> [N, D]
     (fc1, fc2 the latent projections, identities without a latent width; gate 1 without
@@ -72,9 +77,17 @@ class MoE(nn.Module):
     Experts are `down(act(gate(h)) * up(h))` (gated) or `down(act(up(h)))`, h of width
     D or the latent width, stacked as [E, I', h] (gate, up; [E, 2I', h] gate then up in
     the fused layout) and [E, h, I'] (down) with I' this rank's slice of
-    `cfg.intermediate_size`. Tokens are sorted by expert and each expert runs once on all
-    of its tokens (a loop over the experts hit, none over tokens); outputs are
-    accumulated in expert order.
+    `cfg.intermediate_size`. Two dispatches, chosen by shape alone:
+    - grouped (prefill-sized inputs): tokens are sorted by expert and each expert runs
+      once on all of its tokens (a loop over the experts hit, none over tokens); outputs
+      are accumulated in expert order. Reading the per-expert counts is one host sync;
+    - gathered (decode-sized inputs, `GATHER_BUDGET`): every (token, choice) pair gathers
+      its expert's weights and runs as one batched matmul: static shapes, no host sync,
+      so a decode step can be replayed as a CUDA graph. It reads each chosen expert once
+      per pair, the bytes a decode step reads anyway while its tokens choose distinct
+      experts.
+    Both compute the same sums (up to float rounding: the pairs are summed per token in
+    choice order rather than in expert order).
 
     Args:
         layer: the HF decoder layer's key prefix (`layers.{i}`); `layout` says where the
@@ -136,17 +149,24 @@ class MoE(nn.Module):
             h = self.act(up) if self.w_gate is None else self.act(F.linear(h, self.w_gate[e])) * up
         return F.linear(h, self.w_down[e])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def expert_elems(self) -> int:
+        """Weight elements of one expert on this rank (gate, up and down)."""
+        mats = (self.w_gate_up, self.w_gate, self.w_up, self.w_down)
+        return sum(w[0].numel() for w in mats if w is not None)
+
+    def gathers(self, n_tokens: int) -> bool:
+        """Whether `n_tokens` tokens take the gathered (sync-free) dispatch."""
+        return n_tokens * self.cfg.top_k * self.expert_elems() <= GATHER_BUDGET
+
+    def _grouped(
+        self, h_in: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         cfg = self.cfg
-        logits = F.linear(x.to(self.router.dtype), self.router)
-        weights, experts = route(logits, cfg, self.selection_bias)
-        weights = weights.to(x.dtype)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=cfg.n_experts).tolist()
         token = order // cfg.top_k
         scale = weights.reshape(-1)[order, None]
-        h_in = x if self.latent_in is None else F.linear(x, self.latent_in)
         out = torch.zeros_like(h_in)
         start = 0
         for e, n in enumerate(counts):
@@ -156,6 +176,38 @@ class MoE(nn.Module):
             start += n
             h = self._expert(e, h_in.index_select(0, token[rows]))
             out.index_add_(0, token[rows], h * scale[rows])
+        return out
+
+    def _gathered(
+        self, h_in: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """h_in [N, d_in], experts and weights [N, top_k] -> [N, d_in], one batched
+        matmul per weight over the N * top_k (token, expert) pairs."""
+        n, k = experts.shape
+        flat = experts.reshape(-1)
+        h = h_in.repeat_interleave(k, dim=0)[:, :, None]
+
+        def mm(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.bmm(w.index_select(0, flat), x)
+
+        if self.w_gate_up is not None:
+            gate, up = mm(self.w_gate_up, h).chunk(2, dim=1)
+            act = self.act(gate) * up
+        else:
+            assert self.w_up is not None
+            up = mm(self.w_up, h)
+            act = self.act(up) if self.w_gate is None else self.act(mm(self.w_gate, h)) * up
+        y = mm(self.w_down, act)[:, :, 0] * weights.reshape(-1, 1)
+        return y.view(n, k, -1).sum(dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        logits = F.linear(x.to(self.router.dtype), self.router)
+        weights, experts = route(logits, cfg, self.selection_bias)
+        weights = weights.to(x.dtype)
+        h_in = x if self.latent_in is None else F.linear(x, self.latent_in)
+        dispatch = self._gathered if self.gathers(x.shape[0]) else self._grouped
+        out = dispatch(h_in, experts, weights)
         if self.latent_out is not None:
             out = F.linear(out, self.latent_out)
         if self.shared is not None:
