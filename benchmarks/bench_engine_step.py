@@ -1,0 +1,138 @@
+"""The engine's decode step before and after a change, side by side in one run, on CPU.
+
+Runs `engine_step_probe.py` (the same measurement, from this tree) twice: against a
+checkout of `--before` (a git worktree, first on PYTHONPATH) and against this tree, one
+after the other on the same model directories. Reports, per revision:
+- torch ops, host syncs and TP broadcasts of one decode step at each batch size (the
+  `tiny` presets of `--families`), and ops at the largest batch over batch 1;
+- decode tokens/s at each batch (`small` preset, NemotronH), and after / before;
+- TTFT p50 and max of `--ttft-requests` prompts of `--ttft-len` tokens arriving together;
+- bytes made while a cached hit starts, and their slope per cached token (what is copied
+  per token of KV).
+Writes `OUT/bench_engine_step.json` and `OUT/bench_engine_step.md` (the table).
+
+Example: python benchmarks/bench_engine_step.py --before 2c0c516
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from marconi_ray.engine.presets.factory import make_model
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = Path(__file__).resolve().parent / "engine_step_probe.py"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--before",
+        default="2c0c516",
+        help="git revision measured as 'before' (default: 2c0c516, the engine "
+        "before the KV pool and batched decode attention)",
+    )
+    p.add_argument(
+        "--families",
+        default="qwen3_5,nemotron_h",
+        help="families of the tiny presets whose ops are counted",
+    )
+    p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
+    p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch")
+    p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
+    p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
+    p.add_argument("--out", default="benchmarks/results/engine_step", help="output folder")
+    return p.parse_args()  # fmt: skip
+
+
+def probe(tree: Path, args: argparse.Namespace, dirs: dict[str, Path]) -> dict[str, Any]:
+    """The probe's report with `tree`'s packages first on the path, one thread."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'kernels'}",
+        "OMP_NUM_THREADS": "1",
+    }
+    tiny = [f"{f}={dirs[f]}" for f in args.families.split(",")]
+    cmd = [
+        sys.executable, str(PROBE), "--tiny", *tiny, "--small", str(dirs["small"]),
+        "--batches", args.batches, "--steps", str(args.steps),
+        "--ttft-requests", str(args.ttft_requests), "--ttft-len", str(args.ttft_len),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"the probe failed on {tree}:\n{done.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def table(before: dict[str, Any], after: dict[str, Any], batches: list[int]) -> str:
+    """The markdown table of both reports, side by side."""
+    lines = ["| measure | before | after | after / before |", "| --- | --- | --- | --- |"]
+
+    def row(name: str, b: float, a: float, fmt: str = "{:,.0f}") -> None:
+        ratio = f"{a / b:.2f}x" if b else "-"
+        lines.append(f"| {name} | {fmt.format(b)} | {fmt.format(a)} | {ratio} |")
+
+    last = str(batches[-1])
+    for family in after["ops"]:
+        ob, oa = before["ops"][family], after["ops"][family]
+        for key in ("ops", "syncs", "broadcasts"):
+            for b in batches:
+                row(f"{family} tiny: {key} per decode step, batch {b}",
+                    ob[str(b)][key], oa[str(b)][key])  # fmt: skip
+        lines.append(
+            f"| {family} tiny: ops at batch {last} / batch 1 | "
+            f"{ob[last]['ops'] / ob['1']['ops']:.2f}x | {oa[last]['ops'] / oa['1']['ops']:.2f}x | |"
+        )
+    for b in batches:
+        row(f"nemotron_h small: decode tok/s, batch {b}",
+            before["tok_s"][str(b)], after["tok_s"][str(b)], "{:,.1f}")  # fmt: skip
+    for key in ("p50", "max"):
+        row(f"TTFT {key} (s)", before["ttft"][key], after["ttft"][key], "{:.3f}")
+    per_token = "bytes_per_cached_token"
+    row("bytes made when a hit starts, per cached token",
+        before["hit"][per_token], after["hit"][per_token])  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {f: make_model("tiny", f, Path(tmp) / f) for f in args.families.split(",")}
+        dirs["small"] = make_model("small", "nemotron_h", Path(tmp) / "small")
+        worktree = Path(tmp) / "before"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.before],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        try:
+            reports = {}
+            for name, tree in tqdm([("before", worktree), ("after", ROOT)], desc="revisions"):
+                reports[name] = probe(tree, args, dirs)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                check=False, capture_output=True,
+            )  # fmt: skip
+    md = table(reports["before"], reports["after"], batches)
+    meta = {"before": args.before, "after": "working tree", **vars(args)}
+    (out / "bench_engine_step.json").write_text(json.dumps({**reports, "args": meta}, indent=2))
+    (out / "bench_engine_step.md").write_text(md + "\n")
+    print(md)
+    print(f"\nwrote {out / 'bench_engine_step.json'} and {out / 'bench_engine_step.md'}")
+
+
+if __name__ == "__main__":
+    main()

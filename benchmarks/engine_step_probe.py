@@ -1,0 +1,244 @@
+"""Measures one engine revision's decode step, prefill latency and hit start (run by
+`bench_engine_step.py`, once per revision, with that revision first on `PYTHONPATH`).
+
+It uses only what every revision since the engine's subpackages has: `Engine`, its
+`worker` (`step`, `_load_hit`, `tp.broadcast`) and `SamplingParams`, so the same
+measurement runs against the code before and after a change. Prints one JSON object.
+
+What is counted, during one `Worker.step` of B running requests (greedy, in one batch):
+- ops: every aten op dispatched (a `TorchDispatchMode`), views included;
+- host syncs: the calls that make a CUDA host wait for the device: `.item()`, `int()`,
+  `float()` and `bool()` of a tensor (`aten._local_scalar_dense`), `.tolist()` and
+  `.numpy()` (seen by a `TorchFunctionMode`: on CPU they dispatch nothing), and the
+  ops whose output shape depends on the data (`nonzero`, `masked_select`, `unique`,
+  boolean indexing, `bincount`, `repeat_interleave` by a tensor of repeats without
+  `output_size`);
+- TP broadcasts: calls to the worker's `tp.broadcast`.
+Bytes at hit start: bytes of every non-view op output during `Worker._load_hit` of a
+request whose prompt is cached but for its last token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.protocol.sampling import SamplingParams
+
+SYNC_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "bincount",
+}
+SYNC_METHODS = {"tolist", "numpy"}
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts aten ops, the data-dependent ones apart, and bytes of non-view outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.syncs = 0
+        self.bytes_made = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        self.ops += 1
+        name = func.overloadpacket.__name__
+        if name in SYNC_OPS:
+            self.syncs += 1
+        elif name == "repeat_interleave" and func._overloadname != "self_int":
+            self.syncs += int(kwargs.get("output_size") is None)
+        elif name == "index" and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ())
+        ):
+            self.syncs += 1
+        out = func(*args, **kwargs)
+        if not func.is_view:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.bytes_made += t.numel() * t.element_size()
+        return out
+
+
+class _MethodCounter(TorchFunctionMode):
+    """Counts `.tolist()` and `.numpy()` calls (host reads the dispatcher does not see)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", "") in SYNC_METHODS:
+            self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _CountingTP:
+    """A worker's TP group whose `broadcast` calls are counted (the rest delegated)."""
+
+    def __init__(self, tp: Any, calls: Counter[str]) -> None:
+        self._tp = tp
+        self._calls = calls
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        self._calls["broadcast"] += 1
+        return self._tp.broadcast(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tp, name)
+
+
+@contextmanager
+def counting(engine: Engine) -> Iterator[dict[str, int]]:
+    """Counts ops, host syncs, bytes made and TP broadcasts inside the block."""
+    worker = engine.worker
+    calls: Counter[str] = Counter()
+    tp = worker.tp
+    worker.tp = _CountingTP(tp, calls)
+    out: dict[str, int] = {}
+    ops, methods = _OpCounter(), _MethodCounter()
+    try:
+        with methods, ops:
+            yield out
+    finally:
+        worker.tp = tp
+    out.update(
+        ops=ops.ops,
+        syncs=ops.syncs + methods.syncs,
+        broadcasts=calls["broadcast"],
+        bytes_made=ops.bytes_made,
+    )
+
+
+def _prompt(seed: int, n: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(8, vocab, (n,), generator=g).tolist()
+
+
+def _engine(model_dir: str, batch: int, system: str = "vanilla") -> Engine:
+    return Engine(model_dir, system, cache_bytes=1 << 30, max_batch=batch, max_batch_tokens=4096)
+
+
+def _running(engine: Engine, batch: int, prompt_len: int, max_tokens: int) -> None:
+    vocab = engine.config.vocab_size
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for b in range(batch):
+        engine.add_request(_prompt(b, prompt_len, vocab), sp)
+    engine.step()  # every request joins the decode batch
+
+
+def decode_step(model_dir: str, batch: int, prompt_len: int, steps: int) -> dict[str, float]:
+    """Ops, syncs and broadcasts of one decode step at `batch`, and tokens/s over `steps`."""
+    engine = _engine(model_dir, batch)
+    _running(engine, batch, prompt_len, steps + 8)
+    with counting(engine) as counts:
+        engine.worker.step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.worker.step()
+    elapsed = time.perf_counter() - t0
+    return {**counts, "tok_s": batch * steps / elapsed}
+
+
+def ttft(model_dir: str, n: int, prompt_len: int) -> dict[str, float]:
+    """TTFT of `n` requests of `prompt_len` tokens that arrive together (one engine call
+    each, as the in-process API serves them): p50 and max, seconds."""
+    engine = _engine(model_dir, n)
+    vocab = engine.config.vocab_size
+    sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    engine.add_request(_prompt(99, prompt_len, vocab), sp)  # warm
+    while engine.num_running:
+        engine.step()
+    t0 = time.perf_counter()
+    firsts = []
+    for i in range(n):
+        engine.add_request(_prompt(200 + i, prompt_len, vocab), sp)
+        firsts.append(time.perf_counter() - t0)
+    return {"p50": statistics.median(firsts), "max": max(firsts)}
+
+
+def _hit_start(model_dir: str, n: int) -> dict[str, int]:
+    """Counts while the hit of a request cached at `n` + 1 tokens starts."""
+    engine = _engine(model_dir, 2, system="marconi")
+    vocab = engine.config.vocab_size
+    prompt = _prompt(7, n, vocab)
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    done = engine.generate(prompt, sp)
+    worker = engine.worker
+    load = worker._load_hit
+    seen: dict[str, int] = {}
+
+    def measured(seq: Any) -> None:
+        with counting(engine) as counts:
+            load(seq)
+        seen.update(counts, hit=seq.order.hit_len)
+
+    worker._load_hit = measured  # type: ignore[method-assign]
+    engine.generate(prompt + list(done.tokens) + _prompt(8, 4, vocab), sp)
+    return seen
+
+
+def hit_start_bytes(model_dir: str, lengths: list[int]) -> dict[str, float]:
+    """Bytes made while a hit of each length starts, and their slope per cached token."""
+    seen = [_hit_start(model_dir, n) for n in lengths]
+    out: dict[str, float] = {f"bytes_at_{s['hit']}": s["bytes_made"] for s in seen}
+    hits = [s["hit"] for s in seen]
+    made = [s["bytes_made"] for s in seen]
+    out["bytes_per_cached_token"] = (made[-1] - made[0]) / (hits[-1] - hits[0])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--tiny",
+        nargs="+",
+        required=True,
+        metavar="FAMILY=DIR",
+        help="tiny-preset model dirs for the op and sync counts",
+    )
+    p.add_argument(
+        "--small",
+        required=True,
+        metavar="DIR",
+        help="small-preset model dir for tokens/s, TTFT and hit bytes",
+    )
+    p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
+    p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of each decoder")
+    p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
+    p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
+    args = p.parse_args()  # fmt: skip
+    torch.set_num_threads(1)
+    batches = [int(b) for b in args.batches.split(",")]
+    report: dict[str, Any] = {"ops": {}, "tok_s": {}}
+    for spec in args.tiny:
+        family, model_dir = spec.split("=", 1)
+        report["ops"][family] = {b: decode_step(model_dir, b, args.prompt_len, 1) for b in batches}
+    report["tok_s"] = {
+        b: decode_step(args.small, b, args.prompt_len, args.steps)["tok_s"] for b in batches
+    }
+    report["ttft"] = ttft(args.small, args.ttft_requests, args.ttft_len)
+    report["hit"] = hit_start_bytes(args.small, [64, 192])
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
