@@ -52,12 +52,15 @@ def mamba2_state_update_ref(
     Bh = B.to(cdt).repeat_interleave(H // G, dim=1)  # [b, H, N]
     Ch = C.to(cdt).repeat_interleave(H // G, dim=1)
     xf = x.to(cdt)
-    decay = torch.exp(dtp * A.to(cdt)).view(b, H, 1, 1)
-    new = torch.addcmul(
-        (dtp.unsqueeze(-1) * xf).unsqueeze(-1) * Bh.unsqueeze(2), decay, state.to(cdt)
-    )
-    state.copy_(new)
-    y = (new @ Ch.unsqueeze(-1)).squeeze(-1)  # [b, H, P]
+    decay = torch.exp(dtp * A.to(cdt)).view(b * H, 1, 1)
+    if state.dtype == cdt and state.is_contiguous():
+        new = state.view(b * H, P, N)  # in place: two passes over the state, no temporary
+    else:
+        new = state.to(cdt).reshape(b * H, P, N)
+    new.mul_(decay).baddbmm_((dtp.unsqueeze(-1) * xf).view(b * H, P, 1), Bh.view(b * H, 1, N))
+    if new.data_ptr() != state.data_ptr():
+        state.copy_(new.view(b, H, P, N))
+    y = torch.bmm(Ch.reshape(b * H, 1, N), new.transpose(1, 2)).view(b, H, P)  # h C
     if D is not None:
         y = y + D.to(cdt).view(H, 1) * xf
     return y.to(x.dtype)
