@@ -1,8 +1,9 @@
 """The engine's decode step before and after a change, side by side in one run, on CPU.
 
-Runs `engine_step_probe.py` (the same measurement, from this tree) twice: against a
-checkout of `--before` (a git worktree, first on PYTHONPATH) and against this tree, one
-after the other on the same model directories. Reports, per revision:
+Runs `engine_step_probe.py` (the same measurement, from this tree) against a checkout of
+`--before` (a git worktree, first on PYTHONPATH) and against this tree, alternating
+(before, after, before, after, ... `--reps` times each) on the same model directories;
+timings are the median over the reps (counts do not vary). Reports, per revision:
 - torch ops, host syncs and TP broadcasts of one decode step at each batch size (the
   `tiny` presets of `--families`), and ops at the largest batch over batch 1;
 - decode tokens/s at each batch (`small` preset, NemotronH), and after / before;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +49,8 @@ def parse_args() -> argparse.Namespace:
         help="families of the tiny presets whose ops are counted",
     )
     p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
-    p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch")
+    p.add_argument("--steps", type=int, default=16, help="timed decode steps per batch")
+    p.add_argument("--reps", type=int, default=3, help="runs of each revision, alternating")
     p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
     p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
     p.add_argument("--out", default="benchmarks/results/engine_step", help="output folder")
@@ -72,6 +75,17 @@ def probe(tree: Path, args: argparse.Namespace, dirs: dict[str, Path]) -> dict[s
         raise RuntimeError(f"the probe failed on {tree}:\n{done.stderr[-4000:]}")
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report
+
+
+def median_report(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's counts with every timing (tok/s, TTFT) the median over `runs`."""
+    out = json.loads(json.dumps(runs[0]))
+    for b in out["tok_s"]:
+        out["tok_s"][b] = statistics.median(r["tok_s"][b] for r in runs)
+    for key in out["ttft"]:
+        out["ttft"][key] = statistics.median(r["ttft"][key] for r in runs)
+    out["runs"] = runs
+    return out
 
 
 def table(before: dict[str, Any], after: dict[str, Any], batches: list[int]) -> str:
@@ -118,9 +132,11 @@ def main() -> None:
             check=True, capture_output=True,
         )  # fmt: skip
         try:
-            reports = {}
-            for name, tree in tqdm([("before", worktree), ("after", ROOT)], desc="revisions"):
-                reports[name] = probe(tree, args, dirs)
+            runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+            order = [("before", worktree), ("after", ROOT)] * args.reps
+            for name, tree in tqdm(order, desc="probe runs"):
+                runs[name].append(probe(tree, args, dirs))
+            reports = {name: median_report(r) for name, r in runs.items()}
         finally:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
