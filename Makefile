@@ -5,9 +5,6 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 OUT     ?= runs/sample
-# pytest-xdist workers of `make test`: the Ray tests (marker `ray`) share one local Ray and
-# run in one worker (`xdist_group`, tests/conftest.py) while the other takes the rest.
-TEST_WORKERS ?= 2
 
 # The GPU fast path (Triton kernels): triton (CUDA builds of torch bring their own; the CPU
 # build gets it from PyPI, for TRITON_INTERPRET=1) and mamba-ssm's Triton kernels from its
@@ -100,7 +97,7 @@ redis:
 	@redis-server --version
 
 pytest: $(STAMP) $(GPU_STAMP) redis
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	scripts/pytest_split.sh $(PY)
 
 test: lint types contracts pytest
 

@@ -54,16 +54,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip each `data`-marked test whose data files are absent (see the module docstring),
-    and put every `ray`-marked test in one xdist group: under `pytest -n N --dist
-    loadgroup` (make test) they run in one worker, which shares one local Ray and one
-    Serve port (tests/ray_session.py), while the other workers take the rest."""
+    """Skip each `data`-marked test whose data files are absent (see the module docstring)."""
     from marconi_ray.traces.paths import DATA_FILES, missing_data
 
     known = ", ".join(DATA_FILES)
     for item in items:
-        if item.get_closest_marker("ray") is not None:
-            item.add_marker(pytest.mark.xdist_group("ray"))
         names: list[str] = []
         for mark in item.iter_markers("data"):
             if not mark.args or not all(isinstance(a, str) for a in mark.args):
