@@ -251,11 +251,15 @@ def gated_delta_step_ref(
     check_step_shapes(state, q, k, v, g, beta)
     cdt = compute_dtype(state, q, k, v, g, beta)
     qf, kf = prepare_qk(q, k, use_qk_l2norm, cdt)
-    s = state.to(cdt) * g.to(cdt).exp()[..., None, None]
+    b, H, K, V = state.shape
+    in_place = state.dtype == cdt and state.is_contiguous()
+    s = state if in_place else state.to(cdt).contiguous()  # in place: no [b, H, K, V] temporaries
+    s.mul_(g.to(cdt).exp()[..., None, None])
     kv_mem = (kf.unsqueeze(-2) @ s).squeeze(-2)  # [b, H, V]
     delta = (v.to(cdt) - kv_mem) * beta.to(cdt).unsqueeze(-1)
-    s.add_(kf.unsqueeze(-1) * delta.unsqueeze(-2))
-    state.copy_(s)
+    s.view(b * H, K, V).baddbmm_(kf.reshape(b * H, K, 1), delta.reshape(b * H, 1, V))
+    if not in_place:
+        state.copy_(s)
     return (qf.unsqueeze(-2) @ s).squeeze(-2).to(q.dtype)
 
 
