@@ -102,8 +102,11 @@ def mamba1_state_update_ref(
     d = process_dt(delta, delta_bias, delta_softplus, dtype=cdt)  # [b, Dm]
     uf = u.to(cdt)
     decay = torch.exp(d.unsqueeze(-1) * A.to(cdt))  # [b, Dm, N]
-    new = torch.addcmul((d * uf).unsqueeze(-1) * B.to(cdt).unsqueeze(1), decay, state.to(cdt))
-    state.copy_(new)
+    in_place = state.dtype == cdt and state.is_contiguous()
+    new = state if in_place else state.to(cdt).contiguous()  # in place: no temporaries
+    new.mul_(decay).baddbmm_((d * uf).unsqueeze(-1), B.to(cdt).unsqueeze(1))
+    if not in_place:
+        state.copy_(new)
     y = (new @ C.to(cdt).unsqueeze(-1)).squeeze(-1)  # [b, Dm]
     if D is not None:
         y = y + D.to(cdt) * uf
