@@ -125,13 +125,15 @@ def test_engine_multi_turn_on_triton_equals_reference(model_dirs):
 
 
 def test_warm_up_runs_every_kernel_of_the_model(interp_dirs):
-    """Warm-up prefills every length the Triton conv's block sizes need and decodes, so
-    every op a model declares runs (LFM2: the conv and its step; the warm-up does not
-    depend on the mixers, and each prefill of a Mamba layer costs seconds here)."""
+    """Warm-up prefills every length the Triton conv's block sizes need and decodes, then
+    prefills and decodes once on a pool, so every op a model declares runs (LFM2: the
+    conv and its step, and attention's paged decode; the warm-up does not depend on the
+    mixers, and each prefill of a Mamba layer costs seconds here)."""
     calls: Counter[str] = Counter()
     model = load_model(
         interp_dirs["lfm2"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
     )
     assert model.warm_up() > 0
-    assert set(calls) == FAMILY_OPS["lfm2"]
-    assert calls["causal_conv1d"] == len(WARM_UP_LENGTHS) * len(model.ssm_blocks)
+    assert set(calls) == {*FAMILY_OPS["lfm2"], "paged_decode_attention"}
+    assert calls["causal_conv1d"] == (len(WARM_UP_LENGTHS) + 1) * len(model.ssm_blocks)
+    assert calls["paged_decode_attention"] == len(model.attn_blocks)

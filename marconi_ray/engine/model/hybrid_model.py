@@ -60,7 +60,13 @@ from marconi_ray.engine.model.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.layers.zamba_shared import SharedBlock, SharedWeights
 from marconi_ray.engine.model.model_config import FEED_FORWARD_KINDS, HybridConfig
-from marconi_ray.engine.model.paged_kv import BufferDecode, DecodeKV, KVRows, PagedPrefill
+from marconi_ray.engine.model.paged_kv import (
+    BufferDecode,
+    DecodeKV,
+    KVRows,
+    PagedPrefill,
+    ScratchKV,
+)
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 
@@ -642,17 +648,31 @@ class HybridModel(nn.Module):
     @torch.inference_mode()
     def warm_up(self) -> float:
         """Run every kernel on throwaway sequences (prefills of a few lengths that emit a
-        state mid-chunk, then two decode steps), so Triton's JIT compilation (one variant
+        state mid-chunk, then two decode steps; then a pooled prefill and a pooled decode
+        step, the serving path's paged attention), so Triton's JIT compilation (one variant
         per block size the lengths select) and autotuning happen at set-up, before health
         checks and collective timeouts can fire. Under tensor parallelism every rank must
         call it. Returns the seconds it took."""
         t0 = time.perf_counter()
-        for n in sorted({min(self.cfg.max_position - 2, n) for n in WARM_UP_LENGTHS}):
+        lengths = sorted({min(self.cfg.max_position - 2, n) for n in WARM_UP_LENGTHS})
+        for n in lengths:
             ids = torch.arange(n, device=self.device) % self.cfg.vocab_size
             state = self.new_state()
             self.prefill(ids, state, emit_at=[max(1, n // 2)])
             for _ in range(2):
                 self.decode(ids[:1], [state])
+        n = lengths[0]
+        shapes = {
+            i: (self.attention(i).n_kv, self.attention(i).cfg.head_dim) for i in self.attn_blocks
+        }
+        pool = ScratchKV(shapes, n + 1, self.dtype, self.device)
+        rows = torch.arange(n + 1, device=self.device)
+        state = SeqState(rows=rows[:n])
+        self.prefill(torch.arange(n, device=self.device) % self.cfg.vocab_size, state, (), pool)
+        batch = self.new_decode_batch(1, pool)
+        batch.join(state)
+        batch.extend(rows[n:])
+        self.decode_batch(torch.zeros(1, dtype=torch.long, device=self.device), batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0

@@ -50,6 +50,22 @@ class DecodeKV(Protocol):
         ...
 
 
+class ScratchKV:
+    """A small `KVRows` of zeros that nothing else uses (the model's warm-up)."""
+
+    def __init__(
+        self,
+        shapes: dict[int, tuple[int, int]],
+        rows: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.k = {
+            i: torch.zeros((n, rows, d), dtype=dtype, device=device) for i, (n, d) in shapes.items()
+        }
+        self.v = {i: torch.zeros_like(t) for i, t in self.k.items()}
+
+
 @dataclass(frozen=True)
 class PagedPrefill:
     """One attention block's KV of one sequence being prefilled.
