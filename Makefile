@@ -100,9 +100,9 @@ pytest: $(STAMP) $(GPU_STAMP) redis
 	scripts/pytest_split.sh $(PY)
 
 ## Everything installed first, then the static checks run beside pytest (whose Ray tests
-## spend most of their time waiting): about a minute less than one after the other.
+## spend most of their time waiting): their few lines of output land among pytest's.
 test: $(STAMP) $(GPU_STAMP) redis
-	$(MAKE) -j4 --output-sync=line lint types contracts pytest
+	$(MAKE) -j4 lint types contracts pytest
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
