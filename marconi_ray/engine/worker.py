@@ -370,11 +370,10 @@ class Worker:
         t0 = time.perf_counter()
         order = seq.order
         if order.hit_len > 0:
-            hit = order.hit_slots[: order.hit_len]
-            if len(hit) != order.hit_len:
-                raise ValueError(f"{len(hit)} KV slots for a hit of {order.hit_len} tokens")
+            # slots first: they are validated there, and staged ones are freed by `_drop`
+            # should the state fail
+            rows, seq.staged = self.store.hit_rows(order.hit_slots[: order.hit_len], order.hit_len)
             state = self.store.load_state(order.hit_state, order.hit_len)
-            rows, seq.staged = self.store.hit_rows(hit, order.hit_len)
             state.rows = torch.as_tensor(rows, device=self.model.device)
             seq.state = state
         seq.prefilled = order.hit_len

@@ -385,6 +385,12 @@ class HybridModel(nn.Module):
         self.ssm_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, SSMMixer)]
         self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, KVMixer)]
 
+    def kv_shapes(self) -> dict[int, tuple[int, int]]:
+        """Attention block index -> (this rank's KV heads, head_dim): a KV pool's shapes."""
+        return {
+            i: (self.attention(i).n_kv, self.attention(i).cfg.head_dim) for i in self.attn_blocks
+        }
+
     def attention(self, i: int) -> KVMixer:
         """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
         mixer = self.layers[i].mixer
@@ -570,11 +576,12 @@ class HybridModel(nn.Module):
             kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
             positions = batch.positions()
         logits = self._decode(ids, positions, rows, kv)
-        for b, s in enumerate(batch.members):
+        for s in batch.members:
             s.length += 1
-            if batch.pool is None:
+        if batch.pool is None:
+            for b, s in enumerate(batch.members):
                 s.logits = logits[b]
-        if batch.pool is not None:
+        else:
             batch.advance()
         return logits
 
@@ -662,10 +669,7 @@ class HybridModel(nn.Module):
             for _ in range(2):
                 self.decode(ids[:1], [state])
         n = lengths[0]
-        shapes = {
-            i: (self.attention(i).n_kv, self.attention(i).cfg.head_dim) for i in self.attn_blocks
-        }
-        pool = ScratchKV(shapes, n + 1, self.dtype, self.device)
+        pool = ScratchKV(self.kv_shapes(), n + 1, self.dtype, self.device)
         rows = torch.arange(n + 1, device=self.device)
         state = SeqState(rows=rows[:n])
         self.prefill(torch.arange(n, device=self.device) % self.cfg.vocab_size, state, (), pool)

@@ -102,9 +102,7 @@ class StateStore:
         self.model = model
         self.dtype = model.dtype
         self.device = model.device
-        shapes = {
-            i: (model.attention(i).n_kv, model.attention(i).cfg.head_dim) for i in model.attn_blocks
-        }
+        shapes = model.kv_shapes()
         self.copier = TierCopier(self.device)
         self.device_kv = DeviceKVPool(shapes, self.dtype, self.device, initial_slots)
         self.host_kv = HostKVPool(
@@ -375,12 +373,7 @@ class StateStore:
         copied into a new device slot of the request's (`staged`, freed when it ends)
         and its row read instead (a hit the cache could not promote). ValueError naming
         slots that are not held."""
-        ids = np.asarray(slots, dtype=np.int64)
-        if len(ids) != length:
-            raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
-        missing = ids[self.slots.tiers_of(ids) == FREE]
-        if len(missing):
-            raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
+        ids = self._hit_ids(slots, length)
         self._await_promotions()
         rows = self.slots.row[ids].copy()
         on_host = self.slots.tier[ids] == HOST
@@ -417,13 +410,8 @@ class StateStore:
         `[n_kv_local, length, head_dim]` per attention block, read from whichever tier
         holds each slot (the model's unpooled API: the serving path reads the hit in
         place through `hit_rows`). The store is unchanged: nothing moves."""
-        ids = np.asarray(slots, dtype=np.int64)
-        if len(ids) != length:
-            raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
+        ids = self._hit_ids(slots, length)
         state = self.load_state(sid, length)
-        missing = ids[self.slots.tiers_of(ids) == FREE]
-        if len(missing):
-            raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
         rows = self.slots.row[ids]
         on_host = self.slots.tier[ids] == HOST
         if on_host.any():
@@ -434,6 +422,17 @@ class StateStore:
         for i, (k, v) in kv.items():
             state.kv[i] = KVBuffer(k.to(self.model.dtype), v.to(self.model.dtype))
         return state
+
+    def _hit_ids(self, slots: Slots, length: int) -> Slots:
+        """A hit's slot ids as an array; ValueError unless there are `length` of them,
+        all held."""
+        ids = np.asarray(slots, dtype=np.int64)
+        if len(ids) != length:
+            raise ValueError(f"{len(ids)} KV slots for a hit of {length} tokens")
+        missing = ids[self.slots.tiers_of(ids) == FREE]
+        if len(missing):
+            raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
+        return ids
 
     def device_rows(self, slots: Slots) -> Slots:
         """The device rows of device slots (a request's own, just allocated)."""
