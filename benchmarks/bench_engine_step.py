@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine_step_probe import add_workload_args
 from tqdm import tqdm
 
 from marconi_ray.engine.presets.factory import make_model
@@ -48,11 +49,8 @@ def parse_args() -> argparse.Namespace:
         default="qwen3_5,nemotron_h",
         help="families of the tiny presets whose ops are counted",
     )
-    p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
-    p.add_argument("--steps", type=int, default=16, help="timed decode steps per batch")
+    add_workload_args(p)
     p.add_argument("--reps", type=int, default=3, help="runs of each revision, alternating")
-    p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
-    p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
     p.add_argument("--out", default="benchmarks/results/engine_step", help="output folder")
     return p.parse_args()  # fmt: skip
 

@@ -7,12 +7,8 @@ measurement runs against the code before and after a change. Prints one JSON obj
 
 What is counted, during one `Worker.step` of B running requests (greedy, in one batch):
 - ops: every aten op dispatched (a `TorchDispatchMode`), views included;
-- host syncs: the calls that make a CUDA host wait for the device: `.item()`, `int()`,
-  `float()` and `bool()` of a tensor (`aten._local_scalar_dense`), `.tolist()` and
-  `.numpy()` (seen by a `TorchFunctionMode`: on CPU they dispatch nothing), and the
-  ops whose output shape depends on the data (`nonzero`, `masked_select`, `unique`,
-  boolean indexing, `bincount`, `repeat_interleave` by a tensor of repeats without
-  `output_size`);
+- host syncs: the calls that make a CUDA host wait for the device (see `host_syncs`:
+  `.item()` and the like, `.tolist()`, `.numpy()`, ops with data-dependent shapes);
 - TP broadcasts: calls to the worker's `tp.broadcast`.
 Bytes at hit start: bytes of every non-view op output during `Worker._load_hit` of a
 request whose prompt is cached but for its last token.
@@ -30,64 +26,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_syncs import HostReads, SyncOps
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.protocol.sampling import SamplingParams
-
-SYNC_OPS = {
-    "_local_scalar_dense",
-    "nonzero",
-    "masked_select",
-    "_unique2",
-    "unique_dim",
-    "unique_consecutive",
-    "bincount",
-}
-SYNC_METHODS = {"tolist", "numpy"}
-
-
-class _OpCounter(TorchDispatchMode):
-    """Counts aten ops, the data-dependent ones apart, and bytes of non-view outputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-        self.syncs = 0
-        self.bytes_made = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        self.ops += 1
-        name = func.overloadpacket.__name__
-        if name in SYNC_OPS:
-            self.syncs += 1
-        elif name == "repeat_interleave" and func._overloadname != "self_int":
-            self.syncs += int(kwargs.get("output_size") is None)
-        elif name == "index" and any(
-            isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or ())
-        ):
-            self.syncs += 1
-        out = func(*args, **kwargs)
-        if not func.is_view:
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.bytes_made += t.numel() * t.element_size()
-        return out
-
-
-class _MethodCounter(TorchFunctionMode):
-    """Counts `.tolist()` and `.numpy()` calls (host reads the dispatcher does not see)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.syncs = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if getattr(func, "__name__", "") in SYNC_METHODS:
-            self.syncs += 1
-        return func(*args, **(kwargs or {}))
 
 
 class _CountingTP:
@@ -113,15 +55,15 @@ def counting(engine: Engine) -> Iterator[dict[str, int]]:
     tp = worker.tp
     worker.tp = _CountingTP(tp, calls)
     out: dict[str, int] = {}
-    ops, methods = _OpCounter(), _MethodCounter()
+    ops, reads = SyncOps(), HostReads()
     try:
-        with methods, ops:
+        with reads, ops:
             yield out
     finally:
         worker.tp = tp
     out.update(
         ops=ops.ops,
-        syncs=ops.syncs + methods.syncs,
+        syncs=ops.syncs + reads.reads,
         broadcasts=calls["broadcast"],
         bytes_made=ops.bytes_made,
     )
@@ -205,6 +147,14 @@ def hit_start_bytes(model_dir: str, lengths: list[int]) -> dict[str, float]:
     return out
 
 
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The options `bench_engine_step.py` passes through to this probe."""
+    p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
+    p.add_argument("--steps", type=int, default=16, help="timed decode steps per batch")
+    p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
+    p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -220,12 +170,9 @@ def main() -> None:
         metavar="DIR",
         help="small-preset model dir for tokens/s, TTFT and hit bytes",
     )
-    p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
-    p.add_argument("--steps", type=int, default=8, help="timed decode steps per batch")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of each decoder")
-    p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
-    p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
-    args = p.parse_args()  # fmt: skip
+    add_workload_args(p)
+    args = p.parse_args()
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batches.split(",")]
     report: dict[str, Any] = {"ops": {}, "tok_s": {}}
