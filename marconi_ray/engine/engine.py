@@ -40,9 +40,9 @@ from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.store.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
-from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished
+from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished, TokenEvent
 from marconi_ray.protocol.planner import Planner
-from marconi_ray.protocol.results import GenerationResult, Usage
+from marconi_ray.protocol.results import GenerationResult, Logprob, Usage
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.validation import validate_prompt
 
@@ -166,6 +166,8 @@ class Engine:
         self.planner = build_planner(raw, self.worker, system, cache_bytes, alpha, tuner, host)
         self._prompts: dict[int, int] = {}
         self._hits: dict[int, int] = {}
+        self._lps: dict[int, list[Logprob]] = {}
+        self._prompt_lps: dict[int, tuple[Logprob | None, ...]] = {}
         self._results: list[GenerationResult] = []
         self._next_id = 0
         self._tokenizer: Any = None
@@ -245,7 +247,7 @@ class Engine:
         """One batched decode step over the running requests; returns every request that
         finished since the last call (some finish right after their prefill)."""
         try:
-            self.worker.step()
+            self._keep(self.worker.step())
         except Exception:
             running = set(self.worker.running_ids())
             finished = {d.request_id: d for d in self.worker.take_finished()}
@@ -285,12 +287,20 @@ class Engine:
         self._prompts[rid] = len(prompt)
         self._hits[rid] = order.hit_len
         try:
-            self.worker.start(order)
+            self._keep(self.worker.start(order))
         except Exception:
             self._abort(rid)
             raise
         self._commit_finished()
         return rid
+
+    def _keep(self, events: list[TokenEvent]) -> None:
+        """Collect the log-probabilities the events carry, for the requests' results."""
+        for e in events:
+            if e.prompt_logprobs:
+                self._prompt_lps[e.request_id] = e.prompt_logprobs
+            if e.logprob is not None:
+                self._lps.setdefault(e.request_id, []).append(e.logprob)
 
     def _commit_finished(self) -> None:
         for done in self.worker.take_finished():
@@ -309,6 +319,8 @@ class Engine:
             finish_reason=done.finish_reason,
             usage=Usage(n_prompt, len(done.tokens), self._hits.pop(done.request_id, 0)),
             timings=done.timings,
+            logprobs=tuple(self._lps.pop(done.request_id, ())),
+            prompt_logprobs=self._prompt_lps.pop(done.request_id, ()),
         )
 
     def _abort(self, rid: int, done: Finished | None = None) -> None:
@@ -317,3 +329,5 @@ class Engine:
         self.worker.release(self.planner.abort(rid, done))
         self._prompts.pop(rid, None)
         self._hits.pop(rid, None)
+        self._lps.pop(rid, None)
+        self._prompt_lps.pop(rid, None)

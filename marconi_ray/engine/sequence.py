@@ -10,6 +10,7 @@ import torch
 
 from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.protocol.orders import PrefillOrder
+from marconi_ray.protocol.results import Logprob
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Sequence:
         staged: device slots holding copies of the hit's host-tier KV (freed at the end).
         reserved: KV rows admission set aside for it (`Worker.rows_needed`), given back
             when it ends.
+        prompt_lps: prompt log-probabilities scored so far (prompt tokens 1, 2, ...; when
+            its params ask for them), sent with its first token.
     """
 
     order: PrefillOrder
@@ -44,6 +47,7 @@ class Sequence:
     own: list[int] = field(default_factory=list)
     staged: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     reserved: int = 0
+    prompt_lps: list[Logprob] = field(default_factory=list)
 
     @property
     def request_id(self) -> int:

@@ -13,6 +13,13 @@ ends, the slots up to its deepest checkpoint go to the cache as they are and the
 are freed. A decode step is one attention call per attention layer (the decode batch's
 row table), one sampling call, one TP broadcast and one device-to-host read of the
 tokens.
+
+Log-probabilities (`SamplingParams.logprobs`) come from the same logits in the same step,
+read with the tokens in one transfer. Prompt log-probabilities (`prompt_logprobs`, echo)
+score every prompt position as it is prefilled (one `lm_head` over the chunk's rows
+rather than its last); a cached hit has no logits kept, so its positions are recomputed
+by one forward of the hit's tokens: an echo request gains nothing from the cache's KV
+(its states and KV are still reused for the tokens it generates).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from marconi_ray.engine.logprobs import read_logprobs
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.sampler import Sampler, make_generator
@@ -39,7 +47,7 @@ from marconi_ray.protocol.orders import (
     StepOutput,
     TokenEvent,
 )
-from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.results import Logprob, Timings
 
 
 class Worker:
@@ -376,6 +384,9 @@ class Worker:
             state = self.store.load_state(order.hit_state, order.hit_len)
             state.rows = torch.as_tensor(rows, device=self.model.device)
             seq.state = state
+            if order.params.prompt_logprobs is not None:
+                ids = torch.as_tensor(order.prompt[: order.hit_len], dtype=torch.long)
+                self._score_prompt(seq, self.model.forward_logits(ids.to(self.model.device)), 0)
         seq.prefilled = order.hit_len
         seq.prefill_s += time.perf_counter() - t0
 
@@ -393,24 +404,54 @@ class Worker:
             assert seq.state.rows is not None
             seq.state.rows = torch.cat([seq.state.rows, new])
             pool = self.store.device_kv
-            for ckpt in self.model.prefill(ids, seq.state, depths, pool):
+            if seq.order.params.prompt_logprobs is None:
+                ckpts = self.model.prefill(ids, seq.state, depths, pool)
+            else:
+                ckpts, scores = self.model.prefill_scored(ids, seq.state, depths, pool)
+                self._score_prompt(seq, scores, start)
+            for ckpt in ckpts:
                 seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
         seq.prefilled = end
         seq.prefill_s += time.perf_counter() - t0
 
+    def _score_prompt(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
+        """Append the prompt log-probabilities that logits [L, V] of positions
+        [start, start + L) give: position p's logits score prompt token p + 1 (the last
+        position's score the first generated token instead, in `_sample`)."""
+        prompt = seq.order.prompt
+        m = min(logits.shape[0], len(prompt) - 1 - start)
+        k = seq.order.params.prompt_logprobs
+        if m <= 0 or k is None:
+            return
+        targets = torch.as_tensor(prompt[start + 1 : start + 1 + m], device=logits.device)
+        seq.prompt_lps += read_logprobs(logits[:m], targets, [k] * m)
+
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
         """Sample one token for each of `seqs` from logits [len(seqs), V] in one call,
-        broadcast them from rank 0 in one collective and read them to the host once."""
+        broadcast them from rank 0 in one collective and read them to the host once
+        (with their log-probabilities when a sequence asked for them)."""
         tokens = self.sampler.sample(
             logits, [s.order.params for s in seqs], [s.generator for s in seqs]
         )
-        picked: list[int] = self.tp.broadcast(tokens.to(torch.long)).tolist()
+        tokens = self.tp.broadcast(tokens.to(torch.long))
+        ks = [s.order.params.logprobs for s in seqs]
+        scored: list[Logprob | None] = [None] * len(seqs)
+        if any(k is not None for k in ks):
+            read = read_logprobs(logits, tokens, [k or 0 for k in ks])
+            picked = [lp.token for lp in read]
+            scored = [lp if k is not None else None for lp, k in zip(read, ks, strict=True)]
+        else:
+            picked = tokens.tolist()
         now = time.time()
         eos = self.model.cfg.eos_token_ids
         events = []
-        for seq, t in zip(seqs, picked, strict=True):
+        for seq, t, lp in zip(seqs, picked, scored, strict=True):
+            prompt_lps: tuple[Logprob | None, ...] = ()
             if seq.first_token_at is None:
                 seq.first_token_at = now
+                if seq.order.params.prompt_logprobs is not None:
+                    prompt_lps = (None, *seq.prompt_lps)
+                    seq.prompt_lps = []
             seq.output.append(t)
             p = seq.order.params
             if t in p.stop_token_ids or (not p.ignore_eos and t in eos):
@@ -419,7 +460,8 @@ class Worker:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
                 seq.finishing = seq.order.keep_final
-            events.append(TokenEvent(seq.request_id, t, seq.finish_reason is not None))
+            done = seq.finish_reason is not None
+            events.append(TokenEvent(seq.request_id, t, done, lp, prompt_lps))
         return events
 
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.protocol.results import Timings
+from marconi_ray.protocol.results import Logprob, Timings
 from marconi_ray.protocol.sampling import SamplingParams
 
 Slots = npt.NDArray[np.int64]
@@ -54,11 +54,19 @@ class PrefillOrder:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One sampled token of a request; `finished` on its last one."""
+    """One sampled token of a request; `finished` on its last one.
+
+    Attributes:
+        logprob: the token's `Logprob` when the request asked for `logprobs`.
+        prompt_logprobs: on a request's first event when it asked for `prompt_logprobs`:
+            one entry per prompt token, None for the first (nothing predicts it).
+    """
 
     request_id: int
     token: int
     finished: bool
+    logprob: Logprob | None = None
+    prompt_logprobs: tuple[Logprob | None, ...] = ()
 
 
 @dataclass(frozen=True)

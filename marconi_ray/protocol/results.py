@@ -1,4 +1,5 @@
-"""What `Engine.generate` returns: tokens, OpenAI-style usage and timings."""
+"""What `Engine.generate` returns: tokens, OpenAI-style usage, timings and
+log-probabilities."""
 
 from __future__ import annotations
 
@@ -30,11 +31,29 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """A token's log-probability under the model, and the `top` most likely tokens at its
+    position as (token id, log-probability) pairs, most likely first (ties: lower id)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationResult:
-    """One finished request. `finish_reason` is `stop` (EOS or a stop id) or `length`."""
+    """One finished request. `finish_reason` is `stop` (EOS or a stop id) or `length`.
+
+    Attributes:
+        logprobs: one `Logprob` per token when its params asked for `logprobs`, else ().
+        prompt_logprobs: one entry per prompt token (None for the first) when its params
+            asked for `prompt_logprobs`, else ().
+    """
 
     request_id: int
     tokens: tuple[int, ...]
     finish_reason: str
     usage: Usage
     timings: Timings
+    logprobs: tuple[Logprob, ...] = ()
+    prompt_logprobs: tuple[Logprob | None, ...] = ()

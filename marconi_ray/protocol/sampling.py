@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass
 
 MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
+MAX_LOGPROBS = 20
+"""Most alternatives a request may ask for per token (`logprobs`, `prompt_logprobs`), as
+OpenAI's chat API and vLLM allow."""
 
 
 def is_int(value: object) -> bool:
@@ -25,6 +28,12 @@ class SamplingParams:
     an unseeded (non-reproducible) draw. `stop_token_ids` (a list is converted to a tuple)
     and `ignore_eos` are read by the decode loop, not by the `Sampler`. Invalid values raise
     ValueError naming the field and the value; bools are not accepted as numbers.
+
+    `logprobs` k (None: off) returns, with every sampled token, its log-probability and
+    the k most likely tokens' (0 <= k <= `MAX_LOGPROBS`); `prompt_logprobs` k does the
+    same for every prompt token after the first (OpenAI's `echo`). Both are of the
+    model's distribution (log-softmax of the raw logits, before temperature, top-k and
+    top-p), as vLLM reports them by default.
     """
 
     max_tokens: int = 16
@@ -34,6 +43,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 1:
@@ -67,6 +78,10 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be ints >= 0, got {bad[0]!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {k!r}")
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "top_p", float(self.top_p))
         object.__setattr__(self, "stop_token_ids", stops)

@@ -64,8 +64,10 @@ class Stream:
         pass
 
 
-def _dispatch(replica: str, prompt: np.ndarray, max_new: int) -> Dispatch:
-    order = PrefillOrder(7, np.asarray(prompt, np.int32), PARAMS, max_new)
+def _dispatch(
+    replica: str, prompt: np.ndarray, max_new: int, params: SamplingParams = PARAMS
+) -> Dispatch:
+    order = PrefillOrder(7, np.asarray(prompt, np.int32), params, max_new)
     return Dispatch(replica, order)
 
 
@@ -77,9 +79,11 @@ class Backend:
         self.coordinator = Coordinator()
         self.error, self.b_fails = error, b_fails
         self.plans: list[tuple[np.ndarray, int]] = []
+        self.params: list[SamplingParams] = []
 
     async def plan(self, prompt: np.ndarray, params: SamplingParams, _: float) -> Dispatch:
         self.plans.append((prompt, params.max_tokens))
+        self.params.append(params)
         return _dispatch("b", prompt, params.max_tokens)
 
     async def plan_shielded(self, prompt: np.ndarray, params: SamplingParams, _: float) -> Dispatch:
@@ -130,3 +134,19 @@ def test_every_dispatch_lost_ends_in_replica_unavailable() -> None:
     with pytest.raises(ReplicaUnavailable, match="connection refused"):
         asyncio.run(read_tokens(guarded))
     assert guarded.attempts == ray_backend.MAX_ATTEMPTS
+
+
+@pytest.mark.parametrize("streamed", [0, 1])
+def test_a_replan_scores_the_prompt_again_only_if_no_token_came(streamed: int) -> None:
+    """The prompt's log-probabilities ride on the first token: a re-plan after it has no
+    prompt to score (its prompt is the original plus the tokens so far), one before it
+    asks again."""
+    error = ActorDiedError()
+    backend = Backend(error)
+    echo = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=2, logprobs=1)
+    first = _dispatch("a", np.arange(3), 4, echo)
+    guarded = GuardedStream(Stream(7, [10][:streamed], error), backend, first)  # type: ignore[arg-type]
+    asyncio.run(read_tokens(guarded))
+    (params,) = backend.params
+    assert params.logprobs == 1
+    assert params.prompt_logprobs == (None if streamed else 2)

@@ -64,6 +64,7 @@ def services(tmp_path_factory):
             "vanilla": OpenAI(base_url=f"{BASE}/vanilla/v1", api_key="unused", max_retries=0),
             "qwen": OpenAI(base_url=f"{BASE}/qwen/v1", api_key="unused", max_retries=0),
             "qwen_dir": qwen_dir,
+            "model_dir": model_dir,
         }
         for settings, _ in apps:
             shutdown_app(settings)
@@ -148,6 +149,48 @@ def test_completions_and_models(services):
     assert len({r.choices[0].text for r in runs}) == 1
     assert runs[0].usage.prompt_tokens_details.cached_tokens == 0
     assert runs[2].usage.prompt_tokens_details.cached_tokens == runs[2].usage.prompt_tokens
+
+
+def test_logprobs_over_ray_equal_the_engine(services):
+    """`logprobs` and `echo` through the TP-2 replicas and the official client: the values
+    the in-process engine reports for the same request (tp 1), to float noise."""
+    from marconi_ray.protocol.sampling import SamplingParams
+
+    client = services["marconi"]
+    prompt = list(range(60, 80))
+    reply = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0.0,
+        echo=True,
+        logprobs=2,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    engine = Engine(services["model_dir"], system="vanilla")
+    params = SamplingParams(
+        max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=2
+    )
+    want = engine.generate(prompt, params)
+    choice = reply.choices[0]
+    assert list(choice.token_ids) == list(want.tokens)
+    got = choice.logprobs.token_logprobs
+    assert got[0] is None and len(got) == len(prompt) + 4
+    expected = [e.logprob for e in want.prompt_logprobs[1:]] + [e.logprob for e in want.logprobs]
+    assert got[1:] == pytest.approx(expected, abs=1e-4)
+    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs[1:])
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(e.top_logprobs) == 3 for e in content)
+    assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-5) for e in content)
 
 
 def _post(path: str, body: bytes) -> tuple[int, dict]:

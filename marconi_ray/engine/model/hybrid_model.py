@@ -501,6 +501,30 @@ class HybridModel(nn.Module):
         Returns:
             one `StateCheckpoint` per depth in `emit_at`; `state.logits` is the last one.
         """
+        return self._prefill(ids, state, emit_at, pool, every=False)[0]
+
+    @torch.inference_mode()
+    def prefill_scored(
+        self,
+        ids: torch.Tensor,
+        state: SeqState,
+        emit_at: Sequence[int] = (),
+        pool: KVRows | None = None,
+    ) -> tuple[list[StateCheckpoint], torch.Tensor]:
+        """`prefill`, also returning the next-token logits [L, V] (float32) at every
+        position of the chunk (prompt log-probabilities); the same computation, one
+        `lm_head` over all L rows instead of the emitted ones."""
+        ckpts, logits = self._prefill(ids, state, emit_at, pool, every=True)
+        return ckpts, logits
+
+    def _prefill(
+        self,
+        ids: torch.Tensor,
+        state: SeqState,
+        emit_at: Sequence[int],
+        pool: KVRows | None,
+        every: bool,
+    ) -> tuple[list[StateCheckpoint], torch.Tensor]:
         n = ids.shape[0]
         start = state.length
         rel = [d - start for d in emit_at]
@@ -515,10 +539,15 @@ class HybridModel(nn.Module):
             )
         x, conv_out, ssm_out = self._prefill_hidden(ids, state, rel, pool)
         rows = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
-        logits = self._logits(x.index_select(0, rows))
+        if every:
+            scores = self._logits(x)
+            logits = scores.index_select(0, rows)
+        else:
+            logits = self._logits(x.index_select(0, rows))
+            scores = logits
         state.length = start + n
         state.logits = logits[-1]
-        return [
+        ckpts = [
             StateCheckpoint(
                 d,
                 {i: conv_out[i][k] for i in self.ssm_blocks},
@@ -527,6 +556,7 @@ class HybridModel(nn.Module):
             )
             for k, d in enumerate(emit_at)
         ]
+        return ckpts, scores
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, states: Sequence[SeqState]) -> torch.Tensor:

@@ -32,13 +32,11 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from marconi_ray.serve.detached import detached
+from marconi_ray.serve.ingress.formats import ChatFormat, CompletionFormat, Formatter
 from marconi_ray.serve.ingress.generation import (
     Backend,
-    ChatFormat,
-    CompletionFormat,
     Detokenizer,
     EventStream,
-    Formatter,
     Piece,
     run_request,
 )
@@ -186,7 +184,7 @@ class _Server:
             self.metrics.count(exc.status)
             return error_response(exc)
         req = prepared.request
-        fmt.token_ids = req.return_token_ids
+        fmt.configure(req, prepared.prompt, self.model.tokenizer)
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
         events = self.backend.generate(dispatch, req.stream)
         interval = self.stream_interval if req.stream else 1
@@ -205,13 +203,10 @@ class _Server:
             chunks = fmt.chunks(self.model.name, created, body, req.include_usage)
             sse = self._sse(chunks, pieces)
             return ClosingStreamingResponse(sse, events.cancel, "text/event-stream")
-        text: list[str] = []
-        ids: list[int] = []
-        last = Piece("")
+        got: list[Piece] = []
         try:
-            async for last in pieces:
-                text.append(last.text)
-                ids.extend(last.token_ids)
+            async for piece in pieces:
+                got.append(piece)
         except Exception as exc:
             error = generation_error(exc)
             self.metrics.count(error.status)
@@ -219,7 +214,7 @@ class _Server:
         finally:
             await pieces.aclose()
         self.metrics.count(200)
-        whole = fmt.whole(self.model.name, created, "".join(text), last, ids)
+        whole = fmt.whole(self.model.name, created, got)
         return JSONResponse(whole.model_dump())
 
     async def _sse(

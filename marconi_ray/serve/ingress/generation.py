@@ -1,37 +1,22 @@
-"""From a planned request's event stream to OpenAI output: the `Backend` contract the
-ingress calls, incremental detokenisation with stop strings, and the two response formats
-(text completions and chat completions), streamed or whole.
-
-Streamed and whole answers are built from the same `Piece`s, so their texts are equal.
+"""From a planned request's event stream to pieces of output: the `Backend` contract the
+ingress calls, incremental detokenisation with stop strings, and `run_request`, whose
+`Piece`s the response formats (`formats`) turn into OpenAI objects, streamed or whole.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel
 
 from marconi_ray.protocol.orders import TokenEvent
-from marconi_ray.protocol.results import Usage
+from marconi_ray.protocol.results import Logprob, Usage
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress.metrics import IngressMetrics
-from marconi_ray.serve.ingress.responses import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
-    UsageInfo,
-)
 from marconi_ray.serve.messages import Completed, Dispatch, ReplicaStats
 
 REPLACEMENT = "\ufffd"
@@ -210,12 +195,22 @@ class Detokenizer:
 
 @dataclass(frozen=True)
 class Piece:
-    """A stretch of output text; the last one has the finish reason and the usage."""
+    """A stretch of output text; the last one has the finish reason and the usage.
+
+    Attributes:
+        token_ids: the tokens whose text this piece releases (a token's text may come in
+            a later piece, when it ends inside a character or may start a stop string).
+        logprobs: one per `token_ids` entry when the request asked for `logprobs`.
+        prompt_logprobs: on the first piece, when the request asked for prompt
+            log-probabilities: one per prompt token, None for the first.
+    """
 
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[Logprob, ...] = ()
+    prompt_logprobs: tuple[Logprob | None, ...] = ()
 
 
 async def run_request(
@@ -241,38 +236,52 @@ async def run_request(
     count = 0  # tokens taken into the output
     finished = False
     new: list[int] = []  # tokens read, not yet detokenized
+    new_lps: list[Logprob] = []  # their log-probabilities (when asked)
     ids: list[int] = []  # tokens not yet handed out in a piece
+    lps: list[Logprob] = []
+    prompt_lps: tuple[Logprob | None, ...] | None = None  # not yet handed out
     held = ""  # their released text
+
+    def piece(text: str, reason: str | None = None, usage: Usage | None = None) -> Piece:
+        nonlocal prompt_lps
+        prompt, prompt_lps = prompt_lps or (), ()
+        out = Piece(text, reason, usage, tuple(ids), tuple(lps), prompt)
+        return _counted(out, metrics)
+
     try:
         async for event in stream:
             if isinstance(event, TokenEvent):
                 if count == 0 and not new:
                     metrics.ttft.observe(time.perf_counter() - arrival)
+                if prompt_lps is None:  # the first attempt's (a re-plan's cover more)
+                    prompt_lps = event.prompt_logprobs
                 new.append(event.token)
+                if event.logprob is not None:
+                    new_lps.append(event.logprob)
                 if stream.ready():
                     continue
             if new:
                 text, stopped, used = detok.add_many(new)
                 ids.extend(new[:used])
+                lps.extend(new_lps[:used])
                 count += used
                 held += text
-                new = []
+                new, new_lps = [], []
                 if stopped:
                     stream.cancel()
                     finished = True
                     metrics.e2e.observe(time.perf_counter() - arrival)
                     usage = Usage(len(order.prompt), count, order.hit_len)
-                    yield _counted(Piece(held, "stop", usage, tuple(ids)), metrics)
+                    yield piece(held, "stop", usage)
                     return
             if isinstance(event, Completed):
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
-                last = Piece(held + detok.finish(), event.finish_reason, event.usage, tuple(ids))
-                yield _counted(last, metrics)
+                yield piece(held + detok.finish(), event.finish_reason, event.usage)
                 return
             if held and len(ids) >= interval:
-                yield _counted(Piece(held, token_ids=tuple(ids)), metrics)
-                ids, held = [], ""
+                yield piece(held)
+                ids, lps, held = [], [], ""
         finished = True
         raise RuntimeError(f"request {order.request_id}: the stream ended without completing")
     finally:
@@ -284,104 +293,3 @@ def _counted(piece: Piece, metrics: IngressMetrics) -> Piece:
     metrics.pieces.inc()
     metrics.output_tokens.inc(len(piece.token_ids))
     return piece
-
-
-def _usage(usage: Usage) -> UsageInfo:
-    return UsageInfo.of(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
-
-
-class Formatter(Protocol):
-    """Builds one endpoint's OpenAI objects from pieces."""
-
-    token_ids: bool
-
-    def whole(
-        self, model: str, created: int, text: str, last: Piece, ids: list[int] | None = None
-    ) -> BaseModel: ...
-
-    def chunks(
-        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
-    ) -> AsyncGenerator[BaseModel, None]: ...
-
-
-def _ids(pieces: list[Piece] | Piece, wanted: bool) -> list[int] | None:
-    if not wanted:
-        return None
-    return [t for p in (pieces if isinstance(pieces, list) else [pieces]) for t in p.token_ids]
-
-
-class CompletionFormat:
-    """`text_completion` objects (`token_ids` on each choice when `token_ids` is set)."""
-
-    def __init__(self, token_ids: bool = False) -> None:
-        self.id = f"cmpl-{uuid.uuid4().hex}"
-        self.token_ids = token_ids
-
-    def whole(
-        self, model: str, created: int, text: str, last: Piece, ids: list[int] | None = None
-    ) -> Completion:
-        choice = CompletionChoice(
-            text=text, finish_reason=last.finish_reason, token_ids=ids if self.token_ids else None
-        )
-        usage = None if last.usage is None else _usage(last.usage)
-        return Completion(id=self.id, created=created, model=model, choices=[choice], usage=usage)
-
-    async def chunks(
-        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
-    ) -> AsyncGenerator[BaseModel, None]:
-        last = Piece("")
-        async for last in pieces:
-            choice = CompletionChoice(
-                text=last.text,
-                finish_reason=last.finish_reason,
-                token_ids=_ids(last, self.token_ids),
-            )
-            yield Completion(id=self.id, created=created, model=model, choices=[choice])
-        if usage and last.usage is not None:
-            info = _usage(last.usage)
-            yield Completion(id=self.id, created=created, model=model, choices=[], usage=info)
-
-
-class ChatFormat:
-    """`chat.completion` and `chat.completion.chunk` objects (`token_ids` when set)."""
-
-    def __init__(self, token_ids: bool = False) -> None:
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.token_ids = token_ids
-
-    def whole(
-        self, model: str, created: int, text: str, last: Piece, ids: list[int] | None = None
-    ) -> ChatCompletion:
-        assert last.usage is not None, "the last piece carries the usage"
-        choice = ChatChoice(
-            message=AssistantMessage(content=text),
-            finish_reason=last.finish_reason,
-            token_ids=ids if self.token_ids else None,
-        )
-        return ChatCompletion(
-            id=self.id, created=created, model=model, choices=[choice], usage=_usage(last.usage)
-        )
-
-    async def chunks(
-        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
-    ) -> AsyncGenerator[BaseModel, None]:
-        yield self._chunk(model, created, ChatDelta(role="assistant", content=""))
-        last = Piece("")
-        async for last in pieces:
-            delta = ChatDelta(content=last.text) if last.text else ChatDelta()
-            yield self._chunk(model, created, delta, last.finish_reason, _ids(last, self.token_ids))
-        if usage and last.usage is not None:
-            yield ChatCompletionChunk(
-                id=self.id, created=created, model=model, choices=[], usage=_usage(last.usage)
-            )
-
-    def _chunk(
-        self,
-        model: str,
-        created: int,
-        delta: ChatDelta,
-        finish: str | None = None,
-        ids: list[int] | None = None,
-    ) -> ChatCompletionChunk:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish, token_ids=ids)
-        return ChatCompletionChunk(id=self.id, created=created, model=model, choices=[choice])

@@ -21,11 +21,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.protocol.sampling import MAX_LOGPROBS, SamplingParams
 
 MAX_STOP_STRINGS = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -192,14 +193,48 @@ class SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """(alternatives per generated token, per prompt token) the request asks
+        log-probabilities for; None: none asked."""
+        return None, None
+
 
 class CompletionRequest(SamplingRequest):
     """`POST /v1/completions`: one prompt (text or token ids)."""
 
     prompt: str | list[int] = Field(description="The prompt: a string or a list of token ids.")
     max_tokens: int | None = Field(
-        default=DEFAULT_COMPLETION_MAX_TOKENS, ge=1, description="Most tokens to generate."
+        default=DEFAULT_COMPLETION_MAX_TOKENS,
+        ge=0,
+        description="Most tokens to generate; 0 only with `echo` (the prompt's "
+        "log-probabilities alone, as lm-evaluation-harness asks).",
     )
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description=f"Return each token's log-probability and the most likely this many "
+        f"(0 to {MAX_LOGPROBS}) at its position.",
+    )
+    echo: bool = Field(
+        default=False,
+        description="Prepend the prompt to the text (and, with `logprobs`, its tokens' "
+        "log-probabilities: null for the first).",
+    )
+
+    @model_validator(mode="after")
+    def _zero_tokens_need_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(
+                400,
+                "invalid value for max_tokens: Input should be greater than or equal to 1 "
+                "(0 only with echo) (got 0)",
+                "max_tokens",
+            )
+        return self
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return self.logprobs, (self.logprobs if self.echo else None)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -242,6 +277,26 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(
         default=None, ge=1, description="Most tokens to generate (wins over max_tokens)."
     )
+    logprobs: bool = Field(
+        default=False, description="Return each generated token's log-probability."
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description=f"With `logprobs`: the most likely this many tokens (0 to {MAX_LOGPROBS}) "
+        "at each position too.",
+    )
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return top
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return ((self.top_logprobs or 0) if self.logprobs else None), None
 
 
 def resolve_max_tokens(
@@ -265,6 +320,7 @@ def to_sampling_params(
     stop_ids = tuple(req.stop_token_ids or ()) + tuple(
         t for t in extra_stop_ids if t not in (req.stop_token_ids or ())
     )
+    logprobs, prompt_logprobs = req.logprob_counts()
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -274,6 +330,8 @@ def to_sampling_params(
             seed=req.seed,
             stop_token_ids=stop_ids,
             ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except ValueError as exc:
         param = str(exc).split(" ", 1)[0]

@@ -189,7 +189,10 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
     requested = req.max_tokens if "max_tokens" in req.model_fields_set else None
     default = model.defaults.budget(DEFAULT_COMPLETION_MAX_TOKENS)
     max_tokens = resolve_max_tokens(requested, default, limit)
-    return Prepared(prompt, _params(req, max_tokens, model, _stop_ids(req, (), model)), req)
+    # max_tokens 0 (echo: the prompt's log-probabilities alone) samples one token that
+    # the response leaves out (`CompletionFormat`)
+    params = _params(req, max(1, max_tokens), model, _stop_ids(req, (), model))
+    return Prepared(prompt, params, req)
 
 
 def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:

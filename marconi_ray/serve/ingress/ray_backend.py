@@ -162,7 +162,11 @@ class GuardedStream:
             await self._backend.coordinator.report_unreachable.remote(self._dispatch.replica_id)
         self.attempts += 1
         prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
-        params = dataclasses.replace(order.params, max_tokens=order.max_new - k)
+        # the prompt's log-probabilities came with the first token (if one came)
+        prompt_logprobs = order.params.prompt_logprobs if k == 0 else None
+        params = dataclasses.replace(
+            order.params, max_tokens=order.max_new - k, prompt_logprobs=prompt_logprobs
+        )
         try:
             self._dispatch = await self._backend.plan_shielded(prompt, params, order.submitted)
         except RayTaskError as exc:

@@ -39,13 +39,46 @@ class _TokenIdsExtension(BaseModel):
         return out
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions' log-probabilities, one entry per token of the choice's text
+    (the prompt's first when `echo`)."""
+
+    tokens: list[str] = Field(description="Each token's text.")
+    token_logprobs: list[float | None] = Field(
+        description="Each token's log-probability (null for the prompt's first token)."
+    )
+    top_logprobs: list[dict[str, float] | None] = Field(
+        description="The most likely tokens at each position, text -> log-probability "
+        "(null for the prompt's first token)."
+    )
+    text_offset: list[int] = Field(description="Each token's character offset in the text.")
+
+
+class TopLogprob(BaseModel):
+    token: str = Field(description="The token's text.")
+    logprob: float = Field(description="Its log-probability.")
+    bytes: list[int] = Field(description="The UTF-8 bytes of `token`.")
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(
+        description="The most likely tokens at this position, most likely first."
+    )
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] = Field(description="One entry per generated token.")
+
+
 class CompletionChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     text: str = Field(description="Generated text (or this chunk's part of it).")
     finish_reason: str | None = Field(
         default=None, description="`stop`, `length`, or null mid-stream."
     )
-    logprobs: None = Field(default=None, description="Not supported: always null.")
+    logprobs: CompletionLogprobs | None = Field(
+        default=None, description="With `logprobs`: this choice's (or chunk's) tokens."
+    )
     token_ids: list[int] | None = Field(
         default=None, description="Extension (`return_token_ids`): the generated token ids."
     )
@@ -75,7 +108,9 @@ class ChatChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     message: AssistantMessage = Field(description="The reply.")
     finish_reason: str | None = Field(description="`stop` or `length`.")
-    logprobs: None = Field(default=None, description="Not supported: always null.")
+    logprobs: ChatLogprobs | None = Field(
+        default=None, description="With `logprobs`: the reply's tokens."
+    )
     token_ids: list[int] | None = Field(
         default=None, description="Extension (`return_token_ids`): the generated token ids."
     )
@@ -107,7 +142,9 @@ class ChatChunkChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     delta: ChatDelta = Field(description="What this chunk adds.")
     finish_reason: str | None = Field(default=None, description="Set on the last content chunk.")
-    logprobs: None = Field(default=None, description="Not supported: always null.")
+    logprobs: ChatLogprobs | None = Field(
+        default=None, description="With `logprobs`: this chunk's tokens."
+    )
     token_ids: list[int] | None = Field(
         default=None, description="Extension (`return_token_ids`): this chunk's token ids."
     )

@@ -1,0 +1,203 @@
+"""The two response formats, text completions and chat completions, streamed or whole,
+built from `run_request`'s `Piece`s (streamed and whole answers come from the same pieces,
+so their texts are equal), with the log-probabilities the request asked for.
+
+A format instance serves one request: `configure` it with the request first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel
+
+from marconi_ray.protocol.results import Logprob, Usage
+from marconi_ray.serve.ingress.generation import Piece
+from marconi_ray.serve.ingress.logprob_format import (
+    CompletionLogprobWriter,
+    TokenTexts,
+    chat_logprobs,
+)
+from marconi_ray.serve.ingress.openai_protocol import CompletionRequest, SamplingRequest
+from marconi_ray.serve.ingress.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    UsageInfo,
+)
+
+Prompt = Sequence[int] | npt.NDArray[np.int32]
+
+
+def _usage(usage: Usage) -> UsageInfo:
+    return UsageInfo.of(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+
+def _joined(pieces: list[Piece]) -> Piece:
+    """The pieces of a whole answer as one (the last one's finish reason and usage)."""
+    last = pieces[-1] if pieces else Piece("")
+    return Piece(
+        "".join(p.text for p in pieces),
+        last.finish_reason,
+        last.usage,
+        tuple(t for p in pieces for t in p.token_ids),
+        tuple(lp for p in pieces for lp in p.logprobs),
+        pieces[0].prompt_logprobs if pieces else (),
+    )
+
+
+class Formatter(Protocol):
+    """Builds one endpoint's OpenAI objects from pieces."""
+
+    def configure(self, req: SamplingRequest, prompt: Prompt, tokenizer: Any) -> None:
+        """Take the request's output options (token ids, log-probabilities, echo)."""
+        ...
+
+    def whole(self, model: str, created: int, pieces: list[Piece]) -> BaseModel: ...
+
+    def chunks(
+        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
+    ) -> AsyncGenerator[BaseModel, None]: ...
+
+
+class CompletionFormat:
+    """`text_completion` objects: `token_ids` on each choice when asked (an extension),
+    `logprobs` with `logprobs`; `echo` puts the prompt's text (and with `logprobs`, its
+    tokens' entries, the first null) before the output, in the first chunk when
+    streamed; `max_tokens` 0 (with `echo`) leaves the generated token out (text, ids,
+    log-probabilities and `completion_tokens`)."""
+
+    def __init__(self) -> None:
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.token_ids = False
+        self._writer: CompletionLogprobWriter | None = None
+        self._echo: str | None = None
+        self._prompt: list[int] = []
+        self._hide_output = False
+
+    def configure(self, req: SamplingRequest, prompt: Prompt, tokenizer: Any) -> None:
+        self.token_ids = req.return_token_ids
+        if req.logprob_counts()[0] is not None:
+            self._writer = CompletionLogprobWriter(TokenTexts(tokenizer))
+        if isinstance(req, CompletionRequest) and req.echo:
+            self._prompt = [int(t) for t in prompt]
+            text = req.prompt
+            self._echo = text if isinstance(text, str) else str(tokenizer.decode(self._prompt))
+            self._hide_output = req.max_tokens == 0
+
+    def whole(self, model: str, created: int, pieces: list[Piece]) -> Completion:
+        whole = _joined(pieces)
+        choice = self._choice(whole, first=True)
+        usage = None if whole.usage is None else _usage(self._shown_usage(whole.usage))
+        return Completion(id=self.id, created=created, model=model, choices=[choice], usage=usage)
+
+    async def chunks(
+        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
+    ) -> AsyncGenerator[BaseModel, None]:
+        last, first = Piece(""), True
+        async for last in pieces:
+            choice = self._choice(last, first)
+            first = False
+            yield Completion(id=self.id, created=created, model=model, choices=[choice])
+        if usage and last.usage is not None:
+            info = _usage(self._shown_usage(last.usage))
+            yield Completion(id=self.id, created=created, model=model, choices=[], usage=info)
+
+    def _shown_usage(self, usage: Usage) -> Usage:
+        if not self._hide_output:
+            return usage
+        return Usage(usage.prompt_tokens, 0, usage.cached_tokens)
+
+    def _choice(self, piece: Piece, first: bool) -> CompletionChoice:
+        text, ids, lps = piece.text, list(piece.token_ids), list(piece.logprobs)
+        if self._hide_output:
+            text, ids, lps = "", [], []
+        echo = first and self._echo is not None
+        logprobs = None
+        if self._writer is not None:
+            logprobs = CompletionLogprobs(
+                tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[]
+            )
+            if echo:
+                logprobs = self._writer.write(self._prompt, self._prompt_entries(piece))
+            tail = self._writer.write(ids, lps)
+            for name in CompletionLogprobs.model_fields:
+                getattr(logprobs, name).extend(getattr(tail, name))
+        return CompletionChoice(
+            text=(self._echo or "") + text if echo else text,
+            finish_reason=piece.finish_reason,
+            logprobs=logprobs,
+            token_ids=ids if self.token_ids else None,
+        )
+
+    def _prompt_entries(self, piece: Piece) -> list[Logprob | None]:
+        if len(piece.prompt_logprobs) != len(self._prompt):
+            raise RuntimeError(
+                f"expected {len(self._prompt)} prompt log-probabilities, "
+                f"got {len(piece.prompt_logprobs)}"
+            )
+        return list(piece.prompt_logprobs)
+
+
+class ChatFormat:
+    """`chat.completion` and `chat.completion.chunk` objects: `token_ids` when asked (an
+    extension), `logprobs` (with `top_logprobs` alternatives) when asked."""
+
+    def __init__(self) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.token_ids = False
+        self._texts: TokenTexts | None = None
+
+    def configure(self, req: SamplingRequest, prompt: Prompt, tokenizer: Any) -> None:
+        self.token_ids = req.return_token_ids
+        if req.logprob_counts()[0] is not None:
+            self._texts = TokenTexts(tokenizer)
+
+    def whole(self, model: str, created: int, pieces: list[Piece]) -> ChatCompletion:
+        whole = _joined(pieces)
+        assert whole.usage is not None, "the last piece carries the usage"
+        choice = ChatChoice(
+            message=AssistantMessage(content=whole.text),
+            finish_reason=whole.finish_reason,
+            logprobs=self._logprobs(whole.logprobs),
+            token_ids=list(whole.token_ids) if self.token_ids else None,
+        )
+        return ChatCompletion(
+            id=self.id, created=created, model=model, choices=[choice], usage=_usage(whole.usage)
+        )
+
+    async def chunks(
+        self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
+    ) -> AsyncGenerator[BaseModel, None]:
+        opening = ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))
+        yield self._chunk(model, created, opening)
+        last = Piece("")
+        async for last in pieces:
+            choice = ChatChunkChoice(
+                delta=ChatDelta(content=last.text) if last.text else ChatDelta(),
+                finish_reason=last.finish_reason,
+                logprobs=self._logprobs(last.logprobs),
+                token_ids=list(last.token_ids) if self.token_ids else None,
+            )
+            yield self._chunk(model, created, choice)
+        if usage and last.usage is not None:
+            yield ChatCompletionChunk(
+                id=self.id, created=created, model=model, choices=[], usage=_usage(last.usage)
+            )
+
+    def _logprobs(self, entries: Sequence[Logprob]) -> ChatLogprobs | None:
+        return None if self._texts is None else chat_logprobs(self._texts, entries)
+
+    def _chunk(self, model: str, created: int, choice: ChatChunkChoice) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.id, created=created, model=model, choices=[choice])
