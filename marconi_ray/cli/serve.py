@@ -38,6 +38,8 @@ _FLAG_KEYS = (
     "cache_bytes",
     "host_cache_bytes",
     "host_placement",
+    "kv_memory_bytes",
+    "kv_memory_fraction",
     "routing",
     "kernels",
 )
@@ -101,6 +103,22 @@ def add_parser(subparsers: Any) -> None:
         "only when a hit on it saves more prefill time than copying it back costs "
         "(host_gbps, prefill_tflops in the config), else drops it; lru demotes every "
         "victim (default: flop_aware)",
+    )
+    p.add_argument(
+        "--kv-memory-bytes",
+        metavar="B",
+        help="size each shard's device KV pool once at start from B bytes per TP rank, "
+        "e.g. 4e9: the cache's budget inside it, the rest bounding the running requests' "
+        "rows (a burst waits for rows instead of running out of memory); the setting for "
+        "CPU (default: none, the pool grows as needed)",
+    )
+    p.add_argument(
+        "--kv-memory-fraction",
+        metavar="F",
+        type=float,
+        help="as --kv-memory-bytes, from this fraction (0-1] of each GPU's free memory "
+        "after the weights load, like vLLM's --gpu-memory-utilization of what is left, "
+        "e.g. 0.85; CUDA only (default: none)",
     )
     p.add_argument(
         "--routing",

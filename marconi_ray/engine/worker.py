@@ -127,9 +127,11 @@ class Worker:
         stored is freed and the error re-raised."""
         need = self.rows_needed(order)
         if not self.fits(need):
+            pool = self.store.device_kv
             raise ValueError(
                 f"request {order.request_id} needs {need} KV rows, {self.reserved_rows} of "
-                f"max_running_tokens={self.max_running_tokens} are reserved"
+                f"max_running_tokens={self.max_running_tokens} are reserved "
+                f"({pool.capacity - pool.held} of the pool's {pool.capacity} rows free)"
             )
         empty = torch.empty(0, dtype=torch.long, device=self.model.device)
         seq = Sequence(
@@ -157,9 +159,20 @@ class Worker:
         return len(order.prompt) - order.hit_len + order.max_new + on_host
 
     def fits(self, need: int) -> bool:
-        """Whether a request needing `need` rows can start now."""
+        """Whether a request needing `need` rows can start now: within
+        `max_running_tokens`, and, in a pool sized once (`DeviceKVPool.sized`), with its
+        rows and every running request's rows still to come free in the pool now (rows
+        that finished requests handed the cache are free again only once the cache's
+        release frees them)."""
         cap = self.max_running_tokens
-        return cap is None or self.reserved_rows + need <= cap
+        if cap is not None and self.reserved_rows + need > cap:
+            return False
+        pool = self.store.device_kv
+        if not pool.sized:
+            return True
+        live = (*self._running, *self._prefilling)
+        to_come = sum(s.reserved - len(s.own) - len(s.staged) for s in live)
+        return need + to_come <= pool.capacity - pool.held
 
     def step(self, prefill_chunk: bool = True) -> list[TokenEvent]:
         """One step: a decode for up to `max_batch` running sequences (oldest first), then

@@ -197,6 +197,23 @@ class ServeConfig(BaseModel):
         "to end, so a burst of long prompts queues instead of running out of device memory. "
         "null: no bound (the KV pool grows as needed).",
     )
+    kv_memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Size each shard's device KV pool once at start from this many bytes "
+        "(per tensor-parallel rank, like cache_bytes): cache_bytes inside it, the running "
+        "requests' recurrent states set aside, the rest bounding their KV rows (it sets "
+        "max_running_tokens, so not both). The setting to use on CPU; null: the pool grows "
+        "as needed.",
+    )
+    kv_memory_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="As kv_memory_bytes, from this fraction of each GPU's free memory once "
+        "the weights are loaded and the kernels warmed up (vLLM's gpu_memory_utilization, "
+        "of what is left; 0.85 leaves room for activations). CUDA only.",
+    )
     max_queued_requests: int = Field(
         default=256,
         ge=-1,
@@ -340,6 +357,7 @@ class ServeConfig(BaseModel):
     @field_validator(
         "cache_bytes",
         "host_cache_bytes",
+        "kv_memory_bytes",
         "max_body_bytes",
         "journal_max_backlog_bytes",
         mode="before",
@@ -412,6 +430,26 @@ class ServeConfig(BaseModel):
         return None if value is None else check_resource_name(value, "model_resource")
 
     @model_validator(mode="after")
+    def _one_running_bound(self) -> ServeConfig:
+        set_ = [
+            f"{name}={getattr(self, name)}"
+            for name in ("max_running_tokens", "kv_memory_bytes", "kv_memory_fraction")
+            if getattr(self, name) is not None
+        ]
+        if len(set_) > 1:
+            later = set_[1].split("=")[0]
+            raise ValueError(
+                f"{later}: set at most one of max_running_tokens, kv_memory_bytes and "
+                f"kv_memory_fraction, got {', '.join(set_)}"
+            )
+        if self.kv_memory_fraction is not None and self.device != "cuda":
+            raise ValueError(
+                f"kv_memory_fraction: {self.kv_memory_fraction} needs device cuda, got "
+                f"{self.device!r} (set kv_memory_bytes instead)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _placement(self) -> ServeConfig:
         check_placement(self.control_resource, self.model_resource)
         return self
@@ -463,6 +501,8 @@ class ServeConfig(BaseModel):
             max_batch=self.max_batch,
             max_batch_tokens=self.max_batch_tokens,
             max_running_tokens=self.max_running_tokens,
+            kv_memory_bytes=self.kv_memory_bytes,
+            kv_memory_fraction=self.kv_memory_fraction,
             max_queued_requests=self.max_queued_requests,
             step_graph=self.step_graph,
             routing=self.routing,

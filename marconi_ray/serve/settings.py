@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, HostTier
 from marconi_ray.core.cache.tuner import TunerConfig
+from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.hub_model import HubModel
 from marconi_ray.serve.placement import check_placement
@@ -64,6 +65,9 @@ class ServeSettings:
         max_batch_tokens: tokens one replica step processes at most (chunked prefill).
         max_running_tokens: KV rows a replica's running requests may hold together
             (`Worker`'s admission bound); None: no bound.
+        kv_memory_bytes, kv_memory_fraction: size each shard's device KV pool once from a
+            byte budget or a fraction of its GPU's free memory (`engine.kv_memory`; at
+            most one of these and `max_running_tokens`).
         max_queued_requests: requests a replica may hold planned beyond `max_batch` (its
             queue); when every replica's is full, new requests get 429. -1: no limit.
         step_graph: how a tp > 1 replica fans a step out to its shards: `compiled` (a Ray
@@ -123,6 +127,8 @@ class ServeSettings:
     max_batch: int = 8
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_running_tokens: int | None = None
+    kv_memory_bytes: int | None = None
+    kv_memory_fraction: float | None = None
     max_queued_requests: int = 256
     step_graph: str = "auto"
     routing: str = "cache_aware"
@@ -147,6 +153,22 @@ class ServeSettings:
         if isinstance(host, bool) or not isinstance(host, int) or host < 0:
             raise ValueError(f"host_cache_bytes must be an integer >= 0, got {host!r}")
         HostTier(host, self.host_gbps, self.prefill_tflops, self.host_placement)
+        self._check_kv_memory()
+
+    @property
+    def kv_memory(self) -> KVMemory | None:
+        """The shards' KV memory budget, or None (the pool grows as needed)."""
+        return self._check_kv_memory()
+
+    def _check_kv_memory(self) -> KVMemory | None:
+        if self.kv_memory_bytes is None and self.kv_memory_fraction is None:
+            return None
+        if self.max_running_tokens is not None:
+            raise ValueError(
+                f"set max_running_tokens ({self.max_running_tokens}) or a kv memory budget, "
+                "not both"
+            )
+        return KVMemory(self.kv_memory_bytes, self.kv_memory_fraction)
 
     @property
     def host_tier(self) -> HostTier | None:

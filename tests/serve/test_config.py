@@ -92,6 +92,7 @@ def test_empty_file_means_defaults_and_overrides_apply(tmp_path: Path) -> None:
 
 def test_cache_bytes_accepts_floats_and_numeric_strings() -> None:
     assert config_from_mapping({"cache_bytes": "1e9"}).cache_bytes == 10**9
+    assert config_from_mapping({"kv_memory_bytes": "4e9"}).kv_memory_bytes == 4 * 10**9
     assert config_from_mapping({"cache_bytes": 2.5e8}).cache_bytes == 250_000_000
     assert config_from_mapping({"cache_bytes": 12345}).cache_bytes == 12345
 
@@ -125,6 +126,11 @@ def test_cache_bytes_accepts_floats_and_numeric_strings() -> None:
         ({"max_body_bytes": "big"}, "max_body_bytes"),
         ({"redis_url": "http://localhost:6379"}, "redis_url"),
         ({"redis_url": "redis://"}, "redis_url"),
+        ({"kv_memory_bytes": 0}, "kv_memory_bytes"),
+        ({"kv_memory_bytes": "much"}, "kv_memory_bytes"),
+        ({"kv_memory_fraction": 1.5}, "kv_memory_fraction"),
+        ({"kv_memory_fraction": 0.9}, "kv_memory_fraction"),  # needs device cuda
+        ({"kv_memory_bytes": 10**9, "max_running_tokens": 100}, "kv_memory_bytes"),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, Any], key: str, tmp_path: Path) -> None:

@@ -56,6 +56,11 @@ class DeviceKVPool:
         self._free: list[int] = list(range(rows - 1, -1, -1))
         self._held = np.zeros(rows, dtype=np.bool_)
         self._pending: deque[tuple[CopyEvent, Rows]] = deque()
+        self.sized = False
+        """Sized once by `reserve` (from a memory budget): admission then also keeps
+        every running request's remaining rows free, and `growths` counts the growths
+        that still happened (a cache promotion ahead of its evictions)."""
+        self.growths = 0
 
     @property
     def capacity(self) -> int:
@@ -86,7 +91,7 @@ class DeviceKVPool:
             self._pending[0][0].synchronize()
             self.reclaim()
         if n > len(self._free):
-            self._grow(n - len(self._free))
+            self._grow(max(2 * self._capacity, self._capacity + n - len(self._free)))
         out = np.asarray(self._free[len(self._free) - n :][::-1], dtype=np.int64)
         del self._free[len(self._free) - n :]
         self._held[out] = True
@@ -108,8 +113,15 @@ class DeviceKVPool:
         while self._pending and self._pending[0][0].query():
             self._free.extend(self._pending.popleft()[1].tolist())
 
-    def _grow(self, need: int) -> None:
-        new_cap = max(2 * self._capacity, self._capacity + need)
+    def reserve(self, rows: int) -> None:
+        """Grow the pool to `rows` rows at once (no-op when it has as many): a pool sized
+        at start from a memory budget (`engine.kv_memory`) never grows while serving."""
+        if rows > self._capacity:
+            self._grow(rows)
+        self.sized = True
+
+    def _grow(self, new_cap: int) -> None:
+        self.growths += self.sized
         for pool in (self.k, self.v):
             for i, t in pool.items():
                 grown = t.new_zeros(t.shape[0], new_cap, t.shape[2])

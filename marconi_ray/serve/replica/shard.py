@@ -23,8 +23,10 @@ import torch
 import torch.distributed as dist
 
 from marconi_ray.engine.engine import load_served_model
+from marconi_ray.engine.kv_memory import planned_store
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.orders import (
     DEFAULT_MAX_BATCH_TOKENS,
     Release,
@@ -90,6 +92,8 @@ class ShardActor:
         hub_model: HubModel | None = None,
         host_cache_bytes: int = 0,
         max_running_tokens: int | None = None,
+        kv_memory: KVMemory | None = None,
+        cache_bytes: int = 0,
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
@@ -100,7 +104,10 @@ class ShardActor:
         (downloaded first where allowed), and `model_dir` (the driver's copy) is unused.
         First of all, a host tier of `host_cache_bytes` per rank that this node's free
         memory cannot hold for the whole replica (its `world` ranks share the node) is
-        refused: ValueError naming both numbers (`serve.host_memory`)."""
+        refused: ValueError naming both numbers (`serve.host_memory`). With `kv_memory`,
+        the device KV pool is allocated once from that budget after the warm-up, with
+        `cache_bytes` (this rank's cache budget) inside it (`engine.kv_memory`); `kv_memory`
+        in the result says how it split."""
         check_this_node(host_cache_bytes, self.world)
         if hub_model is not None:
             model_dir = str(hub_model.local_dir())
@@ -117,13 +124,18 @@ class ShardActor:
         tp = TPGroup(self.rank, self.world)
         model = load_served_model(model_dir, tp, dtype, dev, kernels)
         warm_s = model.warm_up()
+        store, plan = None, None
+        if kv_memory is not None:  # measured now: after the weights and the warm-up
+            store, plan = planned_store(model, kv_memory, cache_bytes, max_batch)
+            max_running_tokens = plan.max_running_tokens
         self.worker = Worker(
-            model, max_batch, max_batch_tokens, max_running_tokens=max_running_tokens
+            model, max_batch, max_batch_tokens, store=store, max_running_tokens=max_running_tokens
         )
         return {
             "kernels": model.kernels.name,
             "backends": dict(model.kernels.backends),
             "warm_up_s": round(warm_s, 3),
+            "kv_memory": None if plan is None else plan.to_dict(),
             "kv_bytes_per_token": self.worker.store.kv_bytes_per_token,
             "state_bytes": self.worker.store.state_bytes,
             "max_position": model.cfg.max_position,

@@ -70,6 +70,8 @@ def _setup_args(settings: ServeSettings, address: str) -> tuple[Any, ...]:
         s.hub_model,
         s.host_cache_bytes,
         s.max_running_tokens,
+        s.kv_memory,
+        s.cache_bytes,
     )
 
 

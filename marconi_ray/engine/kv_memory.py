@@ -1,0 +1,95 @@
+"""Sizing the device KV pool from a memory budget, as vLLM sizes its KV cache from
+`gpu_memory_utilization`: the pool for running and cached tokens is allocated once at
+start, the cache's byte budget inside it, and the rest bounds the running requests' rows
+(`Worker.max_running_tokens`), so admission waits when rows run short instead of the
+device running out of memory.
+
+The budget is `KVMemory.bytes` (`protocol.kv_memory`; any device, the setting to use on
+CPU) or `KVMemory.fraction` of the device's free memory once the weights are loaded and the
+kernels warmed up (CUDA). Of it, the running requests' recurrent states are set aside
+first (`STATES_PER_REQUEST` per decode slot: its live state, a branch-point checkpoint and
+its final state, which Marconi's admission orders at most), then the cache's budget; the
+rest, in KV rows, is what the running requests may reserve. The pool holds the running
+rows plus as many as the cache's budget could fill with KV alone.
+
+What the coordinator's byte accounting counts stays as it was: its tree's bytes (KV of
+the slots it references plus its states) against `cache_bytes`; running requests' rows
+are the worker's (`reserved_rows`), bounded here, never the cache's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.store.state_store import StateStore
+from marconi_ray.protocol.kv_memory import KVMemory
+
+STATES_PER_REQUEST = 3
+
+
+def memory_budget(memory: KVMemory, device: torch.device) -> int:
+    """`memory`'s budget in bytes on `device` (ValueError for a fraction off CUDA)."""
+    if memory.bytes is not None:
+        return int(memory.bytes)
+    assert memory.fraction is not None
+    if device.type != "cuda":
+        raise ValueError(
+            f"a kv memory fraction ({memory.fraction}) needs a CUDA device, not {device}; "
+            "set a byte budget instead"
+        )
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * memory.fraction)
+
+
+@dataclass(frozen=True)
+class KVMemoryPlan:
+    """How a budget splits (bytes unless named rows)."""
+
+    budget: int
+    cache_bytes: int
+    running_states: int
+    max_running_tokens: int
+    pool_rows: int
+    kv_bytes_per_token: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_kv_memory(
+    budget: int, cache_bytes: int, kv_bytes_per_token: int, state_bytes: int, max_batch: int
+) -> KVMemoryPlan:
+    """Split `budget` (see the module docstring); ValueError naming the numbers when it
+    leaves the running requests not one row."""
+    states = STATES_PER_REQUEST * max_batch * state_bytes
+    rows = (budget - cache_bytes - states) // kv_bytes_per_token
+    if rows < 1:
+        raise ValueError(
+            f"a kv memory budget of {budget} bytes leaves no KV row for running requests: "
+            f"the cache takes {cache_bytes}, {max_batch} running requests' states {states}, "
+            f"a row is {kv_bytes_per_token} bytes"
+        )
+    pool_rows = rows + cache_bytes // kv_bytes_per_token
+    return KVMemoryPlan(budget, cache_bytes, states, int(rows), int(pool_rows), kv_bytes_per_token)
+
+
+def planned_store(
+    model: HybridModel, memory: KVMemory, cache_bytes: int, max_batch: int
+) -> tuple[StateStore, KVMemoryPlan]:
+    """A `StateStore` for `model` whose device pool is allocated whole from the plan of
+    `memory` (its budget measured now, so call it after loading and warming up)."""
+    store = StateStore(model)
+    plan = plan_kv_memory(
+        memory_budget(memory, model.device),
+        cache_bytes,
+        store.kv_bytes_per_token,
+        store.state_bytes,
+        max_batch,
+    )
+    store.device_kv.reserve(plan.pool_rows)
+    return store, plan
