@@ -9,7 +9,9 @@ timings are the median over the reps (counts do not vary). Reports, per revision
 - decode tokens/s at each batch (`small` preset, NemotronH), and after / before;
 - TTFT p50 and max of `--ttft-requests` prompts of `--ttft-len` tokens arriving together;
 - bytes made while a cached hit starts, and their slope per cached token (what is copied
-  per token of KV).
+  per token of KV);
+- a burst of long prompts: the peak KV rows and count of running requests, the sized
+  pool's rows and growths (where the revision has one), and whether outputs are exact.
 Writes `OUT/bench_engine_step.json` and `OUT/bench_engine_step.md` (the table).
 
 Example: python benchmarks/bench_engine_step.py --before 2c0c516
@@ -67,6 +69,7 @@ def probe(tree: Path, args: argparse.Namespace, dirs: dict[str, Path]) -> dict[s
         sys.executable, str(PROBE), "--tiny", *tiny, "--small", str(dirs["small"]),
         "--batches", args.batches, "--steps", str(args.steps),
         "--ttft-requests", str(args.ttft_requests), "--ttft-len", str(args.ttft_len),
+        "--burst-requests", str(args.burst_requests), "--burst-len", str(args.burst_len),
     ]  # fmt: skip
     done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -113,6 +116,20 @@ def table(before: dict[str, Any], after: dict[str, Any], batches: list[int]) -> 
     per_token = "bytes_per_cached_token"
     row("bytes made when a hit starts, per cached token",
         before["hit"][per_token], after["hit"][per_token])  # fmt: skip
+    bb, ba = before["burst"], after["burst"]
+    n = ba["requests"]
+    row(f"burst of {n} long prompts: peak running requests", bb["peak_running"], ba["peak_running"])
+    row(f"burst of {n} long prompts: peak KV rows of running requests",
+        bb["peak_running_rows"], ba["peak_running_rows"])  # fmt: skip
+
+    def shown(x: Any) -> str:
+        if x is None:
+            return "unbounded"
+        return str(x) if isinstance(x, bool) else f"{x:,}"
+
+    for key, name in (("pool_rows", "device pool rows (sized once)"), ("growths", "pool growths"),
+                      ("exact", "outputs exact")):  # fmt: skip
+        lines.append(f"| burst: {name} | {shown(bb[key])} | {shown(ba[key])} | |")
     return "\n".join(lines)
 
 

@@ -12,6 +12,11 @@ What is counted, during one `Worker.step` of B running requests (greedy, in one 
 - TP broadcasts: calls to the worker's `tp.broadcast`.
 Bytes at hit start: bytes of every non-view op output during `Worker._load_hit` of a
 request whose prompt is cached but for its last token.
+A burst: `--burst-requests` prompts of `--burst-len` tokens submitted together. Where the
+revision can size its KV pool from a budget (`protocol.kv_memory`), the budget holds two
+of them at a time; the peak KV rows running requests hold (the sum of their lengths),
+the peak running count, the pool's rows and growths, and whether every request ended
+with the tokens of an unbounded engine.
 """
 
 from __future__ import annotations
@@ -147,12 +152,58 @@ def hit_start_bytes(model_dir: str, lengths: list[int]) -> dict[str, float]:
     return out
 
 
+def burst(model_dir: str, n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:
+    """The burst of the module docstring, on the vanilla system (nothing cached)."""
+    try:
+        from marconi_ray.protocol.kv_memory import KVMemory
+    except ImportError:  # a revision before the sized pool
+        KVMemory = None
+    free = _engine(model_dir, n)
+    vocab = free.config.vocab_size
+    prompts = [_prompt(300 + i, prompt_len, vocab) for i in range(n)]
+    sp = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)] * n
+    want = [r.tokens for r in free.generate_many(prompts, sp)]
+    engine, cache = free, 1 << 20
+    if KVMemory is not None:
+        store = free.store
+        budget = cache + 3 * n * store.state_bytes
+        budget += 2 * (prompt_len + max_tokens) * store.kv_bytes_per_token
+        engine = Engine(
+            model_dir, "vanilla", cache_bytes=cache, max_batch=n, max_batch_tokens=4096,
+            kv_memory=KVMemory(bytes=budget),
+        )  # fmt: skip
+    worker = engine.worker
+    peak = {"rows": 0, "running": 0}
+    step = worker.step
+
+    def watched(*args: Any, **kw: Any) -> Any:
+        live = [*worker._running, *getattr(worker, "_prefilling", [])]
+        peak["rows"] = max(peak["rows"], sum(s.state.length for s in live))
+        peak["running"] = max(peak["running"], len(live))
+        return step(*args, **kw)
+
+    worker.step = watched  # type: ignore[method-assign]
+    got = [r.tokens for r in engine.generate_many(prompts, sp)]
+    pool = getattr(engine.store, "device_kv", None)
+    sized = pool is not None and getattr(pool, "sized", False)
+    return {
+        "requests": n,
+        "exact": got == want,
+        "peak_running": peak["running"],
+        "peak_running_rows": peak["rows"],
+        "pool_rows": pool.capacity if sized else None,
+        "growths": pool.growths if sized else None,
+    }
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The options `bench_engine_step.py` passes through to this probe."""
     p.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
     p.add_argument("--steps", type=int, default=16, help="timed decode steps per batch")
     p.add_argument("--ttft-requests", type=int, default=8, help="requests arriving together")
     p.add_argument("--ttft-len", type=int, default=256, help="their prompt tokens")
+    p.add_argument("--burst-requests", type=int, default=8, help="long prompts of the burst")
+    p.add_argument("--burst-len", type=int, default=512, help="their prompt tokens")
 
 
 def main() -> None:
@@ -184,6 +235,7 @@ def main() -> None:
     }
     report["ttft"] = ttft(args.small, args.ttft_requests, args.ttft_len)
     report["hit"] = hit_start_bytes(args.small, [64, 192])
+    report["burst"] = burst(args.small, args.burst_requests, args.burst_len, 8)
     print(json.dumps(report))
 
 
