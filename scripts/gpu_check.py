@@ -13,7 +13,11 @@ Sections, each recorded even when another fails (its error is kept in the JSON):
   tiers     the state store's host tier on the `small` preset: `--tier-mb` MB of KV slots
             and as many of SSM states demoted to pinned host memory and promoted back
             (`apply_moves`), GB/s per direction by the store's copy-stream events, the
-            host time the call takes (it only queues the copies), data equal afterwards.
+            host time the call takes (it only queues the copies), data equal afterwards;
+  graphs    the `small` preset's decode step replayed as CUDA graphs vs eager
+            (`cuda_graphs` on / off): greedy tokens equal, decode tokens/s at each batch
+            of `--batches` (engine end to end), graphs recorded (on CPU: the static step
+            run eagerly against the plain one).
 Writes <out>/gpu_check.json and <out>/summary.md. `--device cpu --preset tiny --quick`
 runs the same code on a CPU under TRITON_INTERPRET=1 (a dry run of the script itself).
 """
@@ -40,7 +44,7 @@ from marconi_kernels.mamba_ssm_import import mamba_ssm_version
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.loader import load_model
 from marconi_ray.engine.model.seq_state import SeqState
-from marconi_ray.engine.presets.factory import build_model
+from marconi_ray.engine.presets.factory import build_model, make_model
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.orders import Move
 from marconi_ray.protocol.sampling import SamplingParams
@@ -58,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small kernel shapes (CPU dry run)")
     p.add_argument(
         "--sections",
-        default="kernels,exactness,tiers,prefill,ttft,decode",
+        default="kernels,exactness,tiers,graphs,prefill,ttft,decode",
         help="comma-separated sections to run",
     )
     p.add_argument("--tier-mb", type=int, default=256, help="MB of KV (and of states) moved")
@@ -327,6 +331,47 @@ def run_tiers(dev: torch.device, preset: str, mb: int, reps: int = 3) -> dict[st
     return result
 
 
+def run_graphs(dev: torch.device, preset: str, batches: list[int]) -> dict[str, Any]:
+    """Decode with the step's CUDA graphs vs eager, the same requests (see the module
+    docstring); on CPU the graphed engine runs the static step eagerly."""
+    from marconi_ray.engine.model.step_graphs import StepGraphs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_model(preset, "nemotron_h", Path(tmp) / "m")
+        on_cuda = dev.type == "cuda"
+        cap = max(batches)
+        engines = {
+            mode: Engine(folder, "vanilla", device=str(dev), max_batch=cap, cuda_graphs=mode)
+            for mode in ("off", "on" if on_cuda else "off")
+        }
+        if not on_cuda:  # a dry run: the static step, eagerly
+            graphed = Engine(folder, "vanilla", device=str(dev), max_batch=cap)
+            graphed.worker.graphs = StepGraphs(graphed.model, graphed.worker._batch, False)
+            engines["on"] = graphed
+        out: dict[str, Any] = {}
+        g = torch.Generator().manual_seed(5)
+        for b in batches:
+            prompts = [torch.randint(3, 258, (64,), generator=g).tolist() for _ in range(b)]
+            sp = [SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)] * b
+            row: dict[str, Any] = {}
+            tokens = {}
+            for mode, engine in engines.items():
+                engine.generate_many(prompts[:1], sp[:1])  # records bucket 1, warms up
+                sync(dev)
+                t0 = time.perf_counter()
+                tokens[mode] = [r.tokens for r in engine.generate_many(prompts, sp)]
+                sync(dev)
+                row[f"{mode}_tok_s"] = round(32 * b / (time.perf_counter() - t0), 1)
+            row["tokens_equal"] = tokens["on"] == tokens["off"]
+            row["graphs_over_eager"] = round(row["on_tok_s"] / row["off_tok_s"], 2)
+            out[f"batch_{b}"] = row
+            print(f"  graphs batch {b}: {row}", flush=True)
+        worker = engines["on"].worker
+        out["recorded"] = worker.graphs.captured if worker.graphs is not None else 0
+        out["ok"] = all(r["tokens_equal"] for k, r in out.items() if k.startswith("batch_"))
+        return out
+
+
 def hf_prefill(hf: Any, ids: torch.Tensor, dev: torch.device) -> tuple[float, torch.Tensor]:
     """Median seconds of transformers' forward over `ids` and its logits [L, V] (fp32)."""
     with torch.no_grad():
@@ -452,7 +497,7 @@ def decode(engine: Engine, batches: list[int], dev: torch.device) -> dict[str, A
 
 def summary(result: dict[str, Any]) -> str:
     lines = ["# GPU check", "", f"device: {result['env'].get('device_name')}", ""]
-    for section in ("kernels", "exactness", "tiers", "prefill", "ttft", "decode"):
+    for section in ("kernels", "exactness", "tiers", "graphs", "prefill", "ttft", "decode"):
         value = result.get(section)
         if value is None:
             continue
@@ -481,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         env["triton"] = f"missing: {exc}"
     result: dict[str, Any] = {"env": env, "args": vars(args)}
     sections = args.sections.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
     path = out_dir / "gpu_check.json"
 
     def save() -> None:
@@ -491,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         ("kernels", lambda: run_kernels(dev, args.quick)),
         ("exactness", lambda: run_exactness(dev, "tiny" if args.quick else "small")),
         ("tiers", lambda: run_tiers(dev, "tiny" if args.quick else "small", args.tier_mb)),
+        ("graphs", lambda: run_graphs(dev, "tiny" if args.quick else "small", batches)),
     ):
         if name in sections:
             print(f"[gpu_check] {name}", flush=True)

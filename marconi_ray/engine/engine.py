@@ -136,6 +136,8 @@ class Engine:
             the cache's `cache_bytes` inside it, the rest bounding the running requests'
             rows (it sets `max_running_tokens`, so not both); `kv_plan` says how it
             split. None: the pool grows as needed.
+        cuda_graphs: `auto` (the decode step replayed as CUDA graphs on CUDA, eager on
+            CPU), `on` (CUDA only: ValueError elsewhere) or `off` (`model.step_graphs`).
     """
 
     def __init__(
@@ -157,6 +159,7 @@ class Engine:
         host_placement: str = "flop_aware",
         max_running_tokens: int | None = None,
         kv_memory: KVMemory | None = None,
+        cuda_graphs: str = "auto",
     ) -> None:
         get_system(system)
         if kv_memory is not None and max_running_tokens is not None:
@@ -176,7 +179,12 @@ class Engine:
             store, self.kv_plan = planned_store(model, kv_memory, cache_bytes, max_batch)
             max_running_tokens = self.kv_plan.max_running_tokens
         self.worker = Worker(
-            model, max_batch, max_batch_tokens, store=store, max_running_tokens=max_running_tokens
+            model,
+            max_batch,
+            max_batch_tokens,
+            store=store,
+            max_running_tokens=max_running_tokens,
+            cuda_graphs=cuda_graphs,
         )
         host = (
             HostTier(int(host_cache_bytes), placement=host_placement) if host_cache_bytes else None

@@ -33,6 +33,7 @@ import torch
 from marconi_ray.engine.logprobs import read_logprobs
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.model.step_graphs import StepGraphs, captures
 from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.store.slot_table import HOST
@@ -81,6 +82,7 @@ class Worker:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         store: StateStore | None = None,
         max_running_tokens: int | None = None,
+        cuda_graphs: str = "auto",
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -108,6 +110,10 @@ class Worker:
         """The last `take_finished`'s requests, until the next `advance`: a replica that
         never got them (a peer rank failed the step) `cancel`s them, which frees them."""
         self._batch = model.new_decode_batch(max_batch, self.store.device_kv)
+        self.graphs: StepGraphs | None = None
+        """The decode step's CUDA graphs (None: eager steps)."""
+        if captures(cuda_graphs, model.device):
+            self.graphs = StepGraphs(model, self._batch, capture=True)
 
     @property
     def num_running(self) -> int:
@@ -225,7 +231,10 @@ class Worker:
                 seq.own.append(slot)
             rows = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
             self._batch.extend(rows)
-            logits = self.model.decode_batch(ids, self._batch)
+            if self.graphs is None:
+                logits = self.model.decode_batch(ids, self._batch)
+            else:
+                logits = self.graphs.decode(ids.to(self.model.device))
         except Exception:
             for s in batch:
                 self._drop(s)

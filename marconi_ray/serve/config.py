@@ -214,6 +214,12 @@ class ServeConfig(BaseModel):
         "the weights are loaded and the kernels warmed up (vLLM's gpu_memory_utilization, "
         "of what is left; 0.85 leaves room for activations). CUDA only.",
     )
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Replay each shard's decode step as CUDA graphs (one per batch-size "
+        "bucket, padded; recorded at the first step of each): auto (on CUDA, eager on "
+        "CPU), on (CUDA only), off.",
+    )
     max_queued_requests: int = Field(
         default=256,
         ge=-1,
@@ -442,6 +448,8 @@ class ServeConfig(BaseModel):
                 f"{later}: set at most one of max_running_tokens, kv_memory_bytes and "
                 f"kv_memory_fraction, got {', '.join(set_)}"
             )
+        if self.cuda_graphs == "on" and self.device != "cuda":
+            raise ValueError(f"cuda_graphs: 'on' needs device cuda, got {self.device!r}")
         if self.kv_memory_fraction is not None and self.device != "cuda":
             raise ValueError(
                 f"kv_memory_fraction: {self.kv_memory_fraction} needs device cuda, got "
@@ -503,6 +511,7 @@ class ServeConfig(BaseModel):
             max_running_tokens=self.max_running_tokens,
             kv_memory_bytes=self.kv_memory_bytes,
             kv_memory_fraction=self.kv_memory_fraction,
+            cuda_graphs=self.cuda_graphs,
             max_queued_requests=self.max_queued_requests,
             step_graph=self.step_graph,
             routing=self.routing,

@@ -68,6 +68,8 @@ class ServeSettings:
         kv_memory_bytes, kv_memory_fraction: size each shard's device KV pool once from a
             byte budget or a fraction of its GPU's free memory (`engine.kv_memory`; at
             most one of these and `max_running_tokens`).
+        cuda_graphs: `auto` (the shards' decode steps replayed as CUDA graphs on CUDA,
+            eager on CPU), `on` (CUDA only) or `off`.
         max_queued_requests: requests a replica may hold planned beyond `max_batch` (its
             queue); when every replica's is full, new requests get 429. -1: no limit.
         step_graph: how a tp > 1 replica fans a step out to its shards: `compiled` (a Ray
@@ -129,6 +131,7 @@ class ServeSettings:
     max_running_tokens: int | None = None
     kv_memory_bytes: int | None = None
     kv_memory_fraction: float | None = None
+    cuda_graphs: str = "auto"
     max_queued_requests: int = 256
     step_graph: str = "auto"
     routing: str = "cache_aware"

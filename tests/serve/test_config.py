@@ -131,6 +131,8 @@ def test_cache_bytes_accepts_floats_and_numeric_strings() -> None:
         ({"kv_memory_fraction": 1.5}, "kv_memory_fraction"),
         ({"kv_memory_fraction": 0.9}, "kv_memory_fraction"),  # needs device cuda
         ({"kv_memory_bytes": 10**9, "max_running_tokens": 100}, "kv_memory_bytes"),
+        ({"cuda_graphs": "yes"}, "cuda_graphs"),
+        ({"cuda_graphs": "on"}, "cuda_graphs"),  # needs device cuda
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, Any], key: str, tmp_path: Path) -> None:

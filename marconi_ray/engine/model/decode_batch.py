@@ -135,6 +135,13 @@ class DecodeBatch:
         k, v = self.pool.k[i], self.pool.v[i]
         return PagedDecode(k, v, self.table[:n, :width], lens, new, kernel)
 
+    def step_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(new rows [n], tokens attended over [n]) of the step `extend` prepared."""
+        if self._step is None:
+            raise ValueError("call extend(new_rows) before a pooled decode step")
+        new, lens, _ = self._step
+        return new, lens
+
     def positions(self) -> torch.Tensor:
         """[n] the position of each member's next token (its length), on the device."""
         return self.lens[: len(self.members)]

@@ -30,6 +30,9 @@ Rows = npt.NDArray[np.int64]
 class DeviceKVPool:
     """K/V rows of the attention blocks on one device.
 
+    The tensors have `capacity + 1` rows: the last is the `scratch_row`, outside the
+    free / held / pending partition (`check`).
+
     Args:
         shapes: attention block index -> (n_kv local heads, head_dim).
         dtype, device: of the pool tensors.
@@ -47,7 +50,8 @@ class DeviceKVPool:
         self.dtype = dtype
         self.device = device
         self.k = {
-            i: torch.zeros((n, rows, d), dtype=dtype, device=device) for i, (n, d) in shapes.items()
+            i: torch.zeros((n, rows + 1, d), dtype=dtype, device=device)
+            for i, (n, d) in shapes.items()
         }
         self.v = {i: torch.zeros_like(t) for i, t in self.k.items()}
         self.row_elems = sum(2 * n * d for n, d in shapes.values())
@@ -64,6 +68,12 @@ class DeviceKVPool:
 
     @property
     def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def scratch_row(self) -> int:
+        """A row past the `capacity` rows that no slot ever gets: the padded rows of a
+        static decode step (`step_graphs`) write their KV there and read only it."""
         return self._capacity
 
     @property
@@ -124,8 +134,8 @@ class DeviceKVPool:
         self.growths += self.sized
         for pool in (self.k, self.v):
             for i, t in pool.items():
-                grown = t.new_zeros(t.shape[0], new_cap, t.shape[2])
-                grown[:, : self._capacity] = t
+                grown = t.new_zeros(t.shape[0], new_cap + 1, t.shape[2])
+                grown[:, : self._capacity] = t[:, : self._capacity]
                 pool[i] = grown
         self._free = list(range(new_cap - 1, self._capacity - 1, -1)) + self._free
         self._held = np.concatenate([self._held, np.zeros(new_cap - self._capacity, np.bool_)])

@@ -94,6 +94,7 @@ class ShardActor:
         max_running_tokens: int | None = None,
         kv_memory: KVMemory | None = None,
         cache_bytes: int = 0,
+        cuda_graphs: str = "auto",
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
@@ -129,13 +130,19 @@ class ShardActor:
             store, plan = planned_store(model, kv_memory, cache_bytes, max_batch)
             max_running_tokens = plan.max_running_tokens
         self.worker = Worker(
-            model, max_batch, max_batch_tokens, store=store, max_running_tokens=max_running_tokens
+            model,
+            max_batch,
+            max_batch_tokens,
+            store=store,
+            max_running_tokens=max_running_tokens,
+            cuda_graphs=cuda_graphs,
         )
         return {
             "kernels": model.kernels.name,
             "backends": dict(model.kernels.backends),
             "warm_up_s": round(warm_s, 3),
             "kv_memory": None if plan is None else plan.to_dict(),
+            "cuda_graphs": self.worker.graphs is not None,
             "kv_bytes_per_token": self.worker.store.kv_bytes_per_token,
             "state_bytes": self.worker.store.state_bytes,
             "max_position": model.cfg.max_position,

@@ -72,6 +72,7 @@ def _setup_args(settings: ServeSettings, address: str) -> tuple[Any, ...]:
         s.max_running_tokens,
         s.kv_memory,
         s.cache_bytes,
+        s.cuda_graphs,
     )
 
 

@@ -1,0 +1,164 @@
+"""`StepGraphs`: the pooled decode step with static shapes, replayed as CUDA graphs.
+
+A CUDA graph replays a recorded sequence of kernels on the same buffers, so the step it
+records must have fixed shapes and addresses and no host sync. `StepGraphs` runs the
+step of a `DecodeBatch` of n members on a batch-size bucket nb >= n (`buckets`: powers of
+two up to the batch's capacity, and the capacity) over static inputs: the token ids,
+positions, new KV rows and attended lengths live in buffers of the batch's capacity, the
+SSM states are the batch's own rows `[:nb]` and the row table is the batch's whole
+table. Rows n..nb-1 are padding: token 0 at position 0, attending over the pool's
+`scratch_row` alone and writing their K/V there, their SSM states the batch's spare rows
+(never a member's); their logits are dropped.
+
+One graph per bucket for the current table and pool tensors: a table that doubles its
+width or a pool that grows (never, for a pool sized once) invalidates them and the next
+steps capture anew. A capture first runs the step twice on a side stream (Triton's
+autotuning happens there), restores the SSM rows those runs advanced, then records; a
+replay recomputes exactly what the eager step computes. Without capture (CPU, or
+`cuda_graphs: off`) the same static step can run eagerly: that is what the CPU tests
+check against the unpadded step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from marconi_ray.engine.model.decode_batch import DecodeBatch
+from marconi_ray.engine.model.paged_kv import DecodeKV, PagedDecode
+
+MODES = ("auto", "on", "off")
+
+
+def captures(mode: str, device: torch.device) -> bool:
+    """Whether `cuda_graphs` = `mode` captures on `device`: `auto` on CUDA only, `on`
+    (ValueError off CUDA), `off` never."""
+    if mode not in MODES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "on" and device.type != "cuda":
+        raise ValueError(f"cuda_graphs 'on' needs a CUDA device, got {device.type}")
+    return mode != "off" and device.type == "cuda"
+
+
+def buckets(capacity: int) -> list[int]:
+    """The batch sizes a step is padded to: 1, 2, 4, ... below `capacity`, and it."""
+    out = [1]
+    while out[-1] * 2 < capacity:
+        out.append(out[-1] * 2)
+    return sorted({*out, capacity})
+
+
+class StepGraphs:
+    """Static-shape decode steps of `batch` (pooled) on `model`, captured as CUDA graphs
+    when `capture` (see the module docstring).
+
+    Attributes:
+        captured: graphs recorded so far (one per bucket, again after an invalidation).
+    """
+
+    def __init__(self, model: Any, batch: DecodeBatch, capture: bool) -> None:
+        if batch.pool is None or not hasattr(batch.pool, "scratch_row"):
+            raise ValueError("static decode steps need a pooled batch with a scratch row")
+        self.model = model
+        self.batch = batch
+        self.capture = capture
+        self.buckets = buckets(batch.capacity)
+        device = batch.table.device
+        self.ids = torch.zeros(batch.capacity, dtype=torch.long, device=device)
+        self.positions = torch.zeros_like(self.ids)
+        self.new = torch.zeros_like(self.ids)
+        self.lens = torch.ones_like(self.ids)
+        self.captured = 0
+        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._layout: tuple[int, ...] = ()
+        self._mempool: Any = None
+
+    def bucket(self, n: int) -> int:
+        """The bucket a step of `n` members runs at."""
+        return next(b for b in self.buckets if b >= n)
+
+    @torch.inference_mode()
+    def decode(self, ids: torch.Tensor) -> torch.Tensor:
+        """`HybridModel.decode_batch(ids, batch)` for an `extend`ed pooled batch, on the
+        static buffers; returns the members' logits [n, V] (a copy: the graph's output
+        buffer is the next replay's)."""
+        batch = self.batch
+        n = len(batch)
+        nb = self.bucket(n)
+        new, lens = batch.step_rows()
+        scratch = batch.pool.scratch_row  # type: ignore[union-attr]
+        self.ids[:n].copy_(ids)
+        self.ids[n:nb].zero_()
+        self.new[:n].copy_(new)
+        self.new[n:nb].fill_(scratch)
+        self.lens[:n].copy_(lens)
+        self.lens[n:nb].fill_(1)
+        self.positions[:n].copy_(batch.positions())
+        self.positions[n:nb].zero_()
+        batch.table[n:nb, 0] = scratch
+        logits = self._run(nb)[:n].clone()
+        for member in batch.members:
+            member.length += 1
+        batch.advance()
+        return logits
+
+    def _step(self, nb: int) -> Callable[[], torch.Tensor]:
+        model, batch = self.model, self.batch
+        pool = batch.pool
+        assert pool is not None
+        attend = model.kernels.paged_decode_attention
+        table = batch.table[:nb]
+        rows = {i: (batch.conv[i][:nb], batch.ssm[i][:nb]) for i in model.ssm_blocks}
+        kv: dict[int, DecodeKV] = {
+            i: PagedDecode(pool.k[i], pool.v[i], table, self.lens[:nb], self.new[:nb], attend)
+            for i in model.attn_blocks
+        }
+        ids, positions = self.ids[:nb], self.positions[:nb]
+
+        def step() -> torch.Tensor:
+            out: torch.Tensor = model._decode(ids, positions, rows, kv)
+            return out
+
+        return step
+
+    def _run(self, nb: int) -> torch.Tensor:
+        step = self._step(nb)
+        if not self.capture:
+            return step()
+        layout = self._current_layout()
+        if layout != self._layout:  # a wider table or a grown pool: record anew
+            self._graphs, self._layout = {}, layout
+        if nb not in self._graphs:
+            self._graphs[nb] = self._record(step, nb)
+            self.captured += 1
+        graph, out = self._graphs[nb]
+        graph.replay()
+        return out
+
+    def _current_layout(self) -> tuple[int, ...]:
+        pool = self.batch.pool
+        assert pool is not None
+        table = self.batch.table
+        tensors = [*pool.k.values(), *pool.v.values()]
+        return (table.data_ptr(), table.shape[1], *(t.data_ptr() for t in tensors))
+
+    def _record(self, step: Callable[[], torch.Tensor], nb: int) -> tuple[Any, torch.Tensor]:
+        batch = self.batch
+        saved = {i: (batch.conv[i][:nb].clone(), batch.ssm[i][:nb].clone()) for i in batch.conv}
+        device = batch.table.device
+        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        for i, (conv, ssm) in saved.items():  # the warm-up runs advanced them
+            batch.conv[i][:nb].copy_(conv)
+            batch.ssm[i][:nb].copy_(ssm)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            out = step()
+        self._mempool = graph.pool()
+        return graph, out
