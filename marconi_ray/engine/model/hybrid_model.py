@@ -68,7 +68,11 @@ from marconi_ray.engine.model.paged_kv import (
     ScratchKV,
 )
 from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+
+PartFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""A mixer's prefill of part k: (k, its hidden rows, its embeddings, its positions)."""
 
 
 @dataclass(frozen=True)
@@ -517,6 +521,60 @@ class HybridModel(nn.Module):
         ckpts, logits = self._prefill(ids, state, emit_at, pool, every=True)
         return ckpts, logits
 
+    @torch.inference_mode()
+    def prefill_many(
+        self, parts: Sequence[PrefillPart], pool: KVRows | None = None
+    ) -> list[tuple[list[StateCheckpoint], torch.Tensor]]:
+        """Several requests' chunks in one forward (each part as `prefill` would consume
+        it; see `PrefillPart`): embeddings, norms, MLPs, MoE and the `lm_head` run once
+        over the concatenated tokens, each attention and SSM mixer once per part on its
+        own KV and states (the mixers' kernels take one sequence).
+
+        Args:
+            pool: as in `prefill`: every part's `state.rows` holds its length + L rows.
+        Returns:
+            per part: (one `StateCheckpoint` per depth in its `emit_at`, its logits: [L, V]
+            when `scored`, else the emitted depths' and the last position's
+            [len(emit_at) + 1, V]); each `state.logits` is its last position's.
+        """
+        rels = [self._check_part(p, pool) for p in parts]
+        x, conv_outs, ssm_outs = self._prefill_hidden_parts(parts, rels, pool)
+        lens = [p.ids.shape[0] for p in parts]
+        offsets = [sum(lens[:k]) for k in range(len(parts))]
+        picked = [
+            off + r for p, rel, off, n in zip(parts, rels, offsets, lens, strict=True)
+            if not p.scored for r in [*(r - 1 for r in rel), n - 1]
+        ]  # fmt: skip
+        selected = None
+        if picked:
+            selected = self._logits(x.index_select(0, torch.tensor(picked, device=self.device)))
+        out = []
+        k0 = 0
+        for k, (p, rel, off, n) in enumerate(zip(parts, rels, offsets, lens, strict=True)):
+            if p.scored:
+                scores = self._logits(x if len(parts) == 1 else x[off : off + n])
+                own = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
+                logits = scores.index_select(0, own)
+            else:
+                assert selected is not None
+                logits = selected[k0 : k0 + len(rel) + 1]
+                k0 += len(rel) + 1
+                scores = logits
+            state = p.state
+            state.length += n
+            state.logits = logits[-1]
+            ckpts = [
+                StateCheckpoint(
+                    d,
+                    {i: conv_outs[k][i][j] for i in self.ssm_blocks},
+                    {i: ssm_outs[k][i][j] for i in self.ssm_blocks},
+                    logits[j],
+                )
+                for j, d in enumerate(p.emit_at)
+            ]
+            out.append((ckpts, scores))
+        return out
+
     def _prefill(
         self,
         ids: torch.Tensor,
@@ -525,38 +583,23 @@ class HybridModel(nn.Module):
         pool: KVRows | None,
         every: bool,
     ) -> tuple[list[StateCheckpoint], torch.Tensor]:
-        n = ids.shape[0]
-        start = state.length
-        rel = [d - start for d in emit_at]
+        return self.prefill_many([PrefillPart(ids, state, tuple(emit_at), every)], pool)[0]
+
+    def _check_part(self, part: PrefillPart, pool: KVRows | None) -> list[int]:
+        """The part's emit depths relative to its start; ValueError naming bad ones."""
+        n, start = part.ids.shape[0], part.state.length
+        rel = [d - start for d in part.emit_at]
         if any(not 0 < r <= n for r in rel) or rel != sorted(set(rel)):
             raise ValueError(
-                f"emit_at {list(emit_at)} must be sorted, distinct, in ({start}, {start + n}]"
+                f"emit_at {list(part.emit_at)} must be sorted, distinct, in ({start}, {start + n}]"
             )
-        if pool is not None and (state.rows is None or len(state.rows) != start + n):
-            have = None if state.rows is None else len(state.rows)
+        rows = part.state.rows
+        if pool is not None and (rows is None or len(rows) != start + n):
+            have = None if rows is None else len(rows)
             raise ValueError(
                 f"a pooled prefill to depth {start + n} needs as many rows, got {have}"
             )
-        x, conv_out, ssm_out = self._prefill_hidden(ids, state, rel, pool)
-        rows = torch.tensor([r - 1 for r in rel] + [n - 1], device=self.device)
-        if every:
-            scores = self._logits(x)
-            logits = scores.index_select(0, rows)
-        else:
-            logits = self._logits(x.index_select(0, rows))
-            scores = logits
-        state.length = start + n
-        state.logits = logits[-1]
-        ckpts = [
-            StateCheckpoint(
-                d,
-                {i: conv_out[i][k] for i in self.ssm_blocks},
-                {i: ssm_out[i][k] for i in self.ssm_blocks},
-                logits[k],
-            )
-            for k, d in enumerate(emit_at)
-        ]
-        return ckpts, scores
+        return rel
 
     @torch.inference_mode()
     def decode(self, ids: torch.Tensor, states: Sequence[SeqState]) -> torch.Tensor:
@@ -650,37 +693,76 @@ class HybridModel(nn.Module):
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Run the blocks over `ids` after `state.length` tokens (updating `state`'s KV and
         SSM states; with `pool`, writing the KV into `state.rows`). Returns the final
-        hidden states [L, D] and, per SSM block, the conv and ssm states emitted at the
-        relative positions `rel`."""
-        start = state.length
-        positions = torch.arange(start, start + ids.shape[0], device=self.device)
-        conv_out: dict[int, torch.Tensor] = {}
-        ssm_out: dict[int, torch.Tensor] = {}
+        hidden states [L, D] and, per SSM block, the states emitted at the positions
+        `rel` (relative, 1-based) as stacked tensors."""
+        x, conv, ssm = self._prefill_hidden_parts([PrefillPart(ids, state)], [list(rel)], pool)
+        return x, conv[0], ssm[0]
+
+    def _prefill_hidden_parts(
+        self,
+        parts: Sequence[PrefillPart],
+        rels: Sequence[Sequence[int]],
+        pool: KVRows | None,
+    ) -> tuple[torch.Tensor, list[dict[int, torch.Tensor]], list[dict[int, torch.Tensor]]]:
+        """`_prefill_hidden` of several parts in one pass over the blocks: hidden states
+        [sum L, D] (the parts' tokens in order) and each part's emitted SSM states."""
+        lens = [p.ids.shape[0] for p in parts]
+        bounds = [(sum(lens[:k]), sum(lens[: k + 1])) for k in range(len(parts))]
+        ids = parts[0].ids if len(parts) == 1 else torch.cat([p.ids for p in parts])
+        positions = torch.cat(
+            [torch.arange(p.state.length, p.state.length + n, device=self.device)
+             for p, n in zip(parts, lens, strict=True)]
+        ) if len(parts) > 1 else torch.arange(
+            parts[0].state.length, parts[0].state.length + lens[0], device=self.device
+        )  # fmt: skip
+        conv_outs: list[dict[int, torch.Tensor]] = [{} for _ in parts]
+        ssm_outs: list[dict[int, torch.Tensor]] = [{} for _ in parts]
         emb = self._embed(ids)
-        kv: dict[int, KVBuffer | PagedPrefill] = dict(state.kv)
-        if pool is not None:
-            assert state.rows is not None
-            past, new = state.rows[:start], state.rows[start:]
-            kv = {i: PagedPrefill(pool.k[i], pool.v[i], past, new) for i in self.attn_blocks}
+        kvs: list[dict[int, KVBuffer | PagedPrefill]] = []
+        for p in parts:
+            kv: dict[int, KVBuffer | PagedPrefill] = dict(p.state.kv)
+            if pool is not None:
+                assert p.state.rows is not None
+                start = p.state.length
+                past, new = p.state.rows[:start], p.state.rows[start:]
+                kv = {i: PagedPrefill(pool.k[i], pool.v[i], past, new) for i in self.attn_blocks}
+            kvs.append(kv)
+
+        def each(
+            h: torch.Tensor,
+            one: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        ) -> torch.Tensor:
+            if len(parts) == 1:
+                return one(0, h, emb, positions)
+            outs = [one(k, h[a:b], emb[a:b], positions[a:b]) for k, (a, b) in enumerate(bounds)]
+            return torch.cat(outs)
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
             if isinstance(mixer, SharedBlock):
-                return mixer.prefill(self.shared_weights(mixer), h, emb, positions, kv[i])
+                weights = self.shared_weights(mixer)
+                return each(h, lambda k, hk, ek, pk: mixer.prefill(weights, hk, ek, pk, kvs[k][i]))
             if isinstance(mixer, Attention):
-                return mixer.prefill(h, positions, kv[i])
+                return each(h, lambda k, hk, _, pk: mixer.prefill(hk, pk, kvs[k][i]))
             if isinstance(mixer, SSMMixer):
-                y, conv, ssm, conv_e, ssm_e = mixer.prefill(
-                    h, state.conv.get(i), state.ssm.get(i), rel
-                )
-                state.conv[i], state.ssm[i] = conv, ssm
-                conv_out[i], ssm_out[i] = conv_e, ssm_e
-                return y
-            out: torch.Tensor = mixer(h)  # an MLP or MoE
+
+                def one(
+                    k: int, hk: torch.Tensor, _: torch.Tensor, __: torch.Tensor
+                ) -> torch.Tensor:
+                    state = parts[k].state
+                    y, conv, ssm, conv_e, ssm_e = mixer.prefill(
+                        hk, state.conv.get(i), state.ssm.get(i), rels[k]
+                    )
+                    state.conv[i], state.ssm[i] = conv, ssm
+                    conv_outs[k][i], ssm_outs[k][i] = conv_e, ssm_e
+                    return y
+
+                return each(h, one)
+            out: torch.Tensor = mixer(h)  # an MLP or MoE: all the parts' tokens at once
             return out
 
         x = self._run_groups(emb, run)
-        return x, conv_out, ssm_out
+        return x, conv_outs, ssm_outs
 
     @torch.inference_mode()
     def warm_up(self) -> float:
