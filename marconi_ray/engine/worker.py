@@ -32,6 +32,7 @@ import torch
 
 from marconi_ray.engine.logprobs import read_logprobs
 from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.model.step_graphs import StepGraphs, captures
 from marconi_ray.engine.sampler import Sampler, make_generator
@@ -54,8 +55,10 @@ from marconi_ray.protocol.results import Logprob, Timings
 class Worker:
     """Model + state store + sampler of one rank; continuous batching over `step`.
 
-    Chunked prefill: a prompt whose uncached part fits in `max_batch_tokens` is prefilled
-    by `start` at once (its first token sampled there); a longer one is prefilled
+    Prefill: the orders a step starts whose uncached parts fit in `max_batch_tokens`
+    together are prefilled in one forward (`HybridModel.prefill_many`; as many forwards
+    as the budget needs) and their first tokens sampled in one call. Chunked prefill: a
+    prompt whose uncached part exceeds `max_batch_tokens` is prefilled
     `max_batch_tokens` tokens per `step` (less the step's decode rows), one long prompt at
     a time, interleaved with the running decodes, so a 16k-token prompt never stalls them
     for its whole prefill. Planned checkpoints land at their exact depths whatever the
@@ -101,6 +104,8 @@ class Worker:
         self.sampler = Sampler()
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
+        self._starting: list[Sequence] = []
+        """Admitted (rows reserved) in this `advance`, not yet started."""
         self._waiting: list[PrefillOrder] = []
         """Orders held back by `advance`: a hit's while promotions copy to the device
         (CUDA), any while the KV rows it needs are reserved by running requests; running
@@ -139,22 +144,71 @@ class Worker:
                 f"max_running_tokens={self.max_running_tokens} are reserved "
                 f"({pool.capacity - pool.held} of the pool's {pool.capacity} rows free)"
             )
+        events, failed = self._start_admitted([self._admit(order)])
+        if failed:
+            raise failed[0][1]
+        return events
+
+    def _admit(self, order: PrefillOrder) -> Sequence:
+        """A sequence for `order`, its rows reserved, about to start (`_starting`)."""
         empty = torch.empty(0, dtype=torch.long, device=self.model.device)
         seq = Sequence(
             order, SeqState(rows=empty), make_generator(order.params.seed, self.model.device)
         )
-        seq.reserved = need
-        self.reserved_rows += need
-        try:
-            self._load_hit(seq)
-            if len(order.prompt) - seq.prefilled > self.max_batch_tokens:
+        seq.reserved = self.rows_needed(order)
+        self.reserved_rows += seq.reserved
+        self._starting.append(seq)
+        return seq
+
+    def _start_admitted(
+        self, seqs: list[Sequence]
+    ) -> tuple[list[TokenEvent], list[tuple[int, Exception]]]:
+        """Start admitted sequences: load their hits; prefill the ones whose uncached
+        prompt fits in `max_batch_tokens` several to a forward (as many as fit in it
+        together) and sample their first tokens in one call; the longer ones go on
+        chunk by chunk in `step`. Returns the events and (request id, error) of each
+        that failed, everything it stored freed (a failed forward fails its parts)."""
+        whole: list[Sequence] = []
+        failed: list[tuple[int, Exception]] = []
+        for seq in seqs:
+            self._starting.remove(seq)
+            try:
+                self._load_hit(seq)
+            except Exception as exc:
+                self._drop(seq)
+                failed.append((seq.request_id, exc))
+                continue
+            if len(seq.order.prompt) - seq.prefilled > self.max_batch_tokens:
                 self._prefilling.append(seq)
-                return []
-            self._prefill(seq, len(order.prompt))
-            return [self._first_token(seq)]
-        except Exception:
-            self._drop(seq)
-            raise
+            else:
+                whole.append(seq)
+        groups: list[list[Sequence]] = []
+        budget = 0
+        for seq in whole:
+            n = len(seq.order.prompt) - seq.prefilled
+            if not groups or budget + n > self.max_batch_tokens:
+                groups.append([])
+                budget = 0
+            groups[-1].append(seq)
+            budget += n
+        ready: list[Sequence] = []
+        for group in groups:
+            try:
+                self._prefill_parts(group, [len(s.order.prompt) for s in group])
+                ready += group
+            except Exception as exc:
+                for seq in group:
+                    self._drop(seq)
+                    failed.append((seq.request_id, exc))
+        if not ready:
+            return [], failed
+        try:
+            return self._first_tokens(ready), failed
+        except Exception as exc:
+            for seq in ready:
+                self._drop(seq)
+                failed.append((seq.request_id, exc))
+            return [], failed
 
     def rows_needed(self, order: PrefillOrder) -> int:
         """The most KV rows `order` holds while it runs: one per uncached prompt token
@@ -176,7 +230,7 @@ class Worker:
         pool = self.store.device_kv
         if not pool.sized:
             return True
-        live = (*self._running, *self._prefilling)
+        live = (*self._running, *self._prefilling, *self._starting)
         to_come = sum(s.reserved - len(s.own) - len(s.staged) for s in live)
         return need + to_come <= pool.capacity - pool.held
 
@@ -194,23 +248,26 @@ class Worker:
         seq = self._prefilling[0]
         end = min(len(seq.order.prompt), seq.prefilled + budget)
         try:
-            self._prefill(seq, end)
+            self._prefill_parts([seq], [end])
             if end < len(seq.order.prompt):
                 return []
             self._prefilling.remove(seq)
-            return [self._first_token(seq)]
+            return self._first_tokens([seq])
         except Exception:
             self._drop(seq)
             raise
 
-    def _first_token(self, seq: Sequence) -> TokenEvent:
-        """Sample a fully prefilled sequence's first token; it joins the decode batch."""
-        assert seq.state.logits is not None
-        (event,) = self._sample([seq], seq.state.logits[None])
-        self._running.append(seq)
-        if seq.finish_reason is not None and not seq.finishing:
-            self._finish(seq)
-        return event
+    def _first_tokens(self, seqs: list[Sequence]) -> list[TokenEvent]:
+        """Sample fully prefilled sequences' first tokens in one call; they join the
+        decode batch."""
+        logits = [s.state.logits for s in seqs]
+        assert all(lg is not None for lg in logits)
+        events = self._sample(seqs, torch.stack(logits))  # type: ignore[arg-type]
+        for seq in seqs:
+            self._running.append(seq)
+            if seq.finish_reason is not None and not seq.finishing:
+                self._finish(seq)
+        return events
 
     def _decode(self, batch: list[Sequence]) -> list[TokenEvent]:
         """One decode step of `batch` on the persistent `DecodeBatch` (sequences join it
@@ -269,6 +326,7 @@ class Worker:
         failed: list[tuple[int, str]] = []
         orders, self._waiting = [*self._waiting, *step.start], []
         started = rows_short = False
+        admitted: list[Sequence] = []
         for order in orders:
             if order.hit_len and (self._waiting or self.store.promotions_in_flight()):
                 self._waiting.append(order)  # its hit is still copying: decodes go on
@@ -284,10 +342,12 @@ class Worker:
                 self._waiting.append(order)
                 continue
             started = True
-            try:
-                events += self.start(order)
-            except Exception as exc:  # reported: the replica aborts its plan
-                failed.append((order.request_id, f"{type(exc).__name__}: {exc}"))
+            admitted.append(self._admit(order))
+        # the admitted prefill several to a forward; a failure is reported: the replica
+        # aborts its plan
+        new_events, errors = self._start_admitted(admitted)
+        events += new_events
+        failed += [(rid, f"{type(exc).__name__}: {exc}") for rid, exc in errors]
         cancelled = [rid for rid in step.stop if not self.stop(rid) and self.cancel(rid)]
         cancelled += [rid for rid in step.cancel if self.cancel(rid)]
         # a step that started requests runs no long-prompt chunk: their first tokens
@@ -412,29 +472,38 @@ class Worker:
         seq.prefilled = order.hit_len
         seq.prefill_s += time.perf_counter() - t0
 
-    def _prefill(self, seq: Sequence, end: int) -> None:
-        """Prefill prompt positions [seq.prefilled, end), keeping the ordered checkpoints
-        that fall inside."""
+    def _prefill_parts(self, seqs: list[Sequence], ends: list[int]) -> None:
+        """Prefill each sequence's prompt positions [seq.prefilled, end) in one forward
+        (one slot allocation for all), keeping the ordered checkpoints that fall inside
+        and scoring the prompt where asked."""
         t0 = time.perf_counter()
-        start = seq.prefilled
-        if start < end:
-            ids = torch.as_tensor(seq.order.prompt[start:end], dtype=torch.long)
-            depths = [d for d in seq.order.checkpoints if start < d <= end]
-            slots = self.store.alloc_slots(end - start)
-            seq.own.extend(slots.tolist())
-            new = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
-            assert seq.state.rows is not None
-            seq.state.rows = torch.cat([seq.state.rows, new])
-            pool = self.store.device_kv
-            if seq.order.params.prompt_logprobs is None:
-                ckpts = self.model.prefill(ids, seq.state, depths, pool)
-            else:
-                ckpts, scores = self.model.prefill_scored(ids, seq.state, depths, pool)
-                self._score_prompt(seq, scores, start)
-            for ckpt in ckpts:
-                seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
-        seq.prefilled = end
-        seq.prefill_s += time.perf_counter() - t0
+        work = [
+            (s, s.prefilled, end) for s, end in zip(seqs, ends, strict=True) if s.prefilled < end
+        ]
+        if work:
+            slots = self.store.alloc_slots(sum(end - start for _, start, end in work))
+            parts, at = [], 0
+            for seq, start, end in work:
+                mine = slots[at : at + end - start]
+                at += end - start
+                seq.own.extend(mine.tolist())
+                new = torch.as_tensor(self.store.device_rows(mine), device=self.model.device)
+                assert seq.state.rows is not None
+                seq.state.rows = torch.cat([seq.state.rows, new])
+                ids = torch.as_tensor(seq.order.prompt[start:end], dtype=torch.long)
+                depths = tuple(d for d in seq.order.checkpoints if start < d <= end)
+                scored = seq.order.params.prompt_logprobs is not None
+                parts.append(PrefillPart(ids, seq.state, depths, scored))
+            results = self.model.prefill_many(parts, self.store.device_kv)
+            for (seq, start, _), part, (ckpts, scores) in zip(work, parts, results, strict=True):
+                if part.scored:
+                    self._score_prompt(seq, scores, start)
+                for ckpt in ckpts:
+                    seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
+        elapsed = time.perf_counter() - t0
+        for seq, end in zip(seqs, ends, strict=True):
+            seq.prefilled = max(seq.prefilled, end)
+            seq.prefill_s += elapsed
 
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
         """Append the prompt log-probabilities that logits [L, V] of positions
