@@ -7,7 +7,9 @@ timings are the median over the reps (counts do not vary). Reports, per revision
 - torch ops, host syncs and TP broadcasts of one decode step at each batch size (the
   `tiny` presets of `--families`), and ops at the largest batch over batch 1;
 - decode tokens/s at each batch (`small` preset, NemotronH), and after / before;
-- TTFT p50 and max of `--ttft-requests` prompts of `--ttft-len` tokens arriving together;
+- TTFT p50 and max of `--ttft-requests` prompts of `--ttft-len` tokens arriving together
+  (each through `Engine.add_request`), and the same prompts started by one
+  `Worker.advance` (the serving path): its model forwards and seconds;
 - bytes made while a cached hit starts, and their slope per cached token (what is copied
   per token of KV);
 - a burst of long prompts: the peak KV rows and count of running requests, the sized
@@ -85,6 +87,7 @@ def median_report(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out["tok_s"][b] = statistics.median(r["tok_s"][b] for r in runs)
     for key in out["ttft"]:
         out["ttft"][key] = statistics.median(r["ttft"][key] for r in runs)
+    out["starts"]["seconds"] = statistics.median(r["starts"]["seconds"] for r in runs)
     out["runs"] = runs
     return out
 
@@ -113,6 +116,12 @@ def table(before: dict[str, Any], after: dict[str, Any], batches: list[int]) -> 
             before["tok_s"][str(b)], after["tok_s"][str(b)], "{:,.1f}")  # fmt: skip
     for key in ("p50", "max"):
         row(f"TTFT {key} (s)", before["ttft"][key], after["ttft"][key], "{:.3f}")
+    sb, sa = before["starts"], after["starts"]
+    k = sa["first_tokens"]
+    row(f"{k} prompts started in one step: model forwards (prefills + the decode)",
+        sb["forwards"], sa["forwards"])  # fmt: skip
+    row(f"{k} prompts started in one step: seconds (their TTFT)",
+        sb["seconds"], sa["seconds"], "{:.3f}")  # fmt: skip
     per_token = "bytes_per_cached_token"
     row("bytes made when a hit starts, per cached token",
         before["hit"][per_token], after["hit"][per_token])  # fmt: skip

@@ -12,6 +12,10 @@ What is counted, during one `Worker.step` of B running requests (greedy, in one 
 - TP broadcasts: calls to the worker's `tp.broadcast`.
 Bytes at hit start: bytes of every non-view op output during `Worker._load_hit` of a
 request whose prompt is cached but for its last token.
+Starts in one step: `--ttft-requests` prompts of `--ttft-len` tokens planned and started
+by one `Worker.advance` (the serving path: their first tokens leave with that step): the
+model forwards it runs (embedding calls: prefills plus the step's decode) and its
+seconds, every request's TTFT there.
 A burst: `--burst-requests` prompts of `--burst-len` tokens submitted together. Where the
 revision can size its KV pool from a budget (`protocol.kv_memory`), the budget holds two
 of them at a time; the peak KV rows running requests hold (the sum of their lengths),
@@ -152,6 +156,38 @@ def hit_start_bytes(model_dir: str, lengths: list[int]) -> dict[str, float]:
     return out
 
 
+def step_starts(model_dir: str, n: int, prompt_len: int) -> dict[str, float]:
+    """The starts-in-one-step measure of the module docstring."""
+    import numpy as np
+
+    from marconi_ray.protocol.orders import StepInput
+
+    engine = _engine(model_dir, n)
+    vocab = engine.config.vocab_size
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.generate(_prompt(98, prompt_len, vocab), sp)  # warm
+    orders = []
+    for i in range(n):
+        prompt = np.asarray(_prompt(400 + i, prompt_len, vocab), np.int32)
+        order, release = engine.planner.order(1000 + i, prompt, sp, time.time())
+        engine.worker.release(release)
+        orders.append(order)
+    model = engine.model
+    embed = model._embed
+    calls = [0]
+
+    def counted(ids: Any) -> Any:
+        calls[0] += 1
+        return embed(ids)
+
+    model._embed = counted
+    t0 = time.perf_counter()
+    out = engine.worker.advance(StepInput(start=tuple(orders)))
+    elapsed = time.perf_counter() - t0
+    firsts = {e.request_id for e in out.events}
+    return {"forwards": calls[0], "seconds": elapsed, "first_tokens": len(firsts)}
+
+
 def burst(model_dir: str, n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:
     """The burst of the module docstring, on the vanilla system (nothing cached)."""
     try:
@@ -235,6 +271,7 @@ def main() -> None:
     }
     report["ttft"] = ttft(args.small, args.ttft_requests, args.ttft_len)
     report["hit"] = hit_start_bytes(args.small, [64, 192])
+    report["starts"] = step_starts(args.small, args.ttft_requests, args.ttft_len)
     report["burst"] = burst(args.small, args.burst_requests, args.burst_len, 8)
     print(json.dumps(report))
 
