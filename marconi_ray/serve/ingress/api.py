@@ -184,7 +184,7 @@ class _Server:
             self.metrics.count(exc.status)
             return error_response(exc)
         req = prepared.request
-        fmt.configure(req, prepared.prompt, self.model.tokenizer)
+        fmt.configure(req, prepared.prompt, self.model.tokenizer, dispatch.order.hit_len)
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
         events = self.backend.generate(dispatch, req.stream)
         interval = self.stream_interval if req.stream else 1

@@ -57,11 +57,35 @@ def _joined(pieces: list[Piece]) -> Piece:
     )
 
 
+class RunningUsage:
+    """The usage so far of a streamed answer (`continuous_usage_stats`): the prompt's and
+    cached tokens, and the tokens the pieces so far handed out (the last piece's own
+    usage when it has one)."""
+
+    def __init__(self, prompt_tokens: int, cached_tokens: int, hide_output: bool) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        self.hide_output = hide_output
+        self.completion_tokens = 0
+
+    def after(self, piece: Piece | None) -> UsageInfo:
+        """The usage once `piece` (None: nothing yet) is out."""
+        if piece is not None:
+            self.completion_tokens += len(piece.token_ids)
+            if piece.usage is not None:
+                self.completion_tokens = piece.usage.completion_tokens
+        done = 0 if self.hide_output else self.completion_tokens
+        return UsageInfo.of(self.prompt_tokens, done, self.cached_tokens)
+
+
 class Formatter(Protocol):
     """Builds one endpoint's OpenAI objects from pieces."""
 
-    def configure(self, req: SamplingRequest, prompt: Prompt, tokenizer: Any) -> None:
-        """Take the request's output options (token ids, log-probabilities, echo)."""
+    def configure(
+        self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
+    ) -> None:
+        """Take the request's output options (token ids, log-probabilities, echo, usage on
+        every chunk: `cached` is the planned hit's tokens)."""
         ...
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> BaseModel: ...
@@ -85,8 +109,11 @@ class CompletionFormat:
         self._echo: str | None = None
         self._prompt: list[int] = []
         self._hide_output = False
+        self._running: RunningUsage | None = None
 
-    def configure(self, req: SamplingRequest, prompt: Prompt, tokenizer: Any) -> None:
+    def configure(
+        self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
+    ) -> None:
         self.token_ids = req.return_token_ids
         if req.logprob_counts()[0] is not None:
             self._writer = CompletionLogprobWriter(TokenTexts(tokenizer))
@@ -95,6 +122,8 @@ class CompletionFormat:
             text = req.prompt
             self._echo = text if isinstance(text, str) else str(tokenizer.decode(self._prompt))
             self._hide_output = req.max_tokens == 0
+        if req.continuous_usage:
+            self._running = RunningUsage(len(prompt), cached, self._hide_output)
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> Completion:
         whole = _joined(pieces)
@@ -109,7 +138,8 @@ class CompletionFormat:
         async for last in pieces:
             choice = self._choice(last, first)
             first = False
-            yield Completion(id=self.id, created=created, model=model, choices=[choice])
+            info = None if self._running is None else self._running.after(last)
+            yield Completion(id=self.id, created=created, model=model, choices=[choice], usage=info)
         if usage and last.usage is not None:
             info = _usage(self._shown_usage(last.usage))
             yield Completion(id=self.id, created=created, model=model, choices=[], usage=info)
@@ -158,11 +188,16 @@ class ChatFormat:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.token_ids = False
         self._texts: TokenTexts | None = None
+        self._running: RunningUsage | None = None
 
-    def configure(self, req: SamplingRequest, prompt: Prompt, tokenizer: Any) -> None:
+    def configure(
+        self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
+    ) -> None:
         self.token_ids = req.return_token_ids
         if req.logprob_counts()[0] is not None:
             self._texts = TokenTexts(tokenizer)
+        if req.continuous_usage:
+            self._running = RunningUsage(len(prompt), cached, False)
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> ChatCompletion:
         whole = _joined(pieces)
@@ -181,7 +216,7 @@ class ChatFormat:
         self, model: str, created: int, pieces: AsyncIterator[Piece], usage: bool
     ) -> AsyncGenerator[BaseModel, None]:
         opening = ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))
-        yield self._chunk(model, created, opening)
+        yield self._chunk(model, created, opening, None)
         last = Piece("")
         async for last in pieces:
             choice = ChatChunkChoice(
@@ -190,7 +225,7 @@ class ChatFormat:
                 logprobs=self._logprobs(last.logprobs),
                 token_ids=list(last.token_ids) if self.token_ids else None,
             )
-            yield self._chunk(model, created, choice)
+            yield self._chunk(model, created, choice, last)
         if usage and last.usage is not None:
             yield ChatCompletionChunk(
                 id=self.id, created=created, model=model, choices=[], usage=_usage(last.usage)
@@ -199,5 +234,11 @@ class ChatFormat:
     def _logprobs(self, entries: Sequence[Logprob]) -> ChatLogprobs | None:
         return None if self._texts is None else chat_logprobs(self._texts, entries)
 
-    def _chunk(self, model: str, created: int, choice: ChatChunkChoice) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.id, created=created, model=model, choices=[choice])
+    def _chunk(
+        self, model: str, created: int, choice: ChatChunkChoice, piece: Piece | None
+    ) -> ChatCompletionChunk:
+        """A chunk of `choice`, with the usage so far once `piece` is out when asked."""
+        usage = None if self._running is None else self._running.after(piece)
+        return ChatCompletionChunk(
+            id=self.id, created=created, model=model, choices=[choice], usage=usage
+        )

@@ -122,6 +122,11 @@ def parse_request(model: type[M], body: object) -> M:
 class StreamOptions(BaseModel):
     model_config = _REQUEST
     include_usage: bool = Field(default=False, description="Send a final chunk with usage.")
+    continuous_usage_stats: bool = Field(
+        default=False,
+        description="With include_usage: every chunk carries the usage so far (as vLLM "
+        "sends it), the final usage chunk too.",
+    )
 
 
 class SamplingRequest(BaseModel):
@@ -192,6 +197,12 @@ class SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every streamed chunk (`include_usage` and `continuous_usage_stats`)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         """(alternatives per generated token, per prompt token) the request asks
