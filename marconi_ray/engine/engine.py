@@ -35,11 +35,11 @@ from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.core.cache.systems import get_system
 from marconi_ray.core.cache.tuner import BootstrapTuner, TunerConfig
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
-from marconi_ray.engine.kv_memory import KVMemoryPlan, planned_store
+from marconi_ray.engine.kv_memory import KVMemoryPlan, planned_worker
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
-from marconi_ray.engine.store.state_store import STATE_DTYPE, StateStore
+from marconi_ray.engine.store.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished, TokenEvent
@@ -162,29 +162,21 @@ class Engine:
         cuda_graphs: str = "auto",
     ) -> None:
         get_system(system)
-        if kv_memory is not None and max_running_tokens is not None:
-            raise ValueError(
-                f"set max_running_tokens ({max_running_tokens}) or kv_memory, not both: "
-                "kv_memory sets it"
-            )
         self.model_dir = Path(model_dir)
         cfg, raw = read_config(model_dir)
         self.config = cfg
         self.system = system
         model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
-        store: StateStore | None = None
-        self.kv_plan: KVMemoryPlan | None = None
+        self.kv_plan: KVMemoryPlan | None
         """How `kv_memory` split (None without it)."""
-        if kv_memory is not None:
-            store, self.kv_plan = planned_store(model, kv_memory, cache_bytes, max_batch)
-            max_running_tokens = self.kv_plan.max_running_tokens
-        self.worker = Worker(
+        self.worker, self.kv_plan = planned_worker(
             model,
             max_batch,
             max_batch_tokens,
-            store=store,
-            max_running_tokens=max_running_tokens,
-            cuda_graphs=cuda_graphs,
+            max_running_tokens,
+            kv_memory,
+            cache_bytes,
+            cuda_graphs,
         )
         host = (
             HostTier(int(host_cache_bytes), placement=host_placement) if host_cache_bytes else None

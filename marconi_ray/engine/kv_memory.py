@@ -26,6 +26,7 @@ import torch
 
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.store.state_store import StateStore
+from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
 
 STATES_PER_REQUEST = 3
@@ -93,3 +94,35 @@ def planned_store(
     )
     store.device_kv.reserve(plan.pool_rows)
     return store, plan
+
+
+def planned_worker(
+    model: HybridModel,
+    max_batch: int,
+    max_batch_tokens: int,
+    max_running_tokens: int | None,
+    kv_memory: KVMemory | None,
+    cache_bytes: int,
+    cuda_graphs: str = "auto",
+) -> tuple[Worker, KVMemoryPlan | None]:
+    """The `Worker` of `model`, its store's pool sized from `kv_memory` (which then sets
+    `max_running_tokens`: ValueError when both are given) and the plan; without
+    `kv_memory`, a growing pool and no plan. Call it after loading and warming up."""
+    store, plan = None, None
+    if kv_memory is not None:
+        if max_running_tokens is not None:
+            raise ValueError(
+                f"set max_running_tokens ({max_running_tokens}) or kv_memory, not both: "
+                "kv_memory sets it"
+            )
+        store, plan = planned_store(model, kv_memory, cache_bytes, max_batch)
+        max_running_tokens = plan.max_running_tokens
+    worker = Worker(
+        model,
+        max_batch,
+        max_batch_tokens,
+        store=store,
+        max_running_tokens=max_running_tokens,
+        cuda_graphs=cuda_graphs,
+    )
+    return worker, plan

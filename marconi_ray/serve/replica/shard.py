@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from marconi_ray.engine.engine import load_served_model
-from marconi_ray.engine.kv_memory import planned_store
+from marconi_ray.engine.kv_memory import planned_worker
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
@@ -125,17 +125,15 @@ class ShardActor:
         tp = TPGroup(self.rank, self.world)
         model = load_served_model(model_dir, tp, dtype, dev, kernels)
         warm_s = model.warm_up()
-        store, plan = None, None
-        if kv_memory is not None:  # measured now: after the weights and the warm-up
-            store, plan = planned_store(model, kv_memory, cache_bytes, max_batch)
-            max_running_tokens = plan.max_running_tokens
-        self.worker = Worker(
+        # the pool's budget is measured now: after the weights and the warm-up
+        self.worker, plan = planned_worker(
             model,
             max_batch,
             max_batch_tokens,
-            store=store,
-            max_running_tokens=max_running_tokens,
-            cuda_graphs=cuda_graphs,
+            max_running_tokens,
+            kv_memory,
+            cache_bytes,
+            cuda_graphs,
         )
         return {
             "kernels": model.kernels.name,
