@@ -95,26 +95,44 @@ class Formatter(Protocol):
     ) -> AsyncGenerator[BaseModel, None]: ...
 
 
-class CompletionFormat:
+class _Format:
+    """What both formats take from a request: `token_ids` (an extension) and the usage
+    on every chunk (`continuous_usage_stats`)."""
+
+    prefix = ""
+
+    def __init__(self) -> None:
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.token_ids = False
+        self._running: RunningUsage | None = None
+
+    def _configure(
+        self, req: SamplingRequest, prompt: Prompt, cached: int, hide_output: bool
+    ) -> None:
+        self.token_ids = req.return_token_ids
+        if req.continuous_usage:
+            self._running = RunningUsage(len(prompt), cached, hide_output)
+
+
+class CompletionFormat(_Format):
     """`text_completion` objects: `token_ids` on each choice when asked (an extension),
     `logprobs` with `logprobs`; `echo` puts the prompt's text (and with `logprobs`, its
     tokens' entries, the first null) before the output, in the first chunk when
     streamed; `max_tokens` 0 (with `echo`) leaves the generated token out (text, ids,
     log-probabilities and `completion_tokens`)."""
 
+    prefix = "cmpl"
+
     def __init__(self) -> None:
-        self.id = f"cmpl-{uuid.uuid4().hex}"
-        self.token_ids = False
+        super().__init__()
         self._writer: CompletionLogprobWriter | None = None
         self._echo: str | None = None
         self._prompt: list[int] = []
         self._hide_output = False
-        self._running: RunningUsage | None = None
 
     def configure(
         self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
     ) -> None:
-        self.token_ids = req.return_token_ids
         if req.logprob_counts()[0] is not None:
             self._writer = CompletionLogprobWriter(TokenTexts(tokenizer))
         if isinstance(req, CompletionRequest) and req.echo:
@@ -122,8 +140,7 @@ class CompletionFormat:
             text = req.prompt
             self._echo = text if isinstance(text, str) else str(tokenizer.decode(self._prompt))
             self._hide_output = req.max_tokens == 0
-        if req.continuous_usage:
-            self._running = RunningUsage(len(prompt), cached, self._hide_output)
+        self._configure(req, prompt, cached, self._hide_output)
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> Completion:
         whole = _joined(pieces)
@@ -180,24 +197,22 @@ class CompletionFormat:
         return list(piece.prompt_logprobs)
 
 
-class ChatFormat:
+class ChatFormat(_Format):
     """`chat.completion` and `chat.completion.chunk` objects: `token_ids` when asked (an
     extension), `logprobs` (with `top_logprobs` alternatives) when asked."""
 
+    prefix = "chatcmpl"
+
     def __init__(self) -> None:
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.token_ids = False
+        super().__init__()
         self._texts: TokenTexts | None = None
-        self._running: RunningUsage | None = None
 
     def configure(
         self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
     ) -> None:
-        self.token_ids = req.return_token_ids
         if req.logprob_counts()[0] is not None:
             self._texts = TokenTexts(tokenizer)
-        if req.continuous_usage:
-            self._running = RunningUsage(len(prompt), cached, False)
+        self._configure(req, prompt, cached, hide_output=False)
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> ChatCompletion:
         whole = _joined(pieces)
