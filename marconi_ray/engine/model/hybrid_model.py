@@ -518,8 +518,7 @@ class HybridModel(nn.Module):
         """`prefill`, also returning the next-token logits [L, V] (float32) at every
         position of the chunk (prompt log-probabilities); the same computation, one
         `lm_head` over all L rows instead of the emitted ones."""
-        ckpts, logits = self._prefill(ids, state, emit_at, pool, every=True)
-        return ckpts, logits
+        return self._prefill(ids, state, emit_at, pool, every=True)
 
     @torch.inference_mode()
     def prefill_many(
@@ -708,13 +707,13 @@ class HybridModel(nn.Module):
         [sum L, D] (the parts' tokens in order) and each part's emitted SSM states."""
         lens = [p.ids.shape[0] for p in parts]
         bounds = [(sum(lens[:k]), sum(lens[: k + 1])) for k in range(len(parts))]
-        ids = parts[0].ids if len(parts) == 1 else torch.cat([p.ids for p in parts])
-        positions = torch.cat(
-            [torch.arange(p.state.length, p.state.length + n, device=self.device)
-             for p, n in zip(parts, lens, strict=True)]
-        ) if len(parts) > 1 else torch.arange(
-            parts[0].state.length, parts[0].state.length + lens[0], device=self.device
-        )  # fmt: skip
+        ranges = [
+            torch.arange(p.state.length, p.state.length + n, device=self.device)
+            for p, n in zip(parts, lens, strict=True)
+        ]
+        one_part = len(parts) == 1
+        ids = parts[0].ids if one_part else torch.cat([p.ids for p in parts])
+        positions = ranges[0] if one_part else torch.cat(ranges)
         conv_outs: list[dict[int, torch.Tensor]] = [{} for _ in parts]
         ssm_outs: list[dict[int, torch.Tensor]] = [{} for _ in parts]
         emb = self._embed(ids)
@@ -728,11 +727,8 @@ class HybridModel(nn.Module):
                 kv = {i: PagedPrefill(pool.k[i], pool.v[i], past, new) for i in self.attn_blocks}
             kvs.append(kv)
 
-        def each(
-            h: torch.Tensor,
-            one: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-        ) -> torch.Tensor:
-            if len(parts) == 1:
+        def each(h: torch.Tensor, one: PartFn) -> torch.Tensor:
+            if one_part:
                 return one(0, h, emb, positions)
             outs = [one(k, h[a:b], emb[a:b], positions[a:b]) for k, (a, b) in enumerate(bounds)]
             return torch.cat(outs)
