@@ -177,6 +177,7 @@ class Engine:
             kv_memory,
             cache_bytes,
             cuda_graphs,
+            model_dir,
         )
         host = (
             HostTier(int(host_cache_bytes), placement=host_placement) if host_cache_bytes else None

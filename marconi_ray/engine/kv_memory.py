@@ -20,10 +20,12 @@ are the worker's (`reserved_rows`), bounded here, never the cache's.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from marconi_ray.engine.constrained import GrammarMasks
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.engine.worker import Worker
@@ -104,10 +106,13 @@ def planned_worker(
     kv_memory: KVMemory | None,
     cache_bytes: int,
     cuda_graphs: str = "auto",
+    tokenizer_dir: str | Path | None = None,
 ) -> tuple[Worker, KVMemoryPlan | None]:
     """The `Worker` of `model`, its store's pool sized from `kv_memory` (which then sets
     `max_running_tokens`: ValueError when both are given) and the plan; without
-    `kv_memory`, a growing pool and no plan. Call it after loading and warming up."""
+    `kv_memory`, a growing pool and no plan. With `tokenizer_dir` (the model folder),
+    it serves constrained requests with that folder's tokenizer. Call it after loading
+    and warming up."""
     store, plan = None, None
     if kv_memory is not None:
         if max_running_tokens is not None:
@@ -124,5 +129,6 @@ def planned_worker(
         store=store,
         max_running_tokens=max_running_tokens,
         cuda_graphs=cuda_graphs,
+        grammars=None if tokenizer_dir is None else GrammarMasks.of(model, tokenizer_dir),
     )
     return worker, plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ class Sequence:
             when it ends.
         prompt_lps: prompt log-probabilities scored so far (prompt tokens 1, 2, ...; when
             its params ask for them), sent with its first token.
+        matcher: its grammar's matcher (`engine.constrained`) when its params have a
+            grammar, advanced by every token it samples.
     """
 
     order: PrefillOrder
@@ -48,6 +51,7 @@ class Sequence:
     staged: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     reserved: int = 0
     prompt_lps: list[Logprob] = field(default_factory=list)
+    matcher: Any = None
 
     @property
     def request_id(self) -> int:

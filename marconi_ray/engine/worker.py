@@ -14,6 +14,12 @@ are freed. A decode step is one attention call per attention layer (the decode b
 row table), one sampling call, one TP broadcast and one device-to-host read of the
 tokens.
 
+Constrained decoding (`SamplingParams.grammar`, `engine.constrained`): a constrained
+request gets a grammar matcher when it starts; each sampling call masks the constrained
+rows' logits with their grammars' masks (one host fill for all of them, one copy to the
+device, on rank 0, which samples), and the tokens read back advance every rank's matchers;
+a request whose grammar is complete stops (`stop`).
+
 Log-probabilities (`SamplingParams.logprobs`) come from the same logits in the same step,
 read with the tokens in one transfer. Prompt log-probabilities (`prompt_logprobs`, echo)
 score every prompt position as it is prefilled (one `lm_head` over the chunk's rows
@@ -30,6 +36,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from marconi_ray.engine.constrained import GrammarMasks
 from marconi_ray.engine.logprobs import read_logprobs
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.prefill_part import PrefillPart
@@ -76,6 +83,8 @@ class Worker:
             end, so a burst of long prompts queues instead of running out of memory, and
             a running request never runs short. With the cache's own byte budget that
             bounds the pool: cache rows + max_running_tokens.
+        grammars: the matchers and masks of constrained requests (None: a request with a
+            grammar fails to start, naming it).
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class Worker:
         store: StateStore | None = None,
         max_running_tokens: int | None = None,
         cuda_graphs: str = "auto",
+        grammars: GrammarMasks | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -102,6 +112,7 @@ class Worker:
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
         self.sampler = Sampler()
+        self.grammars = grammars
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._starting: list[Sequence] = []
@@ -173,6 +184,7 @@ class Worker:
         for seq in seqs:
             self._starting.remove(seq)
             try:
+                self._start_grammar(seq)
                 self._load_hit(seq)
             except Exception as exc:
                 self._drop(seq)
@@ -209,6 +221,17 @@ class Worker:
                 self._drop(seq)
                 failed.append((seq.request_id, exc))
             return [], failed
+
+    def _start_grammar(self, seq: Sequence) -> None:
+        """Give a constrained sequence its matcher (ValueError naming what is wrong)."""
+        p = seq.order.params
+        if p.grammar is None:
+            return
+        if self.grammars is None:
+            raise ValueError(
+                f"request {seq.request_id} has a grammar; this worker has no grammar tokenizer"
+            )
+        seq.matcher = self.grammars.matcher(p.grammar, p.grammar_prefix)
 
     def rows_needed(self, order: PrefillOrder) -> int:
         """The most KV rows `order` holds while it runs: one per uncached prompt token
@@ -520,7 +543,14 @@ class Worker:
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
         """Sample one token for each of `seqs` from logits [len(seqs), V] in one call,
         broadcast them from rank 0 in one collective and read them to the host once
-        (with their log-probabilities when a sequence asked for them)."""
+        (with their log-probabilities when a sequence asked for them). Constrained rows
+        sample from their grammar's tokens (rank 0 masks them: its tokens are the ones
+        broadcast); log-probabilities are of the unmasked logits."""
+        raw = logits
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if constrained and self.grammars is not None and self.tp.rank == 0:
+            logits = logits.clone()
+            self.grammars.mask(logits, constrained, [seqs[i].matcher for i in constrained])
         tokens = self.sampler.sample(
             logits, [s.order.params for s in seqs], [s.generator for s in seqs]
         )
@@ -528,7 +558,7 @@ class Worker:
         ks = [s.order.params.logprobs for s in seqs]
         scored: list[Logprob | None] = [None] * len(seqs)
         if any(k is not None for k in ks):
-            read = read_logprobs(logits, tokens, [k or 0 for k in ks])
+            read = read_logprobs(raw, tokens, [k or 0 for k in ks])
             picked = [lp.token for lp in read]
             scored = [lp if k is not None else None for lp, k in zip(read, ks, strict=True)]
         else:
@@ -545,7 +575,8 @@ class Worker:
                     seq.prompt_lps = []
             seq.output.append(t)
             p = seq.order.params
-            if t in p.stop_token_ids or (not p.ignore_eos and t in eos):
+            complete = seq.matcher is not None and GrammarMasks.advance(seq.matcher, t)
+            if complete or t in p.stop_token_ids or (not p.ignore_eos and t in eos):
                 seq.finish_reason = "stop"
             elif len(seq.output) >= seq.order.max_new:
                 seq.finish_reason = "length"

@@ -8,6 +8,10 @@ import json
 from pathlib import Path
 from typing import Any, Final
 
+END_OF_TURN: Final = "<|end|>"
+"""The token that ends a chat turn in our presets' template (and the packaged `chat`
+model's): when a tokenizer has it, chat requests stop at it."""
+
 DTYPE_BYTES: Final = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of the model dtypes a deployment may use (`ServeConfig.dtype`)."""
 

@@ -33,7 +33,14 @@ class SamplingParams:
     the k most likely tokens' (0 <= k <= `MAX_LOGPROBS`); `prompt_logprobs` k does the
     same for every prompt token after the first (OpenAI's `echo`). Both are of the
     model's distribution (log-softmax of the raw logits, before temperature, top-k and
-    top-p), as vLLM reports them by default.
+    top-p, and before a grammar's mask), as vLLM reports them by default.
+
+    `grammar` (None: free text) constrains the output to a grammar: llguidance's
+    serialized form (`LLMatcher.grammar_from_*`), built and validated at the API
+    (`serve.ingress.structured`). Each step only the tokens the grammar allows can be
+    sampled, and the request stops once the grammar is complete. `grammar_prefix` are
+    output tokens an earlier attempt already generated under it (a re-planned request's
+    prompt ends with them): the grammar consumes them before the first new token.
     """
 
     max_tokens: int = 16
@@ -45,6 +52,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    grammar: str | None = None
+    grammar_prefix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 1:
@@ -82,6 +91,14 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {k!r}")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
+            raise ValueError(f"grammar must be None or a non-empty string, got {self.grammar!r}")
+        prefix = tuple(self.grammar_prefix)
+        if any(not is_int(t) or t < 0 for t in prefix):
+            raise ValueError(f"grammar_prefix must be ints >= 0, got {self.grammar_prefix!r}")
+        if prefix and self.grammar is None:
+            raise ValueError("grammar_prefix needs a grammar")
+        object.__setattr__(self, "grammar_prefix", prefix)
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "top_p", float(self.top_p))
         object.__setattr__(self, "stop_token_ids", stops)

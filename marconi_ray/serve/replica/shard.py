@@ -134,6 +134,7 @@ class ShardActor:
             kv_memory,
             cache_bytes,
             cuda_graphs,
+            model_dir,
         )
         return {
             "kernels": model.kernels.name,
