@@ -26,6 +26,7 @@ from marconi_ray.cli import values
 from marconi_ray.core.cache.systems import SYSTEMS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
 from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS
+from marconi_ray.serve.ingress.tools.registry import SETTINGS as TOOL_PARSERS
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 _FLAG_KEYS = (
@@ -42,6 +43,7 @@ _FLAG_KEYS = (
     "kv_memory_fraction",
     "routing",
     "kernels",
+    "tool_call_parser",
 )
 
 
@@ -119,6 +121,15 @@ def add_parser(subparsers: Any) -> None:
         help="as --kv-memory-bytes, from this fraction (0-1] of each GPU's free memory "
         "after the weights load, like vLLM's --gpu-memory-utilization of what is left, "
         "e.g. 0.85; CUDA only (default: none)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_PARSERS,
+        help="how tool calls are read from chat replies: auto picks by the model's chat "
+        "template (qwen3_coder when it writes <function=, else hermes); hermes reads "
+        "<tool_call>{json}</tool_call> blocks (Qwen2.5/3, Hermes, our presets), qwen3_coder "
+        "the XML calls of Qwen3.5 / Qwen3-Next / Qwen3-Coder templates, json_list a JSON list "
+        "of {name, arguments} (default: auto)",
     )
     p.add_argument(
         "--routing",

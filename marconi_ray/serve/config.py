@@ -278,6 +278,12 @@ class ServeConfig(BaseModel):
         description="Tokens a streamed chunk carries at least (the last chunk: the rest), "
         "like vLLM's --stream-interval: fewer, larger SSE chunks cost less CPU per token.",
     )
+    tool_call_parser: Literal["auto", "hermes", "qwen3_coder", "json_list"] = Field(
+        default="auto",
+        description="How tool calls are read from replies: auto (by the chat template: "
+        "qwen3_coder when it writes <function=, else hermes), hermes (<tool_call> JSON), "
+        "qwen3_coder (<tool_call> XML) or json_list.",
+    )
     redis_url: str | None = Field(
         default=None,
         repr=False,
@@ -521,6 +527,7 @@ class ServeConfig(BaseModel):
             api_key=self.api_key,
             max_body_bytes=self.max_body_bytes,
             stream_interval=self.stream_interval,
+            tool_call_parser=self.tool_call_parser,
             redis_url=self.redis_url,
             lease_s=self.lease_s,
             heartbeat_s=self.heartbeat_s,

@@ -11,6 +11,10 @@ from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.serve.hub_model import HubModel
 from marconi_ray.serve.placement import check_placement
 
+TOOL_CALL_PARSERS = ("auto", "hermes", "qwen3_coder", "json_list")
+"""Values of `tool_call_parser` (the ingress's `tools.registry.SETTINGS`; the control
+plane's settings name them without importing the ingress)."""
+
 COORDINATOR_NAME = "marconi-coordinator"
 TUNER_NAME = "marconi-tuner"
 NAMESPACE = "marconi"
@@ -57,6 +61,8 @@ class ServeSettings:
         host_placement, host_gbps, prefill_tflops: the host tier's placement (`flop_aware`
             or `lru`), copy bandwidth and prefill clock (`core.cache.host_tier.HostTier`).
         stream_interval: tokens a streamed chunk carries at least (the last: the rest).
+        tool_call_parser: how tool calls are read from replies (`auto`: by the chat
+            template; `hermes`, `qwen3_coder`, `json_list`; see `ingress.tools.registry`).
         system: `marconi`, `marconi+`, `sglang+`, `vllm+`, `vllm+refill` or `vanilla`.
         alpha: fixed eviction alpha, or None to tune it (`auto`).
         device: `cpu` or `cuda` (shards get one GPU each on `cuda`).
@@ -142,6 +148,7 @@ class ServeSettings:
     api_key: str | None = field(default=None, repr=False)
     max_body_bytes: int = 1_048_576
     stream_interval: int = 1
+    tool_call_parser: str = "auto"
     redis_url: str | None = field(default=None, repr=False)
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
@@ -157,6 +164,11 @@ class ServeSettings:
             raise ValueError(f"host_cache_bytes must be an integer >= 0, got {host!r}")
         HostTier(host, self.host_gbps, self.prefill_tflops, self.host_placement)
         self._check_kv_memory()
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}; "
+                f"got {self.tool_call_parser!r}"
+            )
 
     @property
     def kv_memory(self) -> KVMemory | None:

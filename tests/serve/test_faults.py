@@ -5,6 +5,7 @@ Requests go through `RayBackend` (the ingress's path: re-planning, resumption)."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
+from llguidance import LLMatcher
 from serve_helpers import local_ray, replicas_app
 
 from marconi_ray.engine.engine import Engine
@@ -27,6 +29,9 @@ from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+# every other token fixed by the grammar: a resume that restarted it would differ
+GRAMMAR = LLMatcher.grammar_from_lark('start: /[a-z]/ "1" /[a-z]/ "2" /[a-z]/ "3" /[a-z]/ "4"')
+CONSTRAINED = dataclasses.replace(PARAMS, grammar=GRAMMAR)
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +64,11 @@ def _settings(model_dir: Path, app: str, **kw: Any) -> ServeSettings:
 
 
 async def _request(
-    backend: RayBackend, prompt: list[int], stream: bool = True
+    backend: RayBackend, prompt: list[int], stream: bool = True, params: SamplingParams = PARAMS
 ) -> tuple[list[int], Completed]:
     """One request; `stream=False` has the replica send its tokens with its end, in one
     message, so a resume after a fault restarts it from scratch instead of continuing."""
-    dispatch = await backend.plan(np.asarray(prompt, np.int32), PARAMS, time.time())
+    dispatch = await backend.plan(np.asarray(prompt, np.int32), params, time.time())
     tokens: list[int] = []
     done: Completed | None = None
     async for event in backend.generate(dispatch, stream):
@@ -88,8 +93,10 @@ def _turns(backend: RayBackend, histories: list[list[int]], rng: Any) -> list[Co
     return out
 
 
-def _check_against(reference: Engine, prompt: list[int], tokens: list[int]) -> None:
-    assert tokens == list(reference.generate(prompt, PARAMS).tokens)
+def _check_against(
+    reference: Engine, prompt: list[int], tokens: list[int], params: SamplingParams = PARAMS
+) -> None:
+    assert tokens == list(reference.generate(prompt, params).tokens)
 
 
 def test_coordinator_killed_between_turns_recovers_from_redis(
@@ -142,16 +149,18 @@ def test_shard_killed_mid_run_rebuilds_and_outputs_match_vanilla(ray_session, mo
 
         async def second_turn() -> list[tuple[list[int], Completed]]:
             killer = asyncio.ensure_future(kill_when_busy())
-            # half the sessions stream, half take the one-object answer: both resume
+            # half the sessions stream, half take the one-object answer: both resume;
+            # two of the streamed ones are constrained by a grammar, which resumes too
             out = await asyncio.gather(
-                *(_request(backend, h, i % 2 == 0) for i, h in enumerate(histories))
+                *(_request(backend, h, i % 2 == 0, second[i]) for i, h in enumerate(histories))
             )
             await killer
             return out
 
         prompts = [list(h) for h in histories]
+        second = [CONSTRAINED if i in (0, 2) else PARAMS for i in range(len(histories))]
         for i, (tokens, _) in enumerate(asyncio.run(second_turn())):
-            _check_against(reference, prompts[i], tokens)
+            _check_against(reference, prompts[i], tokens, second[i])
             histories[i] += tokens + rng.integers(7, 263, 5).tolist()
         prompts = [list(h) for h in histories]
         dones = _turns(backend, histories, rng)

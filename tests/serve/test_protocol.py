@@ -117,7 +117,8 @@ def test_missing_fields_and_non_object_bodies() -> None:
     ("messages", "param"),
     [
         ([], "messages"),
-        ([{"role": "tool", "content": "x"}], "messages[0].role"),
+        ([{"role": "function", "content": "x"}], "messages[0].role"),
+        ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
         ([{"role": "user"}], "messages[0].content"),
         ([{"role": "user", "content": 5}], "messages[0].content"),
         ("hello", "messages"),

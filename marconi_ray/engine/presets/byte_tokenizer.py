@@ -55,18 +55,66 @@ BYTE_VOCAB_SIZE: Final = BYTE_OFFSET + 256
 DEFAULT_MODEL_MAX_LENGTH: Final = 4096
 TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
+
+def _jinja_text(text: str) -> str:
+    """`text` as a Jinja string literal."""
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    return f"'{escaped}'"
+
+
+TOOLS_PREAMBLE: Final = (
+    "# Tools\n\nYou may call one or more functions. Their signatures are within "
+    "<tools></tools>:\n<tools>"
+)
+TOOLS_INSTRUCTION: Final = (
+    "\n</tools>\n\nFor each function call, reply with a JSON object of the function's name "
+    "and arguments within <tool_call></tool_call> tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
 CHAT_TEMPLATE: Final = (
     "{{- bos_token -}}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] in ('system', 'user', 'assistant') -%}"
+    "{%- set ns = namespace(first=0) -%}"
+    "{%- if tools -%}"
+    "{{- '<|system|>' -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{{- messages[0]['content'] + '\\n\\n' -}}{%- set ns.first = 1 -%}"
+    "{%- endif -%}"
+    "{{- " + _jinja_text(TOOLS_PREAMBLE) + " -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- " + _jinja_text(TOOLS_INSTRUCTION) + " + '<|end|>' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages[ns.first:] -%}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') -%}"
+    "{{- '<|assistant|>' + (message['content'] or '') -}}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- if not loop.first or message['content'] -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- set f = call['function'] -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' -}}"
+    "{%- if f['arguments'] is string -%}{{- f['arguments'] -}}"
+    "{%- else -%}{{- f['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|end|>' -}}"
+    "{%- elif message['role'] in ('system', 'user', 'assistant') -%}"
     "{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' -}}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|user|>' -}}"
+    "{%- else -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|end|>' -}}{%- endif -%}"
     "{%- else -%}"
     "{{- raise_exception('unknown chat role: ' + message['role']) -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>' -}}{%- endif -%}"
 )
-"""Jinja chat template: `<|bos|>` then `<|role|>content<|end|>` per message."""
+"""Jinja chat template: `<|bos|>` then `<|role|>content<|end|>` per message. With
+`tools`, a system turn first lists them (`TOOLS_PREAMBLE`, one JSON object per line,
+`TOOLS_INSTRUCTION`; a leading system message's text comes before them); an assistant's
+tool calls are Hermes blocks (`<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`,
+newline-separated, after its content); consecutive tool results form one user turn of
+`<tool_response>` blocks. A conversation without tools renders as it always has."""
 
 
 def _byte_to_unicode() -> list[str]:

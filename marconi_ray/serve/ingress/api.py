@@ -184,7 +184,13 @@ class _Server:
             self.metrics.count(exc.status)
             return error_response(exc)
         req = prepared.request
-        fmt.configure(req, prepared.prompt, self.model.tokenizer, dispatch.order.hit_len)
+        fmt.configure(
+            req,
+            prepared.prompt,
+            self.model.tokenizer,
+            dispatch.order.hit_len,
+            prepared.output.parser,
+        )
         detok = Detokenizer(self.model.tokenizer, req.stop_strings())
         events = self.backend.generate(dispatch, req.stream)
         interval = self.stream_interval if req.stream else 1
@@ -350,7 +356,10 @@ class IngressServer:
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         coordinator = await find_coordinator(self.settings.coordinator_name)
-        model = ServedModel.load(self.settings.local_model_dir(), self.settings.model_name)
+        settings = self.settings
+        model = ServedModel.load(
+            settings.local_model_dir(), settings.model_name, settings.tool_call_parser
+        )
         metrics = IngressMetrics()
         self.backend = RayBackend(coordinator, self.replicas, metrics)
         return build_app(

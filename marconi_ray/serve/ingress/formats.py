@@ -34,8 +34,14 @@ from marconi_ray.serve.ingress.responses import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    FunctionCall,
+    FunctionDelta,
+    ToolCall,
+    ToolCallDelta,
     UsageInfo,
 )
+from marconi_ray.serve.ingress.tools.parser import ParsedCall, ToolParser
+from marconi_ray.serve.ingress.tools.stream import CallSplitter
 
 Prompt = Sequence[int] | npt.NDArray[np.int32]
 
@@ -82,10 +88,16 @@ class Formatter(Protocol):
     """Builds one endpoint's OpenAI objects from pieces."""
 
     def configure(
-        self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
+        self,
+        req: SamplingRequest,
+        prompt: Prompt,
+        tokenizer: Any,
+        cached: int = 0,
+        parser: ToolParser | None = None,
     ) -> None:
         """Take the request's output options (token ids, log-probabilities, echo, usage on
-        every chunk: `cached` is the planned hit's tokens)."""
+        every chunk: `cached` is the planned hit's tokens; `parser`: read tool calls out
+        of a chat reply)."""
         ...
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> BaseModel: ...
@@ -131,7 +143,12 @@ class CompletionFormat(_Format):
         self._hide_output = False
 
     def configure(
-        self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
+        self,
+        req: SamplingRequest,
+        prompt: Prompt,
+        tokenizer: Any,
+        cached: int = 0,
+        parser: ToolParser | None = None,
     ) -> None:
         if req.logprob_counts()[0] is not None:
             self._writer = CompletionLogprobWriter(TokenTexts(tokenizer))
@@ -197,29 +214,57 @@ class CompletionFormat(_Format):
         return list(piece.prompt_logprobs)
 
 
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _reason(reason: str | None, calls: int) -> str | None:
+    """`tool_calls` for a reply that stopped after making calls."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 class ChatFormat(_Format):
     """`chat.completion` and `chat.completion.chunk` objects: `token_ids` when asked (an
-    extension), `logprobs` (with `top_logprobs` alternatives) when asked."""
+    extension), `logprobs` (with `top_logprobs` alternatives) when asked; with a tool
+    parser, the reply's tool calls as `tool_calls` (content null when there is none
+    besides them; streamed, each call whole in the chunk that completes it) and
+    `finish_reason` `tool_calls`."""
 
     prefix = "chatcmpl"
 
     def __init__(self) -> None:
         super().__init__()
         self._texts: TokenTexts | None = None
+        self._parser: ToolParser | None = None
 
     def configure(
-        self, req: SamplingRequest, prompt: Prompt, tokenizer: Any, cached: int = 0
+        self,
+        req: SamplingRequest,
+        prompt: Prompt,
+        tokenizer: Any,
+        cached: int = 0,
+        parser: ToolParser | None = None,
     ) -> None:
         if req.logprob_counts()[0] is not None:
             self._texts = TokenTexts(tokenizer)
+        self._parser = parser
         self._configure(req, prompt, cached, hide_output=False)
 
     def whole(self, model: str, created: int, pieces: list[Piece]) -> ChatCompletion:
         whole = _joined(pieces)
         assert whole.usage is not None, "the last piece carries the usage"
+        content: str | None = whole.text
+        calls: list[ParsedCall] = []
+        if self._parser is not None:
+            parsed, calls = self._parser.parse(whole.text)
+            content = parsed if calls else whole.text
+        tool_calls = [
+            ToolCall(id=_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in calls
+        ]
         choice = ChatChoice(
-            message=AssistantMessage(content=whole.text),
-            finish_reason=whole.finish_reason,
+            message=AssistantMessage(content=content, tool_calls=tool_calls or None),
+            finish_reason=_reason(whole.finish_reason, len(calls)),
             logprobs=self._logprobs(whole.logprobs),
             token_ids=list(whole.token_ids) if self.token_ids else None,
         )
@@ -232,11 +277,25 @@ class ChatFormat(_Format):
     ) -> AsyncGenerator[BaseModel, None]:
         opening = ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))
         yield self._chunk(model, created, opening, None)
+        splitter = None if self._parser is None else CallSplitter(self._parser)
+        made = 0
         last = Piece("")
         async for last in pieces:
+            text, deltas = last.text, []
+            if splitter is not None:
+                text, calls = splitter.feed(last.text)
+                if last.finish_reason is not None:
+                    rest, more = splitter.finish()
+                    text, calls = text + rest, calls + more
+                for call in calls:
+                    function = FunctionDelta(name=call.name, arguments=call.arguments)
+                    deltas.append(ToolCallDelta(index=made, id=_call_id(), function=function))
+                    made += 1
+            if not (text or deltas or last.finish_reason or self._carries_more()):
+                continue  # all of it held inside a call: nothing to send yet
             choice = ChatChunkChoice(
-                delta=ChatDelta(content=last.text) if last.text else ChatDelta(),
-                finish_reason=last.finish_reason,
+                delta=ChatDelta(content=text or None, tool_calls=deltas or None),
+                finish_reason=_reason(last.finish_reason, made),
                 logprobs=self._logprobs(last.logprobs),
                 token_ids=list(last.token_ids) if self.token_ids else None,
             )
@@ -248,6 +307,11 @@ class ChatFormat(_Format):
 
     def _logprobs(self, entries: Sequence[Logprob]) -> ChatLogprobs | None:
         return None if self._texts is None else chat_logprobs(self._texts, entries)
+
+    def _carries_more(self) -> bool:
+        """Whether every chunk carries more than its delta (token ids, log-probabilities
+        or the usage so far), so none may be left out."""
+        return self.token_ids or self._texts is not None or self._running is not None
 
     def _chunk(
         self, model: str, created: int, choice: ChatChunkChoice, piece: Piece | None

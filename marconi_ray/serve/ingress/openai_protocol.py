@@ -27,6 +27,13 @@ from pydantic import (
 )
 
 from marconi_ray.protocol.sampling import MAX_LOGPROBS, SamplingParams
+from marconi_ray.serve.ingress.tools.fields import (
+    MAX_TOOLS,
+    ResponseFormat,
+    ToolCallIn,
+    ToolChoice,
+    ToolDef,
+)
 
 MAX_STOP_STRINGS = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -264,18 +271,56 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One message of a conversation. `content` may be null only on an assistant message
+    with `tool_calls`; a `tool` message answers one of them (`tool_call_id`)."""
+
     model_config = _REQUEST
-    role: Literal["system", "developer", "user", "assistant"] = Field(
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="Author of the message (`developer` is treated as `system`)."
     )
-    content: str | list[TextPart] = Field(description="Text, or a list of text parts.")
+    content: str | list[TextPart] | None = Field(
+        default=None, description="Text, or a list of text parts (null: only with tool_calls)."
+    )
+    tool_calls: list[ToolCallIn] | None = Field(
+        default=None, description="An assistant message's tool calls."
+    )
+    tool_call_id: str | None = Field(
+        default=None, description="A tool message: the id of the call it answers."
+    )
+    name: str | None = Field(default=None, description="Author name (accepted and ignored).")
 
-    def as_template_dict(self) -> dict[str, str]:
-        """`{"role", "content"}` for the chat template (text parts joined)."""
-        text = (
+    def check(self, where: str) -> None:
+        """APIError 400 naming the field of this message (`where`: `messages[i]`) that
+        breaks the shape rules of the class docstring."""
+        if self.tool_calls is not None and self.role != "assistant":
+            message = f"tool_calls are only allowed on assistant messages, not {self.role}"
+            raise APIError(400, f"{where}.tool_calls: {message}", f"{where}.tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            message = "content is required (null only on an assistant message with tool_calls)"
+            raise APIError(400, f"{where}.content: {message}", f"{where}.content")
+        if self.role == "tool" and self.tool_call_id is None:
+            message = "a tool message needs the tool_call_id of the call it answers"
+            raise APIError(400, f"{where}.tool_call_id: {message}", f"{where}.tool_call_id")
+
+    def text(self) -> str:
+        """The content's text (parts joined; empty for null)."""
+        if self.content is None:
+            return ""
+        return (
             self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
         )
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message for the chat template: `role` (`developer` as `system`) and
+        `content` (text parts joined), with `tool_calls` (see `ToolCallIn`) and
+        `tool_call_id` when it has them."""
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [call.as_template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -306,6 +351,41 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("top_logprobs requires logprobs to be true")
         return top
 
+    tools: list[ToolDef] | None = Field(
+        default=None,
+        max_length=MAX_TOOLS,
+        description=f"Functions the model may call (at "
+        f"most {MAX_TOOLS}), rendered into the prompt by the chat template.",
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description="`auto` (default with tools), `none`, `required` or a named function "
+        "(the last two enforced by constrained decoding).",
+    )
+    parallel_tool_calls: bool = Field(
+        default=True, description="With `required`: allow more than one call."
+    )
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="`json_object` or `json_schema`: the reply is constrained to it.",
+    )
+
+    @model_validator(mode="after")
+    def _tool_messages_answer_calls(self) -> ChatCompletionRequest:
+        called: set[str] = set()
+        for i, message in enumerate(self.messages):
+            message.check(f"messages[{i}]")
+            for call in message.tool_calls or ():
+                called.add(call.id)
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise APIError(
+                    400,
+                    f"messages[{i}].tool_call_id: {message.tool_call_id!r} answers no tool "
+                    "call of an earlier assistant message",
+                    f"messages[{i}].tool_call_id",
+                )
+        return self
+
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return ((self.top_logprobs or 0) if self.logprobs else None), None
 
@@ -324,7 +404,10 @@ def resolve_max_tokens(
 
 
 def to_sampling_params(
-    req: SamplingRequest, max_tokens: int, extra_stop_ids: tuple[int, ...] = ()
+    req: SamplingRequest,
+    max_tokens: int,
+    extra_stop_ids: tuple[int, ...] = (),
+    grammar: str | None = None,
 ) -> SamplingParams:
     """The engine's sampling settings for a validated request (stop strings are handled by
     the ingress, see `SamplingRequest.stop_strings`); APIError 400 naming a bad value."""
@@ -343,6 +426,7 @@ def to_sampling_params(
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            grammar=grammar,
         )
     except ValueError as exc:
         param = str(exc).split(" ", 1)[0]

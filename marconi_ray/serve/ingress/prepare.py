@@ -6,6 +6,7 @@ turn a decoded JSON body into prompt token ids and `SamplingParams`, or raise `A
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy.typing as npt
 
 from marconi_ray.core.model.hf.parse import parse_hf_config
 from marconi_ray.protocol.generation_defaults import GenerationDefaults, read_generation_defaults
-from marconi_ray.protocol.model_files import load_tokenizer, read_config_json
+from marconi_ray.protocol.model_files import END_OF_TURN, load_tokenizer, read_config_json
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.validation import validate_prompt
 from marconi_ray.serve.ingress.openai_protocol import (
@@ -29,8 +30,10 @@ from marconi_ray.serve.ingress.openai_protocol import (
     resolve_max_tokens,
     to_sampling_params,
 )
-
-END_OF_TURN = "<|end|>"
+from marconi_ray.serve.ingress.tools.grammar import OutputPlan, plan_output
+from marconi_ray.serve.ingress.tools.hermes import HermesParser
+from marconi_ray.serve.ingress.tools.parser import ToolParser
+from marconi_ray.serve.ingress.tools.registry import parser_for
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class ServedModel:
         max_piece_chars: characters of the longest vocabulary entry (special ones too):
             no token stands for more characters of text, which bounds a text's token
             count from below without tokenizing it (`min_tokens`).
+        tool_parser: reads tool calls out of the output (`tools.registry`: by the
+            `tool_call_parser` setting, `auto` by the chat template).
     """
 
     name: str
@@ -59,11 +64,13 @@ class ServedModel:
     created: int
     max_piece_chars: int = 0
     defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    tool_parser: ToolParser = field(default_factory=HermesParser)
 
     @classmethod
-    def load(cls, model_dir: str | Path, name: str) -> ServedModel:
+    def load(cls, model_dir: str | Path, name: str, tool_call_parser: str = "auto") -> ServedModel:
         """Read the config, generation config, tokenizer and chat template of `model_dir`
-        (offline)."""
+        (offline); ValueError naming a `tool_call_parser` that is none of
+        `tools.registry.SETTINGS`."""
         arch = parse_hf_config(read_config_json(model_dir))
         defaults = read_generation_defaults(model_dir, arch.vocab_size)
         tokenizer = load_tokenizer(model_dir)
@@ -71,6 +78,8 @@ class ServedModel:
         stops = (int(vocab[END_OF_TURN]),) if END_OF_TURN in vocab else ()
         longest = max((len(piece) for piece in vocab), default=1)
         created = int(time.time())
+        template = getattr(tokenizer, "chat_template", None)
+        parser = parser_for(tool_call_parser, template if isinstance(template, str) else None)
         return cls(
             name,
             tokenizer,
@@ -80,6 +89,7 @@ class ServedModel:
             created,
             longest,
             defaults,
+            parser,
         )
 
     def min_tokens(self, texts: list[str]) -> int:
@@ -100,6 +110,8 @@ class Prepared:
     prompt: npt.NDArray[np.int32]
     params: SamplingParams
     request: SamplingRequest
+    output: OutputPlan = field(default_factory=OutputPlan)
+    """How the output is constrained and read (chat: tools and `response_format`)."""
 
 
 def _check_model(name: str, model: ServedModel) -> None:
@@ -163,7 +175,11 @@ def _stop_ids(req: SamplingRequest, extra: tuple[int, ...], model: ServedModel) 
 
 
 def _params(
-    req: SamplingRequest, max_tokens: int, model: ServedModel, extra: tuple[int, ...]
+    req: SamplingRequest,
+    max_tokens: int,
+    model: ServedModel,
+    extra: tuple[int, ...],
+    grammar: str | None = None,
 ) -> SamplingParams:
     for t in req.stop_token_ids or ():
         if t >= model.vocab_size:
@@ -172,7 +188,7 @@ def _params(
                 f"stop_token_ids: token id {t} is outside the vocabulary [0, {model.vocab_size})",
                 "stop_token_ids",
             )
-    return to_sampling_params(req, max_tokens, extra)
+    return to_sampling_params(req, max_tokens, extra, grammar)
 
 
 def prepare_completion(body: object, model: ServedModel) -> Prepared:
@@ -197,12 +213,16 @@ def prepare_completion(body: object, model: ServedModel) -> Prepared:
 
 def _render_chat(req: ChatCompletionRequest, model: ServedModel) -> list[int]:
     messages = [m.as_template_dict() for m in req.messages]
-    _check_size([m["content"] for m in messages], model, "messages")
+    texts = [m["content"] for m in messages]
+    calls = [c["function"] for m in messages for c in m.get("tool_calls", ())]
+    texts += [c["arguments"] for c in calls if isinstance(c["arguments"], str)]
+    tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+    _check_size(texts + ([json.dumps(tools)] if tools else []), model, "messages")
     for i, message in enumerate(messages):
         _check_text(message["content"], f"messages[{i}].content")
     try:
         out = model.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
+            messages, tools=tools, add_generation_prompt=True, tokenize=True
         )
     except Exception as exc:  # jinja errors, a missing template
         raise APIError(
@@ -225,4 +245,8 @@ def prepare_chat(body: object, model: ServedModel) -> Prepared:
     default = model.defaults.budget(limit - len(prompt))
     max_tokens = resolve_max_tokens(requested, default, limit, param)
     extra = _stop_ids(req, model.chat_stop_ids, model)
-    return Prepared(prompt, _params(req, max_tokens, model, extra), req)
+    output = plan_output(
+        req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, model.tool_parser
+    )
+    params = _params(req, max_tokens, model, extra, output.grammar)
+    return Prepared(prompt, params, req, output)

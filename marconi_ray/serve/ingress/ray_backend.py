@@ -73,7 +73,8 @@ class GuardedStream:
     as its heartbeats have stopped instead of routing to it until its lease runs out),
     the request is planned again: from scratch when no token was streamed, otherwise as
     a continuation whose prompt is the original prompt plus the tokens already streamed
-    (greedy outputs are unchanged by the resume; sampled ones draw fresh randomness).
+    (greedy outputs are unchanged by the resume; sampled ones draw fresh randomness; a
+    grammar goes on past the streamed tokens: `SamplingParams.grammar_prefix`).
     The caller sees one uninterrupted stream whose `Completed` counts the original
     prompt. After `MAX_ATTEMPTS` dispatches: `ReplicaUnavailable`.
 
@@ -164,8 +165,15 @@ class GuardedStream:
         prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
         # the prompt's log-probabilities came with the first token (if one came)
         prompt_logprobs = order.params.prompt_logprobs if k == 0 else None
+        # a grammar goes on from where the streamed tokens left it
+        prefix = order.params.grammar_prefix
+        if order.params.grammar is not None:
+            prefix = (*prefix, *self._emitted)
         params = dataclasses.replace(
-            order.params, max_tokens=order.max_new - k, prompt_logprobs=prompt_logprobs
+            order.params,
+            max_tokens=order.max_new - k,
+            prompt_logprobs=prompt_logprobs,
+            grammar_prefix=prefix,
         )
         try:
             self._dispatch = await self._backend.plan_shielded(prompt, params, order.submitted)

@@ -99,15 +99,36 @@ class Completion(BaseModel):
     )
 
 
+class FunctionCall(BaseModel):
+    name: str = Field(description="The function called.")
+    arguments: str = Field(description="Its arguments, as a JSON string.")
+
+
+class ToolCall(BaseModel):
+    id: str = Field(description="`call_...`: what the tool message answering it names.")
+    type: Literal["function"] = Field(default="function", description="Always function.")
+    function: FunctionCall = Field(description="The call.")
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = Field(default="assistant", description="Always assistant.")
-    content: str = Field(description="The reply text.")
+    content: str | None = Field(description="The reply text (null: only tool calls).")
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="The tool calls the reply makes (left out when none)."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_calls(self, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatChoice(_TokenIdsExtension):
     index: int = Field(default=0, description="Choice index (always 0).")
     message: AssistantMessage = Field(description="The reply.")
-    finish_reason: str | None = Field(description="`stop` or `length`.")
+    finish_reason: str | None = Field(description="`stop`, `length` or `tool_calls`.")
     logprobs: ChatLogprobs | None = Field(
         default=None, description="With `logprobs`: the reply's tokens."
     )
@@ -127,11 +148,29 @@ class ChatCompletion(BaseModel):
     usage: UsageInfo = Field(description="Token counts.")
 
 
+class FunctionDelta(BaseModel):
+    name: str = Field(description="The function called.")
+    arguments: str = Field(description="Its arguments (the whole JSON string).")
+
+
+class ToolCallDelta(BaseModel):
+    """A tool call in a streamed chunk: each call comes whole, in the chunk whose text
+    completes it (a client concatenating `arguments` by `index` gets the same)."""
+
+    index: int = Field(description="The call's position among the reply's calls.")
+    id: str = Field(description="`call_...`.")
+    type: Literal["function"] = Field(default="function", description="Always function.")
+    function: FunctionDelta = Field(description="The call.")
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(
         default=None, description="Set on the first chunk only."
     )
     content: str | None = Field(default=None, description="New text in this chunk.")
+    tool_calls: list[ToolCallDelta] | None = Field(
+        default=None, description="Tool calls completed in this chunk."
+    )
 
     @model_serializer(mode="wrap")
     def _omit_none(self, handler: Any) -> dict[str, Any]:
