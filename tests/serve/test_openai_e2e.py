@@ -351,3 +351,50 @@ def test_a_host_tier_no_node_can_hold_is_refused_before_anything_starts(services
     for name in (too_big.coordinator_name, too_big.tuner_name):
         with pytest.raises(ValueError):
             ray.get_actor(name, namespace=NAMESPACE)
+
+
+def test_tool_calls_and_json_schema_over_the_tp2_service(services):
+    """Constrained decoding through the TP-2 replicas (rank 0 masks, every rank's matcher
+    follows the broadcast tokens): named tool calls at temperature 1 satisfy their
+    schema, the next turn finds the whole previous turn cached, and a `json_schema` reply
+    parses; the same greedy tool call as the vanilla service's."""
+    client, vanilla = services["marconi"], services["vanilla"]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+        "required": ["city", "n"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": schema}}]
+    named = {"type": "function", "function": {"name": "lookup"}}
+    messages = [{"role": "user", "content": "Look it up."}]
+    for seed in range(4):
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            tools=tools,
+            tool_choice=named,
+            seed=seed,
+            temperature=1.0,
+            max_tokens=120,
+        )
+        (call,) = reply.choices[0].message.tool_calls
+        args = json.loads(call.function.arguments)
+        assert set(args) == {"city", "n"} and len(args["city"]) <= 10
+    greedy = dict(model="tiny", tools=tools, tool_choice=named, temperature=0.0, max_tokens=120)
+    first = client.chat.completions.create(messages=messages, **greedy)
+    ref = vanilla.chat.completions.create(messages=messages, **greedy)
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function == ref.choices[0].message.tool_calls[0].function
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
+    second = client.chat.completions.create(messages=messages, **greedy)
+    seen = first.usage.prompt_tokens + first.usage.completion_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens == seen
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    out = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=fmt, max_tokens=120, temperature=1.0
+    )
+    assert set(json.loads(out.choices[0].message.content)) == {"city", "n"}
