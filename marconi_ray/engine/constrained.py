@@ -25,6 +25,8 @@ from llguidance import LLExecutor, LLMatcher
 from marconi_ray.protocol.model_files import END_OF_TURN, load_tokenizer
 
 BITS = 32
+_BIT_VALUES = [1 << j for j in range(BITS - 1)] + [-(1 << (BITS - 1))]
+"""Each bit of an int32 word as an int32 (the sign bit is negative)."""
 
 
 def bitmask_words(vocab: int) -> int:
@@ -34,10 +36,9 @@ def bitmask_words(vocab: int) -> int:
 
 def expand_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """Allowed-token mask [N, vocab] (bool) of `bitmask` [N, ceil(vocab / 32)] (int32;
-    bit j of word w allows token 32 * w + j), in three tensor ops on its device."""
-    shifts = torch.arange(BITS, device=bitmask.device, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    bit j of word w allows token 32 * w + j), in two tensor ops on its device."""
+    bits = torch.tensor(_BIT_VALUES, dtype=torch.int32, device=bitmask.device)
+    return (bitmask.unsqueeze(-1) & bits).ne(0).reshape(bitmask.shape[0], -1)[:, :vocab]
 
 
 def expand_bitmask_ref(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -63,6 +64,13 @@ class GrammarTokenizer:
         self.vocab = vocab
         self.eos_ids = [int(t) for t in eos_ids]
         self._tokenizer: Any = None
+
+    @classmethod
+    def built(cls, tokenizer: Any, vocab: int) -> GrammarTokenizer:
+        """One around an llguidance `LLTokenizer` already built (benchmarks, tests)."""
+        out = cls("", vocab, ())
+        out._tokenizer = tokenizer
+        return out
 
     def get(self) -> Any:
         if self._tokenizer is None:
@@ -118,15 +126,22 @@ class GrammarMasks:
             pin = logits.device.type == "cuda"
             self._host = torch.empty((n, words), dtype=torch.int32, pin_memory=pin)
         host = self._host[:n]
-        if self._executor is None:
-            self._executor = LLExecutor(num_threads=self.threads)
-        llt.fill_next_token_bitmask_par(
-            self._executor, [(m, i) for i, m in enumerate(matchers)], host
-        )
+        if self.threads == 1 or n == 1:  # a thread pool's hand-off costs more than it saves
+            for i, m in enumerate(matchers):
+                llt.fill_next_token_bitmask(m, host, i)
+        else:
+            if self._executor is None:
+                self._executor = LLExecutor(num_threads=self.threads)
+            llt.fill_next_token_bitmask_par(
+                self._executor, [(m, i) for i, m in enumerate(matchers)], host
+            )
         device_mask = host.to(logits.device, non_blocking=True)
-        allowed = expand_bitmask(device_mask, vocab)
+        forbidden = ~expand_bitmask(device_mask, vocab)
+        if n == logits.shape[0]:  # every row constrained: in place, no gather
+            logits.masked_fill_(forbidden, float("-inf"))
+            return
         index = torch.as_tensor(list(rows), device=logits.device)
-        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
 
     @staticmethod
     def advance(matcher: Any, token: int) -> bool:
