@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 THINK_KINDS = ("trace", "fixed", "exp")
+ARRIVALS = ("rate", "trace")
+"""Session arrival processes: at a rate (`session_start_times`) or the trace's own clock
+(`trace_start_times`)."""
 
 
 def session_start_times(
@@ -34,6 +37,18 @@ def session_start_times(
         return []
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
     return [0.0, *np.cumsum(gaps).tolist()]
+
+
+def trace_start_times(firsts: list[float], scale: float) -> list[float]:
+    """Start times of sessions whose first requests arrive at `firsts` (seconds, in
+    the trace's clock): their offsets from the earliest, times `scale`. ValueError
+    naming a bad `scale` (not finite and > 0)."""
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"time scale must be finite and > 0, got {scale}")
+    if not firsts:
+        return []
+    origin = min(firsts)
+    return [(t - origin) * scale for t in firsts]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,11 @@ class LoadConfig:
             None with `concurrency` set: a fixed number of users, each starting its next
             session when the previous ends.
         burstiness: gamma shape of inter-arrival times (1.0 = Poisson).
+        arrivals: `rate` (sessions start at `session_rate`) or `trace` (each session at
+            its first request's time in the trace, times `time_scale`, as production
+            replays in DistServe and Splitwise do; `session_rate` is then unused).
+        time_scale: with `trace` arrivals, the factor on the trace's clock (0.5: twice
+            as fast).
         concurrency: most sessions in flight (a fixed-users run when rate is None).
         think: `trace` (the trace's gaps), `fixed:S` or `exp:MEAN` seconds between a
             turn's completion and the next turn.
@@ -48,6 +53,8 @@ class LoadConfig:
     sessions: int = 30
     session_rate: float | None = 1.0
     burstiness: float = 1.0
+    arrivals: str = "rate"
+    time_scale: float = 1.0
     concurrency: int | None = None
     think: str = "fixed:0"
     history: str = "live"

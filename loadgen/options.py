@@ -28,6 +28,15 @@ LOAD_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
     ),
     ("--sessions", int, 30, "sessions to run (the trace's first N)"),
     ("--burstiness", float, 1.0, "gamma shape of session inter-arrivals (1 = Poisson)"),
+    (
+        "--arrivals",
+        str,
+        "rate",
+        "rate: sessions start at --session-rate; trace: each at its first request's time "
+        "in the trace (Mooncake's timestamp, the Azure trace's TIMESTAMP, ShareGPT's ts), "
+        "scaled by --time-scale",
+    ),
+    ("--time-scale", float, 1.0, "with --arrivals trace: factor on the trace's clock"),
     ("--concurrency", int, None, "most sessions in flight; with --session-rate none: fixed users"),
     ("--think", str, "fixed:0", "pause between turns: 'trace', 'fixed:S' or 'exp:MEAN' seconds"),
     ("--history", str, "live", "live (resend the model's replies) or trace (recorded replies)"),

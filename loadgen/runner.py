@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from loadgen.arrivals import ThinkTime, parse_think, session_start_times
+from loadgen.arrivals import ThinkTime, parse_think, session_start_times, trace_start_times
 from loadgen.client import stream_completion
 from loadgen.config import LoadConfig, RequestRecord
 from loadgen.detok import load_detokenizer
@@ -160,7 +160,7 @@ async def _launch(d: _Driver, sessions: tuple[Session, ...]) -> list[asyncio.Tas
     """Start sessions per the arrival process; returns their tasks."""
     cfg = d.config
     tasks: list[asyncio.Task[None]] = []
-    if cfg.session_rate is None:
+    if cfg.session_rate is None and cfg.arrivals == "rate":
         assert cfg.concurrency is not None  # validated
         queue = list(reversed(sessions))
 
@@ -169,8 +169,12 @@ async def _launch(d: _Driver, sessions: tuple[Session, ...]) -> list[asyncio.Tas
                 await d.session(queue.pop())
 
         return [asyncio.create_task(user()) for _ in range(cfg.concurrency)]
-    rng = np.random.default_rng(cfg.seed)
-    starts = session_start_times(len(sessions), cfg.session_rate, cfg.burstiness, rng)
+    if cfg.arrivals == "trace":
+        starts = trace_start_times([s.start_s for s in sessions], cfg.time_scale)
+    else:
+        assert cfg.session_rate is not None
+        rng = np.random.default_rng(cfg.seed)
+        starts = session_start_times(len(sessions), cfg.session_rate, cfg.burstiness, rng)
     sem = asyncio.Semaphore(cfg.concurrency) if cfg.concurrency is not None else None
 
     async def bounded(s: Session) -> None:

@@ -41,10 +41,12 @@ class Turn:
 
 @dataclass(frozen=True)
 class Session:
-    """A conversation: its turns in order (at least one)."""
+    """A conversation: its turns in order (at least one), and `start_s`, its first
+    request's arrival in the trace's clock."""
 
     session_id: int
     turns: tuple[Turn, ...]
+    start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def build_sessions(trace: Trace, n_sessions: int | None = None) -> SessionSet:
             turns.append(Turn(i, inp, out, new, max(0.0, req.ts - prev_ts) if i else 0.0, extends))
             prev_full, prev_ts = inp + out, req.ts
         if turns:
-            sessions.append(Session(sid, tuple(turns)))
+            sessions.append(Session(sid, tuple(turns), reqs[0].ts))
     return SessionSet(tuple(sessions), non_extending)
 
 

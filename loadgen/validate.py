@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from loadgen.arrivals import parse_think
+from loadgen.arrivals import ARRIVALS, parse_think
 from loadgen.config import LoadConfig
 from loadgen.hosts import check_url
 from loadgen.sessions import HISTORY_MODES, PROMPT_MODES
@@ -24,10 +24,13 @@ def validate_config(config: LoadConfig) -> None:
     check_url(config.url, config.allow_hosts)
     if config.sessions < 1:
         raise ValueError(f"sessions must be >= 1, got {config.sessions}")
-    if config.session_rate is None and config.concurrency is None:
+    if config.arrivals == "rate" and config.session_rate is None and config.concurrency is None:
         raise ValueError("set a session rate or a concurrency (both are None)")
     _positive("session_rate", config.session_rate)
     _positive("burstiness", config.burstiness, allow_none=False)
+    if config.arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals {config.arrivals!r} is not one of {', '.join(ARRIVALS)}")
+    _positive("time_scale", config.time_scale, allow_none=False)
     if config.concurrency is not None and config.concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {config.concurrency}")
     parse_think(config.think)

@@ -23,6 +23,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _BLOCK_DOMAIN = 0x426C6F636B  # "Block"
 _OUTPUT_DOMAIN = 0x4F7574707574  # "Output"
+_PROMPT_DOMAIN = 0x50726F6D7074  # "Prompt"
 U64 = npt.NDArray[np.uint64]
 
 
@@ -69,12 +70,24 @@ def block_tokens(
     return _stream(keys.astype(np.uint64), block_size, seed, _BLOCK_DOMAIN, vocab_size)
 
 
+def _request_stream(index: int, length: int, seed: int, domain: int, vocab: int) -> TokenArray:
+    if index < 0 or length < 0:
+        raise ValueError(f"index and length must be >= 0, got {index}, {length}")
+    keys = np.array([index], dtype=np.uint64)
+    out: TokenArray = _stream(keys, length, seed, domain, vocab)[0]
+    return out
+
+
 def output_tokens(
     index: int, length: int, seed: int = 0, vocab_size: int = DEFAULT_VOCAB
 ) -> TokenArray:
     """``length`` output tokens of the request at ``index`` (a function of both and seed)."""
-    if index < 0 or length < 0:
-        raise ValueError(f"index and length must be >= 0, got {index}, {length}")
-    keys = np.array([index], dtype=np.uint64)
-    out: TokenArray = _stream(keys, length, seed, _OUTPUT_DOMAIN, vocab_size)[0]
-    return out
+    return _request_stream(index, length, seed, _OUTPUT_DOMAIN, vocab_size)
+
+
+def prompt_tokens(
+    index: int, length: int, seed: int = 0, vocab_size: int = DEFAULT_VOCAB
+) -> TokenArray:
+    """``length`` prompt tokens of the request at ``index``, for traces that give only a
+    prompt's length (a stream of its own: never a block's nor an output's tokens)."""
+    return _request_stream(index, length, seed, _PROMPT_DOMAIN, vocab_size)

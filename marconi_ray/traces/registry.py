@@ -4,7 +4,8 @@ Specs: ``sharegpt`` (artifact mode), ``sharegpt-rejoined``, ``swebench``, ``samp
 packaged 20-session ShareGPT sample; needs no data folder), ``mooncake:FILE`` /
 ``mooncake-chained:FILE`` (a Mooncake-format file of hash ids, unchained or with
 conversations chained, :mod:`.mooncake`; bare ``mooncake`` / ``mooncake-chained`` read
-the shared ``mooncake/synthetic_trace.jsonl`` of the data folder), or a path to an
+the shared ``mooncake/synthetic_trace.jsonl`` of the data folder), ``azure:FILE`` (an
+Azure LLM inference trace CSV of arrival times and lengths, :mod:`.azure`), or a path to an
 artifact ``.jsonl``/``.jsonl.gz`` file. Tokenized builds go through the disk cache
 (:mod:`.cache`); Mooncake traces need no tokenizer and are rebuilt each time (about a
 second for the shared file).
@@ -20,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from marconi_ray.traces import mooncake, sharegpt, swebench
+from marconi_ray.traces import azure, mooncake, sharegpt, swebench
 from marconi_ray.traces.cache import cached_build
 from marconi_ray.traces.tokenizer import LLAMA2_RELPATH, Tokenizer, load_tokenizer
 from marconi_ray.traces.trace import Trace, read_jsonl, with_session_rate
@@ -52,10 +53,13 @@ BUILDERS: dict[str, Builder] = {
 }
 MOONCAKE_KINDS = {"mooncake": False, "mooncake-chained": True}
 """Mooncake spec prefixes and whether they chain conversations."""
+AZURE = "azure"
+"""Spec prefix of an Azure LLM inference trace CSV (`azure:FILE`, :mod:`.azure`)."""
 CHOICES = (
     *BUILDERS,
     "sample",
     *(f"{kind}[:FILE]" for kind in MOONCAKE_KINDS),
+    f"{AZURE}:FILE",
     "<file.jsonl[.gz]>",
 )
 
@@ -113,6 +117,14 @@ def load_trace(
     file, and the options ``seed``, ``vocab_size``, ``block_size``, ``name``; ``tokenizer``
     and the disk cache are not used. Unknown specs or options raise ValueError naming them.
     """
+    kind, colon, azure_file = spec.partition(":")
+    if kind == AZURE and colon:
+        if not azure_file:
+            raise ValueError(f"trace {spec!r}: no file after '{AZURE}:'")
+        _check_kwargs(spec, azure.read_azure, kw)
+        return azure.read_azure(
+            azure_file, n_sessions=n_sessions, sessions_per_second=sessions_per_second, **kw
+        )
     moon = mooncake_spec(spec)
     if moon is not None:
         chained, file = moon

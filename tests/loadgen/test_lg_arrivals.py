@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.arrivals import ThinkTime, parse_think, session_start_times
+from loadgen.arrivals import ThinkTime, parse_think, session_start_times, trace_start_times
 from loadgen.hosts import check_url
 
 
@@ -84,3 +84,11 @@ def test_other_hosts_need_allow_host():
         check_url("ftp://x")
     with pytest.raises(ValueError, match="no host"):
         check_url("http://")
+
+
+def test_trace_arrivals_keep_the_trace_clock_scaled():
+    assert trace_start_times([10.0, 10.5, 14.0], 1.0) == [0.0, 0.5, 4.0]
+    assert trace_start_times([10.0, 10.5, 14.0], 0.25) == [0.0, 0.125, 1.0]
+    assert trace_start_times([], 2.0) == []
+    with pytest.raises(ValueError, match="time scale"):
+        trace_start_times([1.0], 0.0)

@@ -155,3 +155,30 @@ def test_cli_help_lists_every_option(capsys):
 def test_cli_skips_a_missing_subcommand_module():
     parser = cli.build_parser(["run", "no_such_subcommand"])
     assert parser.parse_args(["run", "--url", "u", "--out", "o"]).command == "run"
+
+
+def test_trace_arrivals_follow_the_trace_clock(fake, tmp_path):
+    """`--arrivals trace`: each session starts at its first request's time in the trace
+    (an Azure CSV here), scaled by `time_scale`; the session rate is unused."""
+    url, _ = fake
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{46 + 2 * i:02d}.000,{5 + i},2" for i in range(3)]
+    path = tmp_path / "azure.csv"
+    path.write_text("\n".join(rows) + "\n")
+    for scale in (0.25, 0.5):
+        cfg = _config(
+            url, trace=f"azure:{path}", arrivals="trace", time_scale=scale, session_rate=None
+        )
+        result = run_load(cfg, progress=False)
+        starts = sorted(r.start_s for r in result.records)
+        assert result.summary["failed"] == 0 and len(starts) == 3
+        for i, at in enumerate(starts):
+            assert at == pytest.approx(2 * i * scale, abs=0.15)
+
+
+def test_bad_arrivals_are_named(tmp_path, capsys):
+    base = ["run", "--url", "http://127.0.0.1:1", "--trace", "sample", "--out", str(tmp_path)]
+    assert cli.main([*base, "--arrivals", "clock"]) == 2
+    assert "'clock'" in capsys.readouterr().err
+    assert cli.main([*base, "--arrivals", "trace", "--time-scale", "0"]) == 2
+    assert "time_scale" in capsys.readouterr().err
