@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 PROG = "marconi-loadgen"
-SUBCOMMANDS = ["run", "compare"]
+SUBCOMMANDS = ["run", "compare", "agent"]
 
 
 def build_parser(subcommands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:

@@ -46,16 +46,26 @@ def plot_ttft_by_turn(
 
     Turn keys may be ints or their strings (as read back from JSON).
     """
+    plot_by_turn(series, path, "TTFT (ms)", "TTFT by conversation turn")
+
+
+def plot_by_turn(
+    series: Mapping[str, Mapping[int, float] | Mapping[str, float]],
+    path: str | os.PathLike[str],
+    ylabel: str,
+    title: str,
+) -> None:
+    """A value by turn index (int or string keys), one line per name in `series`."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     try:
         for name, by_turn in series.items():
             points = sorted((int(k), float(v)) for k, v in by_turn.items())
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
         ax.set_xlabel("turn index")
-        ax.set_ylabel("TTFT (ms)")
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left")
-        ax.set_title("TTFT by conversation turn")
+        ax.set_title(title)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
     finally:
