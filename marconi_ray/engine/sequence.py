@@ -21,7 +21,7 @@ class Sequence:
     Attributes:
         state_ids: depth -> store state id of every checkpoint captured so far.
         finishing: the last token is sampled; one more decode step consumes it so the
-            state after the whole sequence can be checkpointed (`order.keep_final`).
+            state after the whole sequence can be checkpointed (`consumes_last`).
         prefilled: prompt tokens consumed so far (a chunked prefill advances it step by
             step; the sequence decodes once it reaches the prompt's length).
         own: the KV slot ids the worker allocated for the tokens this request computed,
@@ -52,6 +52,14 @@ class Sequence:
     reserved: int = 0
     prompt_lps: list[Logprob] = field(default_factory=list)
     matcher: Any = None
+
+    def consumes_last(self) -> bool:
+        """Whether its last sampled token must be consumed by one more decode step: the
+        cache keeps the state after the whole sequence (`keep_final`), or the sequence
+        ends exactly at one of its capture depths (a block boundary the cache keeps a
+        state at, whatever made the request stop there)."""
+        final = len(self.order.prompt) + len(self.output)
+        return self.order.keep_final or final in self.order.capture
 
     @property
     def request_id(self) -> int:

@@ -416,7 +416,7 @@ class Worker:
         for seq in self._running:
             if seq.request_id == request_id and seq.finish_reason is None:
                 seq.finish_reason = "stop"
-                seq.finishing = seq.order.keep_final
+                seq.finishing = seq.consumes_last()
                 if not seq.finishing:
                     self._finish(seq)
                 return True
@@ -581,7 +581,7 @@ class Worker:
             elif len(seq.output) >= seq.order.max_new:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:
-                seq.finishing = seq.order.keep_final
+                seq.finishing = seq.consumes_last()
             done = seq.finish_reason is not None
             events.append(TokenEvent(seq.request_id, t, done, lp, prompt_lps))
         return events

@@ -133,13 +133,15 @@ class PrefixCache:
 
     # --------------------------------------------------------------- protocol
     def decode_capture_depths(self, n_input: int, max_total: int) -> list[int]:
-        """Depths past the input, before `max_total`, whose states the admission policy
-        keeps if decoding runs past them (e.g. block boundaries); the final depth of a
-        request is always asked for separately by `checkpoints`."""
+        """Depths past the input, up to `max_total`, whose states the admission policy
+        keeps if decoding reaches them (e.g. block boundaries). A request that ends exactly
+        at one of them (`max_total` among them) has its last token consumed so that its
+        state exists (`checkpoints` asks for it); the final depth kept by `keeps_final`
+        is asked for separately."""
         return [
             d
             for d, _ in self.admission.decode_checkpoints(n_input, max_total)
-            if n_input < d < max_total
+            if n_input < d <= max_total
         ]
 
     def keeps_final(self, n_input: int) -> bool:
