@@ -39,6 +39,7 @@ from marconi_ray.engine.kv_memory import KVMemoryPlan, planned_worker
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.spec.drafters import Drafter
 from marconi_ray.engine.store.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
@@ -46,6 +47,7 @@ from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS, Finished, Toke
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.results import GenerationResult, Logprob, Usage
 from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.protocol.speculative import SpeculativeConfig
 from marconi_ray.protocol.validation import validate_prompt
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,6 +140,8 @@ class Engine:
             split. None: the pool grows as needed.
         cuda_graphs: `auto` (the decode step replayed as CUDA graphs on CUDA, eager on
             CPU), `on` (CUDA only: ValueError elsewhere) or `off` (`model.step_graphs`).
+        speculative: speculative decoding (`Worker`); `drafter` replaces the drafter it
+            names (benchmarks' oracle).
     """
 
     def __init__(
@@ -160,6 +164,8 @@ class Engine:
         max_running_tokens: int | None = None,
         kv_memory: KVMemory | None = None,
         cuda_graphs: str = "auto",
+        speculative: SpeculativeConfig | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         get_system(system)
         self.model_dir = Path(model_dir)
@@ -178,6 +184,8 @@ class Engine:
             cache_bytes,
             cuda_graphs,
             model_dir,
+            speculative,
+            drafter,
         )
         host = (
             HostTier(int(host_cache_bytes), placement=host_placement) if host_cache_bytes else None
@@ -340,6 +348,7 @@ class Engine:
             timings=done.timings,
             logprobs=tuple(self._lps.pop(done.request_id, ())),
             prompt_logprobs=self._prompt_lps.pop(done.request_id, ()),
+            spec=done.spec,
         )
 
     def _abort(self, rid: int, done: Finished | None = None) -> None:

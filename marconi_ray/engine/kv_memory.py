@@ -27,9 +27,11 @@ import torch
 
 from marconi_ray.engine.constrained import GrammarMasks
 from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.spec.drafters import Drafter
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
+from marconi_ray.protocol.speculative import SpeculativeConfig
 
 STATES_PER_REQUEST = 3
 
@@ -107,11 +109,14 @@ def planned_worker(
     cache_bytes: int,
     cuda_graphs: str = "auto",
     tokenizer_dir: str | Path | None = None,
+    speculative: SpeculativeConfig | None = None,
+    drafter: Drafter | None = None,
 ) -> tuple[Worker, KVMemoryPlan | None]:
     """The `Worker` of `model`, its store's pool sized from `kv_memory` (which then sets
     `max_running_tokens`: ValueError when both are given) and the plan; without
     `kv_memory`, a growing pool and no plan. With `tokenizer_dir` (the model folder),
-    it serves constrained requests with that folder's tokenizer. Call it after loading
+    it serves constrained requests with that folder's tokenizer; with `speculative`, it
+    drafts and verifies (`drafter` replacing the one it names). Call it after loading
     and warming up."""
     store, plan = None, None
     if kv_memory is not None:
@@ -130,5 +135,7 @@ def planned_worker(
         max_running_tokens=max_running_tokens,
         cuda_graphs=cuda_graphs,
         grammars=None if tokenizer_dir is None else GrammarMasks.of(model, tokenizer_dir),
+        speculative=speculative,
+        drafter=drafter,
     )
     return worker, plan

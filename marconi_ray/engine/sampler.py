@@ -74,11 +74,20 @@ class Sampler:
         return out
 
     @staticmethod
-    def _sample_rows(
-        logits: torch.Tensor,
-        params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
-    ) -> torch.Tensor:
+    def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """The distribution [L, V] (float64) each row of logits [L, V] is sampled from
+        under `params` (temperature > 0): temperature, then top-k, then top-p, as
+        `sample` applies them (speculative acceptance compares drafts against it)."""
+        rows = logits.shape[0]
+        probs, order = Sampler._sorted_probs(logits, [params] * rows)
+        return torch.zeros_like(probs).scatter_(1, order, probs)
+
+    @staticmethod
+    def _sorted_probs(
+        logits: torch.Tensor, params: Sequence[SamplingParams]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probabilities in descending-logit order after temperature, top-k and top-p,
+        the order: token ids [B, V])."""
         device = logits.device
         vocab = logits.shape[1]
         temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float64)
@@ -93,7 +102,16 @@ class Sampler:
         mass_before = torch.cumsum(probs, dim=-1) - probs
         outside = (mass_before >= top_ps[:, None]) & (top_ps[:, None] < 1.0)
         outside[:, 0] = False
-        probs = probs.masked_fill(outside, 0.0)
+        return probs.masked_fill(outside, 0.0), order
+
+    @staticmethod
+    def _sample_rows(
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> torch.Tensor:
+        device = logits.device
+        probs, order = Sampler._sorted_probs(logits, params)
         cdf = torch.cumsum(probs, dim=-1)
         uniforms = torch.cat(
             [torch.rand(1, generator=g, device=device, dtype=torch.float64) for g in generators]

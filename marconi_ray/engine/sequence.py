@@ -34,6 +34,9 @@ class Sequence:
             its params ask for them), sent with its first token.
         matcher: its grammar's matcher (`engine.constrained`) when its params have a
             grammar, advanced by every token it samples.
+        drafted, accepted: speculative tokens proposed for it and kept so far.
+        spec_backoff, spec_wait: its current back-off length after failed drafts and
+            the steps it still waits before drafting again.
     """
 
     order: PrefillOrder
@@ -52,6 +55,10 @@ class Sequence:
     reserved: int = 0
     prompt_lps: list[Logprob] = field(default_factory=list)
     matcher: Any = None
+    drafted: int = 0
+    accepted: int = 0
+    spec_backoff: int = 0
+    spec_wait: int = 0
 
     def consumes_last(self) -> bool:
         """Whether its last sampled token must be consumed by one more decode step: the

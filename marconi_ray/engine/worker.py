@@ -44,6 +44,8 @@ from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.model.step_graphs import StepGraphs, captures
 from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.engine.sequence import Sequence
+from marconi_ray.engine.spec.acceptance import accept_drafts
+from marconi_ray.engine.spec.drafters import Drafter, make_drafter
 from marconi_ray.engine.store.slot_table import HOST
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.orders import (
@@ -56,7 +58,8 @@ from marconi_ray.protocol.orders import (
     StepOutput,
     TokenEvent,
 )
-from marconi_ray.protocol.results import Logprob, Timings
+from marconi_ray.protocol.results import Logprob, SpecCounts, Timings
+from marconi_ray.protocol.speculative import SpeculativeConfig
 
 
 class Worker:
@@ -85,6 +88,8 @@ class Worker:
             bounds the pool: cache rows + max_running_tokens.
         grammars: the matchers and masks of constrained requests (None: a request with a
             grammar fails to start, naming it).
+        speculative: speculative decoding (None: off); `drafter` replaces the drafter
+            it names (benchmarks' oracle).
     """
 
     def __init__(
@@ -96,6 +101,8 @@ class Worker:
         max_running_tokens: int | None = None,
         cuda_graphs: str = "auto",
         grammars: GrammarMasks | None = None,
+        speculative: SpeculativeConfig | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -113,6 +120,11 @@ class Worker:
         self.max_batch_tokens = max_batch_tokens
         self.sampler = Sampler()
         self.grammars = grammars
+        self.speculative = speculative
+        self.drafter = drafter
+        if speculative is not None and drafter is None:
+            self.drafter = make_drafter(speculative)
+        self._eos = model.cfg.eos_token_ids
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._starting: list[Sequence] = []
@@ -262,7 +274,12 @@ class Worker:
         (unless `prefill_chunk` is False) a prefill chunk of the oldest long prompt with
         the rest of `max_batch_tokens`."""
         batch = self._running[: self.max_batch]
+        drafted: list[tuple[Sequence, list[int]]] = []
+        if self.drafter is not None and batch:
+            batch, drafted = self._drafts(batch)
         events = self._decode(batch) if batch else []
+        if drafted:
+            events += self._verify(drafted)
         if self._prefilling and prefill_chunk:
             events += self._prefill_chunk(max(1, self.max_batch_tokens - len(batch)))
         return events
@@ -564,27 +581,142 @@ class Worker:
         else:
             picked = tokens.tolist()
         now = time.time()
-        eos = self.model.cfg.eos_token_ids
-        events = []
-        for seq, t, lp in zip(seqs, picked, scored, strict=True):
-            prompt_lps: tuple[Logprob | None, ...] = ()
-            if seq.first_token_at is None:
-                seq.first_token_at = now
-                if seq.order.params.prompt_logprobs is not None:
-                    prompt_lps = (None, *seq.prompt_lps)
-                    seq.prompt_lps = []
-            seq.output.append(t)
+        return [self._take(s, t, lp, now) for s, t, lp in zip(seqs, picked, scored, strict=True)]
+
+    def _take(self, seq: Sequence, t: int, lp: Logprob | None, now: float) -> TokenEvent:
+        """Append sampled token `t` to `seq`'s output and decide whether it ends there
+        (a stop or end-of-sequence id, its grammar complete, or its length)."""
+        prompt_lps: tuple[Logprob | None, ...] = ()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            if seq.order.params.prompt_logprobs is not None:
+                prompt_lps = (None, *seq.prompt_lps)
+                seq.prompt_lps = []
+        seq.output.append(t)
+        p = seq.order.params
+        complete = seq.matcher is not None and GrammarMasks.advance(seq.matcher, t)
+        if complete or t in p.stop_token_ids or (not p.ignore_eos and t in self._eos):
+            seq.finish_reason = "stop"
+        elif len(seq.output) >= seq.order.max_new:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            seq.finishing = seq.consumes_last()
+        done = seq.finish_reason is not None
+        return TokenEvent(seq.request_id, t, done, lp, prompt_lps)
+
+    # ------------------------------------------------------------------ speculation
+    def _drafts(
+        self, batch: list[Sequence]
+    ) -> tuple[list[Sequence], list[tuple[Sequence, list[int]]]]:
+        """Split a step's batch: (sequences decoded one token, (sequence, drafts) pairs to
+        verify). A sequence drafts when it can take at least one draft and one more token
+        within `max_new`, asks no log-probabilities, has no grammar, and is not backing
+        off (`SpeculativeConfig.backoff`)."""
+        assert self.speculative is not None and self.drafter is not None
+        plain: list[Sequence] = []
+        drafted: list[tuple[Sequence, list[int]]] = []
+        for seq in batch:
+            room = seq.order.max_new - len(seq.output) - 1
             p = seq.order.params
-            complete = seq.matcher is not None and GrammarMasks.advance(seq.matcher, t)
-            if complete or t in p.stop_token_ids or (not p.ignore_eos and t in eos):
-                seq.finish_reason = "stop"
-            elif len(seq.output) >= seq.order.max_new:
-                seq.finish_reason = "length"
-            if seq.finish_reason is not None:
-                seq.finishing = seq.consumes_last()
-            done = seq.finish_reason is not None
-            events.append(TokenEvent(seq.request_id, t, done, lp, prompt_lps))
+            if seq.finishing or room < 1 or seq.matcher is not None or p.logprobs is not None:
+                plain.append(seq)
+                continue
+            if seq.spec_wait > 0:
+                seq.spec_wait -= 1
+                plain.append(seq)
+                continue
+            k = min(self.speculative.num_speculative_tokens, room)
+            tokens = [*seq.order.prompt.tolist(), *seq.output]
+            drafts = self.drafter.propose(tokens, k)[:k]
+            if drafts:
+                drafted.append((seq, drafts))
+            else:
+                plain.append(seq)
+        return plain, drafted
+
+    def _verify(self, drafted: list[tuple[Sequence, list[int]]]) -> list[TokenEvent]:
+        """Run each sequence's last token and its drafts (k + 1 positions) in one forward
+        for all of them, emitting the exact state and logits after every position; keep
+        the accepted drafts and one more token (`spec.acceptance`), rolled back to the
+        state after the accepted ones (no recompute), their KV rows kept and the rest
+        freed. States at capture depths inside the accepted range are kept as decoding
+        would keep them. Rank 0's accepted tokens are broadcast."""
+        t0 = time.perf_counter()
+        seqs = [seq for seq, _ in drafted]
+        for seq in seqs:
+            if seq.state in self._batch:
+                self._batch.leave(seq.state)
+        slots = self.store.alloc_slots(sum(len(d) + 1 for _, d in drafted))
+        parts, mine, at = [], [], 0
+        for seq, drafts in drafted:
+            ids = [seq.output[-1], *drafts]
+            base = seq.state.length
+            mine.append(slots[at : at + len(ids)])
+            at += len(ids)
+            new = torch.as_tensor(self.store.device_rows(mine[-1]), device=self.model.device)
+            assert seq.state.rows is not None
+            seq.state.rows = torch.cat([seq.state.rows, new])
+            emit = tuple(range(base + 1, base + len(ids) + 1))
+            parts.append(PrefillPart(torch.as_tensor(ids, dtype=torch.long), seq.state, emit))
+        try:
+            results = self.model.prefill_many(parts, self.store.device_kv)
+            emitted = self._accepted(drafted, [ckpts for ckpts, _ in results])
+        except Exception:
+            self.store.free_slots(slots)
+            for seq in seqs:
+                self._drop(seq)
+            raise
+        elapsed = time.perf_counter() - t0
+        now = time.time()
+        assert self.speculative is not None
+        limit = self.speculative.backoff
+        events: list[TokenEvent] = []
+        for (seq, drafts), (ckpts, _), rows, out in zip(
+            drafted, results, mine, emitted, strict=True
+        ):
+            base = ckpts[0].depth - 1
+            seq.decode_s += elapsed
+            seq.drafted += len(drafts)
+            seq.accepted += len(out) - 1
+            seq.spec_backoff = 0 if len(out) > 1 else min(max(1, 2 * seq.spec_backoff), limit)
+            seq.spec_wait = seq.spec_backoff
+            taken = 0
+            for t in out:
+                events.append(self._take(seq, t, None, now))
+                taken += 1
+                if seq.finish_reason is not None:
+                    break
+            # consumed: the last token and the drafts before the last one taken
+            ckpt = ckpts[taken - 1]
+            for c in ckpts[:taken]:
+                if c.depth in seq.order.capture and c.depth not in seq.state_ids:
+                    seq.state_ids[c.depth] = self.store.put_state(c)
+            state = seq.state
+            state.conv, state.ssm = dict(ckpt.conv), dict(ckpt.ssm)
+            state.length, state.logits = ckpt.depth, ckpt.logits
+            assert state.rows is not None
+            state.rows = state.rows[: ckpt.depth]
+            seq.own.extend(rows[:taken].tolist())
+            self.store.free_slots(rows[taken:])
+            assert ckpt.depth == base + taken
+            if seq.finish_reason is not None and not seq.finishing:
+                self._finish(seq)
         return events
+
+    def _accepted(
+        self, drafted: list[tuple[Sequence, list[int]]], ckpts: list[list[StateCheckpoint]]
+    ) -> list[list[int]]:
+        """Each sequence's emitted tokens (its accepted drafts and one more), decided on
+        rank 0 and broadcast in one collective."""
+        width = max(len(d) for _, d in drafted) + 2
+        table = torch.zeros((len(drafted), width), dtype=torch.long)
+        for row, ((seq, drafts), cks) in enumerate(zip(drafted, ckpts, strict=True)):
+            logits = torch.stack([c.logits for c in cks])
+            out = accept_drafts(logits, drafts, seq.order.params, seq.generator)
+            table[row, 0] = len(out)
+            table[row, 1 : 1 + len(out)] = torch.as_tensor(out)
+        table = self.tp.broadcast(table.to(self.model.device)).cpu()
+        return [row[1 : 1 + int(row[0])].tolist() for row in table]
 
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:
         if depth in seq.state_ids:
@@ -621,6 +753,7 @@ class Worker:
                 timings=Timings(
                     first - seq.started, seq.prefill_s, seq.decode_s, now - seq.started
                 ),
+                spec=SpecCounts(seq.drafted, seq.accepted),
             )
         )
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.protocol.results import Logprob, Timings
+from marconi_ray.protocol.results import Logprob, SpecCounts, Timings
 from marconi_ray.protocol.sampling import SamplingParams
 
 Slots = npt.NDArray[np.int64]
@@ -76,6 +76,7 @@ class Finished:
     Attributes:
         state_ids: depth -> worker state id of every state captured for it.
         kv_slots: slot ids now holding the KV of positions [hit_len, hit_len + len).
+        spec: tokens drafted for it and drafts kept (speculative decoding).
     """
 
     request_id: int
@@ -84,6 +85,7 @@ class Finished:
     state_ids: dict[int, int]
     kv_slots: Slots
     timings: Timings
+    spec: SpecCounts = SpecCounts()
 
     def stored(self) -> Release:
         """Everything the request stored (to free when the cache keeps none of it)."""

@@ -20,6 +20,14 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class SpecCounts:
+    """A request's speculative decoding: tokens drafted for it and drafts kept."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(frozen=True)
 class Timings:
     """Seconds: `ttft` from submission to the first sampled token, `prefill` in the model's
     prefill, `decode` in decode steps that included this request, `total` end to end."""
@@ -48,6 +56,7 @@ class GenerationResult:
         logprobs: one `Logprob` per token when its params asked for `logprobs`, else ().
         prompt_logprobs: one entry per prompt token (None for the first) when its params
             asked for `prompt_logprobs`, else ().
+        spec: its speculative decoding counts (zeros without speculation).
     """
 
     request_id: int
@@ -57,3 +66,4 @@ class GenerationResult:
     timings: Timings
     logprobs: tuple[Logprob, ...] = ()
     prompt_logprobs: tuple[Logprob | None, ...] = ()
+    spec: SpecCounts = SpecCounts()
