@@ -37,6 +37,7 @@ class Sequence:
         drafted, accepted: speculative tokens proposed for it and kept so far.
         spec_backoff, spec_wait: its current back-off length after failed drafts and
             the steps it still waits before drafting again.
+        spec_k: tokens it drafts next (0: `num_speculative_tokens`).
     """
 
     order: PrefillOrder
@@ -59,6 +60,7 @@ class Sequence:
     accepted: int = 0
     spec_backoff: int = 0
     spec_wait: int = 0
+    spec_k: int = 0
 
     def consumes_last(self) -> bool:
         """Whether its last sampled token must be consumed by one more decode step: the

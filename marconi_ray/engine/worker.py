@@ -45,6 +45,7 @@ from marconi_ray.engine.model.step_graphs import StepGraphs, captures
 from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.spec.acceptance import accept_drafts
+from marconi_ray.engine.spec.cost import StepCost
 from marconi_ray.engine.spec.drafters import Drafter, make_drafter
 from marconi_ray.engine.store.slot_table import HOST
 from marconi_ray.engine.store.state_store import StateStore
@@ -125,6 +126,7 @@ class Worker:
         if speculative is not None and drafter is None:
             self.drafter = make_drafter(speculative)
         self._eos = model.cfg.eos_token_ids
+        self.step_cost = StepCost()
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._starting: list[Sequence] = []
@@ -337,6 +339,7 @@ class Worker:
                 self._drop(s)
             raise
         elapsed = time.perf_counter() - t0
+        self.step_cost.observe("decode", elapsed)
         sampled: list[int] = []
         for row, seq in enumerate(batch):
             seq.decode_s += elapsed
@@ -611,7 +614,11 @@ class Worker:
         """Split a step's batch: (sequences decoded one token, (sequence, drafts) pairs to
         verify). A sequence drafts when it can take at least one draft and one more token
         within `max_new`, asks no log-probabilities, has no grammar, and is not backing
-        off (`SpeculativeConfig.backoff`)."""
+        off (`SpeculativeConfig.backoff`: after a verified step that emitted fewer
+        tokens than it cost in decode steps, `StepCost`). Adaptive draft length: a
+        sequence drafts one token more than its last verification kept (one more after
+        all were kept), up to `num_speculative_tokens`, so a rejected draft costs a short
+        verification."""
         assert self.speculative is not None and self.drafter is not None
         plain: list[Sequence] = []
         drafted: list[tuple[Sequence, list[int]]] = []
@@ -625,7 +632,7 @@ class Worker:
                 seq.spec_wait -= 1
                 plain.append(seq)
                 continue
-            k = min(self.speculative.num_speculative_tokens, room)
+            k = min(seq.spec_k or self.speculative.num_speculative_tokens, room)
             tokens = [*seq.order.prompt.tolist(), *seq.output]
             drafts = self.drafter.propose(tokens, k)[:k]
             if drafts:
@@ -667,9 +674,10 @@ class Worker:
                 self._drop(seq)
             raise
         elapsed = time.perf_counter() - t0
+        self.step_cost.observe("verify", elapsed)
         now = time.time()
         assert self.speculative is not None
-        limit = self.speculative.backoff
+        limit, most = self.speculative.backoff, self.speculative.num_speculative_tokens
         events: list[TokenEvent] = []
         for (seq, drafts), (ckpts, _), rows, out in zip(
             drafted, results, mine, emitted, strict=True
@@ -678,8 +686,13 @@ class Worker:
             seq.decode_s += elapsed
             seq.drafted += len(drafts)
             seq.accepted += len(out) - 1
-            seq.spec_backoff = 0 if len(out) > 1 else min(max(1, 2 * seq.spec_backoff), limit)
+            kept = len(out) - 1
+            # back off when the step made fewer tokens than it cost in decode steps
+            paid = kept > 0 and len(out) >= self.step_cost.ratio
+            seq.spec_backoff = 0 if paid else min(max(2, 2 * seq.spec_backoff), limit)
             seq.spec_wait = seq.spec_backoff
+            # the next draft: one longer after all were kept, else one past what was
+            seq.spec_k = min(most, len(drafts) + 1) if kept == len(drafts) else kept + 1
             taken = 0
             for t in out:
                 events.append(self._take(seq, t, None, now))
@@ -707,15 +720,18 @@ class Worker:
         self, drafted: list[tuple[Sequence, list[int]]], ckpts: list[list[StateCheckpoint]]
     ) -> list[list[int]]:
         """Each sequence's emitted tokens (its accepted drafts and one more), decided on
-        rank 0 and broadcast in one collective."""
-        width = max(len(d) for _, d in drafted) + 2
+        rank 0 and broadcast in one collective with rank 0's verify / decode cost ratio
+        (`StepCost`), which every rank then backs off by."""
+        width = max(len(d) for _, d in drafted) + 3
         table = torch.zeros((len(drafted), width), dtype=torch.long)
+        table[:, -1] = self.step_cost.ratio_milli()
         for row, ((seq, drafts), cks) in enumerate(zip(drafted, ckpts, strict=True)):
             logits = torch.stack([c.logits for c in cks])
             out = accept_drafts(logits, drafts, seq.order.params, seq.generator)
             table[row, 0] = len(out)
             table[row, 1 : 1 + len(out)] = torch.as_tensor(out)
         table = self.tp.broadcast(table.to(self.model.device)).cpu()
+        self.step_cost.ratio = int(table[0, -1]) / 1000
         return [row[1 : 1 + int(row[0])].tolist() for row in table]
 
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:

@@ -85,7 +85,7 @@ class Finished:
     state_ids: dict[int, int]
     kv_slots: Slots
     timings: Timings
-    spec: SpecCounts = SpecCounts()
+    spec: SpecCounts = field(default_factory=SpecCounts)
 
     def stored(self) -> Release:
         """Everything the request stored (to free when the cache keeps none of it)."""

@@ -3,7 +3,7 @@ log-probabilities."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -66,4 +66,4 @@ class GenerationResult:
     timings: Timings
     logprobs: tuple[Logprob, ...] = ()
     prompt_logprobs: tuple[Logprob | None, ...] = ()
-    spec: SpecCounts = SpecCounts()
+    spec: SpecCounts = field(default_factory=SpecCounts)

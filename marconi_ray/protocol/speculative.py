@@ -25,7 +25,7 @@ class SpeculativeConfig:
         prompt_lookup_min, prompt_lookup_max: the n-gram sizes `ngram` matches, longest
             first (vLLM's meaning).
         backoff: after a step that accepted no draft, a request drafts again only after
-            1, 2, 4, ... up to this many steps (adaptive: speculation that keeps failing
+            2, 4, 8, ... up to this many steps (adaptive: speculation that keeps failing
             costs little); 0: never back off.
     """
 
@@ -33,7 +33,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    backoff: int = 8
+    backoff: int = 32
 
     def __post_init__(self) -> None:
         if self.method not in METHODS and self.method != "oracle":

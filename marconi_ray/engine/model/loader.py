@@ -119,11 +119,16 @@ def load_model(
     `experts.gate_up_proj`, ...) and converts them when saving, so pass
     `transformers.core_model_loading.revert_weight_conversion(model, model.state_dict())`
     for those.
+
+    On CPU the linear layers' weights are then stored column-major
+    (`HybridModel.use_column_major`).
     """
     cfg, _ = read_config(model_dir)
     model = HybridModel(cfg, tp, dtype, device, kernels)
     source = SafetensorsSource(model_dir) if weights is None else StateDictSource(weights)
     copy_weights(model, source, model_dir)
+    if model.device.type == "cpu":
+        model.use_column_major()
     return model.eval()
 
 

@@ -44,26 +44,33 @@ class NgramDrafter:
 
 
 class OracleDrafter:
-    """For benchmarks: drafts the true continuation of a known sequence (`futures`: a
-    prefix's tuple -> the tokens that follow it, e.g. a run without speculation), each
-    drafted token correct with probability `rate` (else a wrong id), from a seeded
-    stream, so acceptance is forced to about `rate` per position."""
+    """For benchmarks and tests: drafts the true continuation of a known sequence
+    (`futures`: a prefix's tuple -> the tokens that follow it, e.g. a run without
+    speculation), the n-th drafted token (over all calls) correct exactly when
+    floor((n + 1) * rate) > floor(n * rate), else a wrong id: a `rate` share of the drafted
+    tokens is correct, spread evenly, so acceptance is forced to about `rate`."""
 
-    def __init__(self, futures: Mapping[tuple[int, ...], Sequence[int]], rate: float, vocab: int,
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, futures: Mapping[tuple[int, ...], Sequence[int]], rate: float, vocab: int
+    ) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be in [0, 1], got {rate}")
         self.futures = {tuple(p): list(f) for p, f in futures.items()}
         self.rate = rate
         self.vocab = vocab
-        self.rng = np.random.default_rng(seed)
+        self.drafted = 0
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         seq = tuple(int(t) for t in tokens)
         for prefix, future in self.futures.items():
             if seq[: len(prefix)] == prefix and len(seq) - len(prefix) <= len(future):
                 done = len(seq) - len(prefix)
-                truth = future[done : done + k]
-                return [t if self.rng.random() < self.rate else (t + 1) % self.vocab
-                        for t in truth]  # fmt: skip
+                out = []
+                for t in future[done : done + k]:
+                    n, self.drafted = self.drafted, self.drafted + 1
+                    right = int((n + 1) * self.rate) > int(n * self.rate)
+                    out.append(t if right else (t + 1) % self.vocab)
+                return out
         return []
 
 
