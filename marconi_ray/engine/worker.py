@@ -47,6 +47,7 @@ from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.spec.acceptance import accept_drafts
 from marconi_ray.engine.spec.cost import StepCost
 from marconi_ray.engine.spec.drafters import Drafter, make_drafter
+from marconi_ray.engine.spec.stats import SpecStats
 from marconi_ray.engine.store.slot_table import HOST
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.orders import (
@@ -127,6 +128,8 @@ class Worker:
             self.drafter = make_drafter(speculative)
         self._eos = model.cfg.eos_token_ids
         self.step_cost = StepCost()
+        self.spec_stats = SpecStats()
+        """Speculative decoding totals (the replica's metrics)."""
         self._running: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._starting: list[Sequence] = []
@@ -686,6 +689,7 @@ class Worker:
             seq.decode_s += elapsed
             seq.drafted += len(drafts)
             seq.accepted += len(out) - 1
+            self.spec_stats.record(len(drafts), len(out) - 1)
             kept = len(out) - 1
             # back off when the step made fewer tokens than it cost in decode steps
             paid = kept > 0 and len(out) >= self.step_cost.ratio

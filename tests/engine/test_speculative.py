@@ -104,7 +104,7 @@ def test_greedy_tokens_and_cached_tokens_are_identical_with_speculation(
     rolls back at varied depths (some drafts kept, some rejected)."""
     plain = Engine(model_dirs[family], system="marconi", cache_bytes=50_000_000)
     without = _conversation(plain)
-    oracle = OracleDrafter({p: list(t) for p, t, _, _ in without}, 0.6, vocab=263, seed=1)
+    oracle = OracleDrafter({p: list(t) for p, t, _, _ in without}, 0.6, vocab=263)
     spec = Engine(model_dirs[family], system="marconi", cache_bytes=50_000_000,
                   speculative=SPEC, drafter=oracle)  # fmt: skip
     with_spec = _conversation(spec)
@@ -113,6 +113,10 @@ def test_greedy_tokens_and_cached_tokens_are_identical_with_speculation(
     kept = sum(c.accepted for *_, c in with_spec)
     drafted = sum(c.drafted for *_, c in with_spec)
     assert 0 < kept < drafted, (kept, drafted)
+    stats = spec.worker.spec_stats
+    assert (stats.accepted, stats.drafted) == (kept, drafted)
+    assert sum(stats.kept_at) == kept and sum(stats.drafted_at) == drafted
+    assert all(k <= d for k, d in zip(stats.kept_at, stats.drafted_at, strict=True))
     spec.store.check()
     assert spec.worker.reserved_rows == 0 and spec.worker.num_running == 0
     assert spec.store.device_kv.held == plain.store.device_kv.held  # no row leaked
@@ -141,7 +145,7 @@ def test_an_oracle_at_full_or_no_acceptance_stays_exact(
     model_dir = model_dirs["qwen3_5"]
     prompts = [[7 + (i * 5 + j) % 250 for j in range(30)] for i in range(3)]
     want = _futures(Engine(model_dir, system="vanilla"), prompts)
-    oracle = OracleDrafter(want, rate, vocab=263, seed=0)
+    oracle = OracleDrafter(want, rate, vocab=263)
     spec = Engine(model_dir, system="marconi", cache_bytes=50_000_000, speculative=SPEC,
                   drafter=oracle)  # fmt: skip
     results = spec.generate_many(prompts, [GREEDY] * len(prompts))

@@ -43,6 +43,8 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.spec.drafters import OracleDrafter
+from marconi_ray.protocol.speculative import SpeculativeConfig
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +80,9 @@ CACHE_BYTES = {
     "lfm2": 59_000,
 }
 ENGINE_MODELS = tuple(CACHE_BYTES)
+SPEC_MODELS = ("nemotron_h", "qwen3_next", "lfm2")
+"""Families whose TP=2 engine also runs with speculative decoding (Mamba-2, Gated
+DeltaNet, short convolutions)."""
 
 
 # ---------------------------------------------------------------------- models
@@ -172,6 +177,31 @@ def _engine_job(model_dir: str, cache_bytes: int, seed: int, tp: TPGroup) -> dic
     }
 
 
+def _spec_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
+    """The conversation without speculation, then again on a new engine with an oracle
+    drafter (60% of its drafts right, from the first run's outputs): both runs' tokens
+    and hits, and the drafts kept."""
+    plain = _run_conversation(Engine(model_dir, system="marconi", tp=tp), seed)
+    futures = {tuple(r["prompt"]): r["tokens"] for r in plain}
+    vocab = read_config(model_dir)[0].vocab_size
+    spec = Engine(
+        model_dir,
+        system="marconi",
+        tp=tp,
+        speculative=SpeculativeConfig(num_speculative_tokens=3),
+        drafter=OracleDrafter(futures, 0.6, vocab),
+    )
+    runs = _run_conversation(spec, seed)
+    return {
+        "plain": [(r["tokens"], r["cached"]) for r in plain],
+        "spec": [(r["tokens"], r["cached"]) for r in runs],
+        "store_bytes": [r["store_bytes"] for r in runs],
+        "plain_store_bytes": [r["store_bytes"] for r in plain],
+        "kept": spec.worker.spec_stats.accepted,
+        "drafted": spec.worker.spec_stats.drafted,
+    }
+
+
 # ---------------------------------------------------------------------- spawning
 def _worker(rank: int, port: int, jobs: list[tuple[str, Any, tuple]], results: Any) -> None:
     """One rank: run `jobs` in order, putting (rank, name, "ok", result) per job, then
@@ -260,6 +290,8 @@ def tp2(dirs: dict[str, Path]) -> dict[str, list[Any]]:
         jobs.append((f"logits:{name}", _logits_job, (str(dirs[name]), _prompt(name, vocab))))
     for i, name in enumerate(ENGINE_MODELS):
         jobs.append((f"engine:{name}", _engine_job, (str(dirs[name]), CACHE_BYTES[name], i)))
+    for i, name in enumerate(SPEC_MODELS):
+        jobs.append((f"spec:{name}", _spec_job, (str(dirs[name]), 40 + i)))
     return run_tp2(jobs)
 
 
@@ -349,3 +381,15 @@ def test_tp2_store_bytes_vs_cache_accounting(tp2, dirs, name):
         for r in reqs:
             assert r["store_bytes"] == r["cache_bytes"], f"request {i}"
         assert reqs[0]["store_bytes"] == reqs[1]["store_bytes"], f"request {i}"
+
+
+@pytest.mark.parametrize("name", SPEC_MODELS)
+def test_tp2_speculation_is_exact_and_ranks_agree(tp2, name):
+    """Speculative decoding at TP=2: the ranks agree on every accepted length (rank 0's
+    tokens are broadcast), and the greedy tokens, the cached tokens per request and the
+    bytes stored equal the run without speculation."""
+    rank0, rank1 = tp2[f"spec:{name}"]
+    assert rank0["spec"] == rank1["spec"], "ranks diverged"
+    assert rank0["spec"] == rank0["plain"]
+    assert rank0["store_bytes"] == rank0["plain_store_bytes"]
+    assert 0 < rank0["kept"] < rank0["drafted"], (rank0["kept"], rank0["drafted"])
