@@ -17,6 +17,7 @@ from typing import Any
 from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.core.cache.systems import SYSTEMS
 from marconi_ray.engine.presets.model_presets import DTYPE_NAMES
+from marconi_ray.protocol.speculative import METHODS as SPEC_METHODS
 
 
 def add_parser(subparsers: Any) -> None:
@@ -81,10 +82,26 @@ def add_parser(subparsers: Any) -> None:
         "--device", default="cpu", metavar="DEV", help="torch device, e.g. cuda:0 (default: cpu)"
     )
     p.add_argument(
+        "--speculative",
+        choices=SPEC_METHODS,
+        default=None,
+        help="speculative decoding: ngram drafts the tokens that followed the latest earlier "
+        "occurrence of the last 2-4 tokens (prompt lookup), verified k + 1 positions in one "
+        "forward; greedy output is unchanged (default: off)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=4,
+        metavar="K",
+        help="with --speculative: tokens drafted per step at most, 1-16 (default: 4)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object per turn: reply, token ids, usage (prompt, completion, "
-        "cached tokens), timings and the backend each kernel op used",
+        "cached tokens), timings, the backend each kernel op used and, with --speculative, "
+        "spec: the tokens drafted and kept",
     )
     p.set_defaults(func=run)
 
@@ -96,9 +113,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from marconi_kernels import KernelUnavailable
     from marconi_ray.engine.engine import Engine
     from marconi_ray.protocol.sampling import SamplingParams
+    from marconi_ray.protocol.speculative import SpeculativeConfig
     from marconi_ray.serve.model_source import resolve_model
 
     torch.set_num_threads(1)
+    speculative = None
+    if args.speculative is not None:
+        speculative = SpeculativeConfig(args.speculative, args.num_speculative_tokens)
     model_dir = resolve_model(args.model)
     try:
         engine = Engine(
@@ -108,6 +129,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             dtype=args.dtype,
             device=args.device,
             kernels=args.kernels,
+            speculative=speculative,
         )
     except KernelUnavailable as exc:  # a usage error here: the CLI reports it in one line
         raise ValueError(str(exc)) from exc
@@ -148,6 +170,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "kernels": engine.model.kernels.name,
             "backends": dict(engine.model.kernels.backends),
         }
+        if speculative is not None:
+            record["spec"] = {"drafted": result.spec.drafted, "accepted": result.spec.accepted}
         if args.json:
             sys.stdout.write(json.dumps(record) + "\n")
         else:

@@ -24,6 +24,7 @@ from typing import Any
 from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.cli import values
 from marconi_ray.core.cache.systems import SYSTEMS
+from marconi_ray.protocol.speculative import METHODS as SPEC_METHODS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
 from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS
 from marconi_ray.serve.ingress.tools.registry import SETTINGS as TOOL_PARSERS
@@ -140,6 +141,19 @@ def add_parser(subparsers: Any) -> None:
         f"fewest open requests (default: {DEFAULT_ROUTING})",
     )
     p.add_argument(
+        "--speculative",
+        choices=SPEC_METHODS,
+        help="speculative decoding in every shard: ngram drafts what followed the latest "
+        "earlier occurrence of the last 2-4 tokens (prompt lookup) and verifies k + 1 "
+        "positions in one forward; greedy output is unchanged (default: off)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        metavar="K",
+        help="with --speculative: tokens drafted per step at most, 1-16 (default: 4)",
+    )
+    p.add_argument(
         "--kernels",
         choices=KERNEL_CHOICES,
         help="kernels of the shards (SSM scans, convs, decode attention): auto (Triton on "
@@ -151,7 +165,16 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: value for key in _FLAG_KEYS if (value := getattr(args, key, None)) is not None}
+    out = {key: value for key in _FLAG_KEYS if (value := getattr(args, key, None)) is not None}
+    method, k = getattr(args, "speculative", None), getattr(args, "num_speculative_tokens", None)
+    if method is not None:
+        out["speculative"] = {
+            "method": method,
+            **({} if k is None else {"num_speculative_tokens": k}),
+        }
+    elif k is not None:
+        raise ValueError("--num-speculative-tokens needs --speculative")
+    return out
 
 
 def load_config(args: argparse.Namespace) -> ServeConfig:

@@ -29,6 +29,7 @@ from marconi_ray.core.cache.systems import SYSTEMS, get_system
 from marconi_ray.core.cache.tuner import default_grid
 from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
+from marconi_ray.protocol.speculative import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS, check_routing
 from marconi_ray.serve.model_source import default_model_name, hub_source, resolve_model
 from marconi_ray.serve.placement import check_placement, check_resource_name
@@ -97,6 +98,29 @@ class TunerOptions(BaseModel):
             retune_every=self.retune_every,
             workers=self.workers,
             retry_s=self.retry_s,
+        )
+
+
+class SpeculativeSection(BaseModel):
+    """`speculative:` in the config file (see `protocol.speculative.SpeculativeConfig`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    method: Literal["ngram"] = Field(default="ngram", description="The drafter.")
+    num_speculative_tokens: int = Field(
+        default=4, ge=1, le=MAX_SPECULATIVE_TOKENS, description="Tokens drafted per step."
+    )
+    prompt_lookup_min: int = Field(default=2, ge=1, description="Shortest n-gram matched.")
+    prompt_lookup_max: int = Field(default=4, ge=1, description="Longest n-gram matched.")
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> SpeculativeSection:
+        self.to_config()
+        return self
+
+    def to_config(self) -> SpeculativeConfig:
+        """The engine's settings (ValueError naming a bad combination)."""
+        return SpeculativeConfig(
+            self.method, self.num_speculative_tokens, self.prompt_lookup_min, self.prompt_lookup_max
         )
 
 
@@ -219,6 +243,12 @@ class ServeConfig(BaseModel):
         description="Replay each shard's decode step as CUDA graphs (one per batch-size "
         "bucket, padded; recorded at the first step of each): auto (on CUDA, eager on "
         "CPU), on (CUDA only), off.",
+    )
+    speculative: SpeculativeSection | None = Field(
+        default=None,
+        description="Speculative decoding: {method: ngram, num_speculative_tokens: K (1-16), "
+        "prompt_lookup_min, prompt_lookup_max}; greedy output is unchanged, sampled output "
+        "keeps its distribution. Null: off.",
     )
     max_queued_requests: int = Field(
         default=256,
@@ -518,6 +548,7 @@ class ServeConfig(BaseModel):
             kv_memory_bytes=self.kv_memory_bytes,
             kv_memory_fraction=self.kv_memory_fraction,
             cuda_graphs=self.cuda_graphs,
+            speculative=None if self.speculative is None else self.speculative.to_config(),
             max_queued_requests=self.max_queued_requests,
             step_graph=self.step_graph,
             routing=self.routing,

@@ -8,6 +8,7 @@ from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_
 from marconi_ray.core.cache.tuner import TunerConfig
 from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
+from marconi_ray.protocol.speculative import SpeculativeConfig
 from marconi_ray.serve.hub_model import HubModel
 from marconi_ray.serve.placement import check_placement
 
@@ -76,6 +77,8 @@ class ServeSettings:
             most one of these and `max_running_tokens`).
         cuda_graphs: `auto` (the shards' decode steps replayed as CUDA graphs on CUDA,
             eager on CPU), `on` (CUDA only) or `off`.
+        speculative: speculative decoding in every shard (None: off; see
+            `protocol.speculative.SpeculativeConfig`).
         max_queued_requests: requests a replica may hold planned beyond `max_batch` (its
             queue); when every replica's is full, new requests get 429. -1: no limit.
         step_graph: how a tp > 1 replica fans a step out to its shards: `compiled` (a Ray
@@ -138,6 +141,7 @@ class ServeSettings:
     kv_memory_bytes: int | None = None
     kv_memory_fraction: float | None = None
     cuda_graphs: str = "auto"
+    speculative: SpeculativeConfig | None = None
     max_queued_requests: int = 256
     step_graph: str = "auto"
     routing: str = "cache_aware"

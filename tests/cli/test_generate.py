@@ -56,3 +56,23 @@ def test_generate_triton_without_a_way_to_run_it_fails_loudly(tmp_path, monkeypa
     argv = ["generate", "--model", str(model), "--prompt", "Hi!", "--kernels", "triton"]
     assert main(argv) == 2
     assert "'triton' is unavailable on cpu" in capsys.readouterr().err
+
+
+def test_generate_speculative_keeps_the_tokens_and_reports_spec(capsys):
+    """`--speculative ngram` on the packaged chat model: the same greedy replies, token
+    ids and cached tokens as without it, and `spec` (drafted, kept) on every turn."""
+    argv = ["generate", "--model", "chat", "--prompt", "the cat sat on the mat " * 3,
+            "--prompt", "again", "--max-tokens", "16", "--json"]  # fmt: skip
+    runs = []
+    for extra in ([], ["--speculative", "ngram", "--num-speculative-tokens", "3"]):
+        assert main([*argv, *extra]) == 0
+        out = capsys.readouterr().out
+        runs.append([json.loads(x) for x in out.splitlines() if x.startswith("{")])
+    plain, spec = runs
+    keys = ("reply", "token_ids", "cached_tokens")
+    assert [[t[k] for k in keys] for t in spec] == [[t[k] for k in keys] for t in plain]
+    assert all("spec" not in t for t in plain)
+    assert sum(t["spec"]["drafted"] for t in spec) > 0
+    assert all(0 <= t["spec"]["accepted"] <= t["spec"]["drafted"] for t in spec)
+    assert main([*argv, "--speculative", "ngram", "--num-speculative-tokens", "0"]) == 2
+    assert "num_speculative_tokens" in capsys.readouterr().err

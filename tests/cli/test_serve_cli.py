@@ -10,7 +10,8 @@ import pytest
 
 from marconi_ray.cli import serve as serve_cmd
 from marconi_ray.cli.main import build_parser, main
-from marconi_ray.serve.config import default_config
+from marconi_ray.protocol.speculative import SpeculativeConfig
+from marconi_ray.serve.config import default_config, load_serve_config
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
 
@@ -162,3 +163,22 @@ def test_a_local_ray_started_by_serve_keeps_token_auth_and_an_owner_only_token()
     assert done.returncode == 0, done.stderr[-2000:]
     auth, mode = _json.loads(done.stdout.strip().splitlines()[-1])
     assert auth is True and mode == 0o600
+
+
+def test_speculative_flags_and_config_reach_the_settings(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--speculative", "ngram", "--num-speculative-tokens", "3"]
+    )
+    config = serve_cmd.load_config(args)
+    assert config.speculative is not None and config.speculative.num_speculative_tokens == 3
+    assert config.to_settings().speculative == SpeculativeConfig("ngram", 3)
+    assert serve_cmd.load_config(build_parser().parse_args(["serve"])).speculative is None
+    with pytest.raises(ValueError, match="needs --speculative"):
+        serve_cmd.load_config(build_parser().parse_args(["serve", "--num-speculative-tokens", "2"]))
+    path = tmp_path / "serve.yaml"
+    path.write_text("speculative: {num_speculative_tokens: 0}\n")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        load_serve_config(path)
+    path.write_text("speculative: {prompt_lookup_min: 5, prompt_lookup_max: 2}\n")
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        load_serve_config(path)

@@ -34,6 +34,7 @@ from marconi_ray.protocol.orders import (
     StepInput,
     StepOutput,
 )
+from marconi_ray.protocol.speculative import SpeculativeConfig
 from marconi_ray.serve.host_memory import check_this_node
 from marconi_ray.serve.hub_model import HubModel
 
@@ -95,6 +96,7 @@ class ShardActor:
         kv_memory: KVMemory | None = None,
         cache_bytes: int = 0,
         cuda_graphs: str = "auto",
+        speculative: SpeculativeConfig | None = None,
     ) -> dict[str, Any]:
         """Bind this rank's device, join the process group (world > 1), load this rank's
         shard and warm its kernels up (JIT and autotuning happen here, not in the first
@@ -108,7 +110,8 @@ class ShardActor:
         refused: ValueError naming both numbers (`serve.host_memory`). With `kv_memory`,
         the device KV pool is allocated once from that budget after the warm-up, with
         `cache_bytes` (this rank's cache budget) inside it (`engine.kv_memory`); `kv_memory`
-        in the result says how it split."""
+        in the result says how it split. With `speculative`, its worker drafts and
+        verifies; every rank drafts the same and takes rank 0's accepted tokens."""
         check_this_node(host_cache_bytes, self.world)
         if hub_model is not None:
             model_dir = str(hub_model.local_dir())
@@ -135,6 +138,7 @@ class ShardActor:
             cache_bytes,
             cuda_graphs,
             model_dir,
+            speculative,
         )
         return {
             "kernels": model.kernels.name,

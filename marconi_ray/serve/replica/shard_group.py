@@ -73,6 +73,7 @@ def _setup_args(settings: ServeSettings, address: str) -> tuple[Any, ...]:
         s.kv_memory,
         s.cache_bytes,
         s.cuda_graphs,
+        s.speculative,
     )
 
 
