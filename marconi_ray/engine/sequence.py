@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from marconi_ray.engine.model.seq_state import SeqState
+from marconi_ray.engine.spec.stats import SpecStats
 from marconi_ray.protocol.orders import PrefillOrder
 from marconi_ray.protocol.results import Logprob
 
@@ -34,7 +35,7 @@ class Sequence:
             its params ask for them), sent with its first token.
         matcher: its grammar's matcher (`engine.constrained`) when its params have a
             grammar, advanced by every token it samples.
-        drafted, accepted: speculative tokens proposed for it and kept so far.
+        spec: its speculative tokens drafted and kept so far, by draft position.
         spec_backoff, spec_wait: its current back-off length after failed drafts and
             the steps it still waits before drafting again.
         spec_k: tokens it drafts next (0: `num_speculative_tokens`).
@@ -56,8 +57,7 @@ class Sequence:
     reserved: int = 0
     prompt_lps: list[Logprob] = field(default_factory=list)
     matcher: Any = None
-    drafted: int = 0
-    accepted: int = 0
+    spec: SpecStats = field(default_factory=SpecStats)
     spec_backoff: int = 0
     spec_wait: int = 0
     spec_k: int = 0

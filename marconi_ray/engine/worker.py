@@ -60,7 +60,7 @@ from marconi_ray.protocol.orders import (
     StepOutput,
     TokenEvent,
 )
-from marconi_ray.protocol.results import Logprob, SpecCounts, Timings
+from marconi_ray.protocol.results import Logprob, Timings
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
 
@@ -687,8 +687,7 @@ class Worker:
         ):
             base = ckpts[0].depth - 1
             seq.decode_s += elapsed
-            seq.drafted += len(drafts)
-            seq.accepted += len(out) - 1
+            seq.spec.record(len(drafts), len(out) - 1)
             self.spec_stats.record(len(drafts), len(out) - 1)
             kept = len(out) - 1
             # back off when the step made fewer tokens than it cost in decode steps
@@ -773,7 +772,7 @@ class Worker:
                 timings=Timings(
                     first - seq.started, seq.prefill_s, seq.decode_s, now - seq.started
                 ),
-                spec=SpecCounts(seq.drafted, seq.accepted),
+                spec=seq.spec.counts(),
             )
         )
 

@@ -21,10 +21,13 @@ class Usage:
 
 @dataclass(frozen=True)
 class SpecCounts:
-    """A request's speculative decoding: tokens drafted for it and drafts kept."""
+    """A request's speculative decoding: tokens drafted for it and drafts kept, and per
+    draft position j (0: a step's first draft) how many were drafted and kept there."""
 
     drafted: int = 0
     accepted: int = 0
+    drafted_at: tuple[int, ...] = ()
+    kept_at: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

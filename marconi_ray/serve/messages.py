@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
 from marconi_ray.protocol.release_log import Releases
-from marconi_ray.protocol.results import Timings, Usage
+from marconi_ray.protocol.results import SpecCounts, Timings, Usage
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,14 @@ class Overloaded(RuntimeError):
 
 @dataclass(frozen=True)
 class Completed:
-    """The last event of a request's stream: its usage, finish reason and timings."""
+    """The last event of a request's stream: its usage, finish reason and timings, and
+    its speculative decoding counts."""
 
     request_id: int
     finish_reason: str
     usage: Usage
     timings: Timings
+    spec: SpecCounts = field(default_factory=SpecCounts)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pytest
 from cache_samples import served_cache, tiered_cache
 from prometheus_client.parser import text_string_to_metric_families
 
+from marconi_ray.protocol.results import SpecCounts
 from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 from marconi_ray.serve.messages import ReplicaStats
 
@@ -53,6 +54,7 @@ def render_exported() -> tuple[str, Exported]:
     metrics.ttft.observe(0.02)
     metrics.e2e.observe(0.4)
     metrics.count(200)
+    metrics.count_spec(SpecCounts(5, 3, (3, 2), (2, 1)))
     stats = [
         ReplicaStats.of(name, served_cache(cap, seed), in_flight=1, tuner_runs=2)
         for name, cap, seed in (("r0", 10**6, 0), ("r1", 1200, 1))

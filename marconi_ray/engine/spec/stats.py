@@ -1,8 +1,11 @@
-"""`SpecStats`: a worker's speculative decoding totals, for its metrics."""
+"""`SpecStats`: speculative decoding totals (a request's, a worker's), for its result and
+its metrics."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from marconi_ray.protocol.results import SpecCounts
 
 
 @dataclass
@@ -30,3 +33,7 @@ class SpecStats:
         self.drafted += drafted
         self.accepted += kept
         self.steps += 1
+
+    def counts(self) -> SpecCounts:
+        """The totals as the protocol carries them."""
+        return SpecCounts(self.drafted, self.accepted, tuple(self.drafted_at), tuple(self.kept_at))

@@ -277,6 +277,7 @@ async def run_request(
             if isinstance(event, Completed):
                 finished = True
                 metrics.e2e.observe(time.perf_counter() - arrival)
+                metrics.count_spec(event.spec)
                 yield piece(held + detok.finish(), event.finish_reason, event.usage)
                 return
             if held and len(ids) >= interval:

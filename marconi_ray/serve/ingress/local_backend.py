@@ -193,7 +193,9 @@ class LocalBackend:
                 continue
             order = req.dispatch.order
             usage = Usage(len(order.prompt), len(done.tokens), order.hit_len)
-            req.events.append(Completed(done.request_id, done.finish_reason, usage, done.timings))
+            req.events.append(
+                Completed(done.request_id, done.finish_reason, usage, done.timings, done.spec)
+            )
             req.done = True
 
     def _fail(self, exc: Exception) -> None:

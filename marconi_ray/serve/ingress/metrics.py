@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from marconi_ray.protocol.results import SpecCounts
 from marconi_ray.serve.coordinator.journal import JOURNAL_STATES
 from marconi_ray.serve.messages import ReplicaStats
 
@@ -256,6 +257,10 @@ class IngressMetrics:
             `pieces / output_tokens` is the chunks per token).
         replica_messages: messages read from the replicas' multiplexed streams (one per
             replica step at most, for all of this ingress's requests there).
+        spec_drafted, spec_accepted: speculative tokens drafted and kept for the
+            requests this ingress completed; spec_by_position: the same by draft position
+            (`position` 0 is a step's first draft; `outcome` drafted or kept), so
+            acceptance by position is kept / drafted.
     """
 
     def __init__(self) -> None:
@@ -291,6 +296,23 @@ class IngressMetrics:
             "Messages read from the replicas' multiplexed streams.",
             registry=self.registry,
         )
+        self.spec_drafted = Counter(
+            "marconi_spec_draft_tokens",
+            "Speculative tokens drafted for completed requests.",
+            registry=self.registry,
+        )
+        self.spec_accepted = Counter(
+            "marconi_spec_accepted_tokens",
+            "Speculative tokens kept (verified) for completed requests.",
+            registry=self.registry,
+        )
+        self.spec_by_position = Counter(
+            "marconi_spec_position_tokens",
+            "Speculative tokens by draft position (0: a step's first) and outcome (drafted, "
+            "kept): acceptance by position is kept / drafted.",
+            ["position", "outcome"],
+            registry=self.registry,
+        )
         self.replans = Counter(
             "marconi_replans",
             "Requests planned again after a fault, by cause (misrouted: a call for a "
@@ -303,6 +325,16 @@ class IngressMetrics:
     def count(self, status: int) -> None:
         """Count one finished completion request with HTTP `status`."""
         self.requests.labels(status=str(status)).inc()
+
+    def count_spec(self, spec: SpecCounts) -> None:
+        """Count one completed request's speculative decoding."""
+        if not spec.drafted:
+            return
+        self.spec_drafted.inc(spec.drafted)
+        self.spec_accepted.inc(spec.accepted)
+        for j, (drafted, kept) in enumerate(zip(spec.drafted_at, spec.kept_at, strict=True)):
+            self.spec_by_position.labels(position=str(j), outcome="drafted").inc(drafted)
+            self.spec_by_position.labels(position=str(j), outcome="kept").inc(kept)
 
 
 def render_metrics(

@@ -733,7 +733,9 @@ class ModelReplica:
                 continue
             order = dispatch.order
             usage = Usage(len(order.prompt), len(done.tokens), order.hit_len)
-            queue.put_nowait(Completed(done.request_id, done.finish_reason, usage, done.timings))
+            queue.put_nowait(
+                Completed(done.request_id, done.finish_reason, usage, done.timings, done.spec)
+            )
         self._take(await pending)
 
     def _fail(self, rid: int, exc: BaseException) -> None:
