@@ -17,7 +17,6 @@ from typing import Any
 from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.core.cache.systems import SYSTEMS
 from marconi_ray.engine.presets.model_presets import DTYPE_NAMES
-from marconi_ray.protocol.speculative import METHODS as SPEC_METHODS
 
 
 def add_parser(subparsers: Any) -> None:
@@ -83,11 +82,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--speculative",
-        choices=SPEC_METHODS,
         default=None,
+        metavar="METHOD",
         help="speculative decoding: ngram drafts the tokens that followed the latest earlier "
-        "occurrence of the last 2-4 tokens (prompt lookup), verified k + 1 positions in one "
-        "forward; greedy output is unchanged (default: off)",
+        "occurrence of the last 2-4 tokens (prompt lookup); draft:MODEL has a small model "
+        "with the same tokenizer draft its greedy continuation (MODEL as --model takes it, "
+        "e.g. draft:chat); drafts are verified k + 1 positions in one forward and greedy "
+        "output is unchanged (default: off)",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -114,12 +115,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from marconi_ray.engine.engine import Engine
     from marconi_ray.protocol.sampling import SamplingParams
     from marconi_ray.protocol.speculative import SpeculativeConfig
-    from marconi_ray.serve.model_source import resolve_model
+    from marconi_ray.serve.model_source import resolve_drafter, resolve_model
 
     torch.set_num_threads(1)
     speculative = None
     if args.speculative is not None:
-        speculative = SpeculativeConfig(args.speculative, args.num_speculative_tokens)
+        method = resolve_drafter(args.speculative)
+        speculative = SpeculativeConfig(method, args.num_speculative_tokens)
     model_dir = resolve_model(args.model)
     try:
         engine = Engine(

@@ -24,7 +24,6 @@ from typing import Any
 from marconi_kernels.choices import KERNEL_CHOICES
 from marconi_ray.cli import values
 from marconi_ray.core.cache.systems import SYSTEMS
-from marconi_ray.protocol.speculative import METHODS as SPEC_METHODS
 from marconi_ray.serve.config import ServeConfig, config_from_mapping, load_serve_config
 from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS
 from marconi_ray.serve.ingress.tools.registry import SETTINGS as TOOL_PARSERS
@@ -142,10 +141,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--speculative",
-        choices=SPEC_METHODS,
+        metavar="METHOD",
         help="speculative decoding in every shard: ngram drafts what followed the latest "
-        "earlier occurrence of the last 2-4 tokens (prompt lookup) and verifies k + 1 "
-        "positions in one forward; greedy output is unchanged (default: off)",
+        "earlier occurrence of the last 2-4 tokens (prompt lookup); draft:MODEL has a small "
+        "model with the same tokenizer draft (MODEL as --model takes it, e.g. draft:chat); "
+        "drafts are verified k + 1 positions in one forward; greedy output is unchanged "
+        "(default: off)",
     )
     p.add_argument(
         "--num-speculative-tokens",

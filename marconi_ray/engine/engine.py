@@ -173,6 +173,10 @@ class Engine:
         self.config = cfg
         self.system = system
         model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
+        if drafter is None and speculative is not None:
+            from marconi_ray.engine.draft_model import drafter_for  # it builds an Engine
+
+            drafter = drafter_for(speculative, cfg.vocab_size)
         self.kv_plan: KVMemoryPlan | None
         """How `kv_memory` split (None without it)."""
         self.worker, self.kv_plan = planned_worker(

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from marconi_ray.protocol.sampling import is_int
 
-METHODS = ("ngram",)
-"""Drafters a setting may name (the engine's registry has `oracle` too, for benchmarks)."""
+METHODS = ("ngram", "draft:MODEL")
+"""Drafters a setting may name: `ngram`, or `draft:` and a model folder with the target's
+tokenizer (the engine's registry has `oracle` too, for benchmarks)."""
+DRAFT_PREFIX = "draft:"
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -19,7 +21,9 @@ class SpeculativeConfig:
 
     Attributes:
         method: the drafter (`METHODS`): `ngram` proposes the tokens that followed the
-            latest earlier occurrence of the sequence's last n tokens (prompt lookup).
+            latest earlier occurrence of the sequence's last n tokens (prompt lookup);
+            `draft:PATH` has a small model (the folder PATH, the same tokenizer as the
+            target's) propose its greedy continuation.
         num_speculative_tokens: k, tokens drafted per step at most (1..16); a verified
             step then runs k + 1 positions of a sequence in one forward.
         prompt_lookup_min, prompt_lookup_max: the n-gram sizes `ngram` matches, longest
@@ -36,7 +40,8 @@ class SpeculativeConfig:
     backoff: int = 32
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS and self.method != "oracle":
+        draft = self.method.startswith(DRAFT_PREFIX) and len(self.method) > len(DRAFT_PREFIX)
+        if self.method not in ("ngram", "oracle") and not draft:
             raise ValueError(
                 f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"
             )

@@ -31,7 +31,12 @@ from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.protocol.speculative import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS, check_routing
-from marconi_ray.serve.model_source import default_model_name, hub_source, resolve_model
+from marconi_ray.serve.model_source import (
+    default_model_name,
+    hub_source,
+    resolve_drafter,
+    resolve_model,
+)
 from marconi_ray.serve.placement import check_placement, check_resource_name
 from marconi_ray.serve.settings import ServeSettings, TunerSettings
 
@@ -105,7 +110,11 @@ class SpeculativeSection(BaseModel):
     """`speculative:` in the config file (see `protocol.speculative.SpeculativeConfig`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    method: Literal["ngram"] = Field(default="ngram", description="The drafter.")
+    method: str = Field(
+        default="ngram",
+        description="The drafter: ngram, or draft:MODEL (a small model with the target's "
+        "tokenizer; MODEL as `model` takes it).",
+    )
     num_speculative_tokens: int = Field(
         default=4, ge=1, le=MAX_SPECULATIVE_TOKENS, description="Tokens drafted per step."
     )
@@ -117,10 +126,12 @@ class SpeculativeSection(BaseModel):
         self.to_config()
         return self
 
-    def to_config(self) -> SpeculativeConfig:
-        """The engine's settings (ValueError naming a bad combination)."""
+    def to_config(self, resolve: bool = False) -> SpeculativeConfig:
+        """The engine's settings (ValueError naming a bad value); with `resolve`, a
+        `draft:MODEL` named as `model` is (built if a preset and) resolved to its folder."""
+        method = resolve_drafter(self.method) if resolve else self.method
         return SpeculativeConfig(
-            self.method, self.num_speculative_tokens, self.prompt_lookup_min, self.prompt_lookup_max
+            method, self.num_speculative_tokens, self.prompt_lookup_min, self.prompt_lookup_max
         )
 
 
@@ -548,7 +559,7 @@ class ServeConfig(BaseModel):
             kv_memory_bytes=self.kv_memory_bytes,
             kv_memory_fraction=self.kv_memory_fraction,
             cuda_graphs=self.cuda_graphs,
-            speculative=None if self.speculative is None else self.speculative.to_config(),
+            speculative=None if self.speculative is None else self.speculative.to_config(True),
             max_queued_requests=self.max_queued_requests,
             step_graph=self.step_graph,
             routing=self.routing,

@@ -208,3 +208,13 @@ def _ensure_preset(preset: str, family: str, root: Path) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def resolve_drafter(method: str, root: Path | None = None) -> str:
+    """A speculative `method` with its draft model resolved: `draft:MODEL` (MODEL as
+    `resolve_model` takes it) becomes `draft:<its folder>`; any other is returned as
+    given (`SpeculativeConfig` validates it)."""
+    prefix = "draft:"
+    if not method.startswith(prefix) or len(method) == len(prefix):
+        return method
+    return prefix + str(resolve_model(method[len(prefix) :], root))

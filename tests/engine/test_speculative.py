@@ -26,6 +26,7 @@ from marconi_ray.engine.spec.acceptance import accept_drafts
 from marconi_ray.engine.spec.drafters import NgramDrafter, OracleDrafter
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.speculative import SpeculativeConfig
+from marconi_ray.serve.model_source import resolve_model
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
@@ -173,3 +174,26 @@ def test_a_stop_token_inside_accepted_drafts_ends_the_output_there(
     assert got.tokens == want.tokens and got.finish_reason == "stop"
     assert got.tokens[-1] == stop and got.spec.accepted > 0
     spec.store.check()
+
+
+def test_a_draft_model_drafts_for_the_target(model_dirs: dict[str, Path]) -> None:
+    """`draft:PATH`: the target drafting for itself keeps every draft; another family
+    with the same tokenizer drafts too; the tokens are exact either way; a draft model
+    with a bigger vocabulary is refused, naming both sizes."""
+    target = model_dirs["nemotron_h"]
+    prompts = [[7 + (i * 11 + j) % 250 for j in range(30)] for i in range(2)]
+    want = [r.tokens for r in Engine(target, system="vanilla").generate_many(prompts, [GREEDY] * 2)]
+    for draft, full in ((target, True), (model_dirs["bamba"], False)):
+        config = SpeculativeConfig(method=f"draft:{draft}", num_speculative_tokens=3)
+        spec = Engine(target, system="marconi", cache_bytes=50_000_000, speculative=config)
+        got = spec.generate_many(prompts, [GREEDY] * 2)
+        assert [r.tokens for r in got] == want
+        stats = spec.worker.spec_stats
+        assert stats.drafted > 0
+        if full:
+            assert stats.accepted == stats.drafted
+    with pytest.raises(ValueError, match="draft:"):
+        SpeculativeConfig(method="draft:")
+    chat = resolve_model("chat")
+    with pytest.raises(ValueError, match="4096 token ids"):
+        Engine(target, speculative=SpeculativeConfig(method=f"draft:{chat}"))

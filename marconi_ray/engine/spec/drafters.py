@@ -77,12 +77,15 @@ class OracleDrafter:
 DRAFTERS: dict[str, Callable[[SpeculativeConfig], Drafter]] = {
     "ngram": lambda cfg: NgramDrafter(cfg.prompt_lookup_min, cfg.prompt_lookup_max),
 }
-"""Drafters by `SpeculativeConfig.method` (the oracle is built by benchmarks, with its
-futures)."""
+"""Drafters a config alone builds, by `SpeculativeConfig.method` (a draft model is built
+by `engine.draft_model`, which needs an engine; the oracle by benchmarks and tests)."""
 
 
 def make_drafter(config: SpeculativeConfig) -> Drafter:
-    """The drafter `config` names; ValueError for one that needs more than the config."""
+    """The drafter `config` names; ValueError for one a config alone cannot build."""
     if config.method not in DRAFTERS:
-        raise ValueError(f"drafter {config.method!r} cannot be built from a config alone")
+        raise ValueError(
+            f"drafter {config.method!r} cannot be built from a config alone "
+            "(a draft model: engine.draft_model.drafter_for)"
+        )
     return DRAFTERS[config.method](config)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from marconi_ray.engine.draft_model import drafter_for
 from marconi_ray.engine.engine import load_served_model
 from marconi_ray.engine.kv_memory import planned_worker
 from marconi_ray.engine.model.parallel import TPGroup
@@ -128,6 +129,7 @@ class ShardActor:
         tp = TPGroup(self.rank, self.world)
         model = load_served_model(model_dir, tp, dtype, dev, kernels)
         warm_s = model.warm_up()
+        drafter = drafter_for(speculative, model.cfg.vocab_size)
         # the pool's budget is measured now: after the weights and the warm-up
         self.worker, plan = planned_worker(
             model,
@@ -139,6 +141,7 @@ class ShardActor:
             cuda_graphs,
             model_dir,
             speculative,
+            drafter,
         )
         return {
             "kernels": model.kernels.name,
