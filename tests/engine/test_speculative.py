@@ -197,3 +197,25 @@ def test_a_draft_model_drafts_for_the_target(model_dirs: dict[str, Path]) -> Non
     chat = resolve_model("chat")
     with pytest.raises(ValueError, match="4096 token ids"):
         Engine(target, speculative=SpeculativeConfig(method=f"draft:{chat}"))
+
+
+def test_the_cache_and_its_host_tier_are_unchanged_by_speculation(
+    model_dirs: dict[str, Path],
+) -> None:
+    """Under a device budget that evicts to a host tier: every counter of the cache
+    (hits, states admitted by reason, evictions, demotions, promotions) and the bytes in
+    each tier are the same with speculation as without."""
+    model_dir = model_dirs["qwen3_5"]
+    kwargs: dict[str, Any] = dict(
+        system="marconi", cache_bytes=150_000, host_cache_bytes=5_000_000, host_placement="lru"
+    )
+    plain = Engine(model_dir, **kwargs)
+    without = _conversation(plain, turns=4)
+    oracle = OracleDrafter({p: list(t) for p, t, _, _ in without}, 0.7, vocab=263)
+    spec = Engine(model_dir, speculative=SPEC, drafter=oracle, **kwargs)
+    with_spec = _conversation(spec, turns=4)
+    assert [r[:3] for r in with_spec] == [r[:3] for r in without]
+    assert spec.worker.spec_stats.accepted > 0
+    assert spec.cache.stats.to_dict() == plain.cache.stats.to_dict()
+    assert spec.cache.stats.evictions > 0 and spec.cache.stats.demotions > 0
+    assert spec.cache.bytes_by_tier() == plain.cache.bytes_by_tier()
