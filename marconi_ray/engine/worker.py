@@ -280,11 +280,14 @@ class Worker:
         the rest of `max_batch_tokens`."""
         batch = self._running[: self.max_batch]
         drafted: list[tuple[Sequence, list[int]]] = []
-        if self.drafter is not None and batch:
+        t0 = time.perf_counter()
+        if self.drafter is not None and batch and self.step_cost.may_draft():
             batch, drafted = self._drafts(batch)
         events = self._decode(batch) if batch else []
         if drafted:
             events += self._verify(drafted)
+        if self.drafter is not None:
+            self.step_cost.observe(len(events), time.perf_counter() - t0, bool(drafted))
         if self._prefilling and prefill_chunk:
             events += self._prefill_chunk(max(1, self.max_batch_tokens - len(batch)))
         return events
@@ -342,7 +345,6 @@ class Worker:
                 self._drop(s)
             raise
         elapsed = time.perf_counter() - t0
-        self.step_cost.observe("decode", elapsed)
         sampled: list[int] = []
         for row, seq in enumerate(batch):
             seq.decode_s += elapsed
@@ -617,8 +619,9 @@ class Worker:
         """Split a step's batch: (sequences decoded one token, (sequence, drafts) pairs to
         verify). A sequence drafts when it can take at least one draft and one more token
         within `max_new`, asks no log-probabilities, has no grammar, and is not backing
-        off (`SpeculativeConfig.backoff`: after a verified step that emitted fewer
-        tokens than it cost in decode steps, `StepCost`). Adaptive draft length: a
+        off (`SpeculativeConfig.backoff`: after a verified step that kept none of its
+        drafts). A step drafts at all only while speculation pays on this worker
+        (`StepCost`). Adaptive draft length: a
         sequence drafts one token more than its last verification kept (one more after
         all were kept), up to `num_speculative_tokens`, so a rejected draft costs a short
         verification."""
@@ -677,7 +680,6 @@ class Worker:
                 self._drop(seq)
             raise
         elapsed = time.perf_counter() - t0
-        self.step_cost.observe("verify", elapsed)
         now = time.time()
         assert self.speculative is not None
         limit, most = self.speculative.backoff, self.speculative.num_speculative_tokens
@@ -690,9 +692,7 @@ class Worker:
             seq.spec.record(len(drafts), len(out) - 1)
             self.spec_stats.record(len(drafts), len(out) - 1)
             kept = len(out) - 1
-            # back off when the step made fewer tokens than it cost in decode steps
-            paid = kept > 0 and len(out) >= self.step_cost.ratio
-            seq.spec_backoff = 0 if paid else min(max(2, 2 * seq.spec_backoff), limit)
+            seq.spec_backoff = 0 if kept else min(max(2, 2 * seq.spec_backoff), limit)
             seq.spec_wait = seq.spec_backoff
             # the next draft: one longer after all were kept, else one past what was
             seq.spec_k = min(most, len(drafts) + 1) if kept == len(drafts) else kept + 1
@@ -723,18 +723,19 @@ class Worker:
         self, drafted: list[tuple[Sequence, list[int]]], ckpts: list[list[StateCheckpoint]]
     ) -> list[list[int]]:
         """Each sequence's emitted tokens (its accepted drafts and one more), decided on
-        rank 0 and broadcast in one collective with rank 0's verify / decode cost ratio
-        (`StepCost`), which every rank then backs off by."""
+        rank 0 and broadcast in one collective with rank 0's verdict on whether
+        speculation pays (`StepCost`), which every rank then adopts."""
         width = max(len(d) for _, d in drafted) + 3
         table = torch.zeros((len(drafted), width), dtype=torch.long)
-        table[:, -1] = self.step_cost.ratio_milli()
+        table[:, -1] = self.step_cost.verdict()
         for row, ((seq, drafts), cks) in enumerate(zip(drafted, ckpts, strict=True)):
             logits = torch.stack([c.logits for c in cks])
             out = accept_drafts(logits, drafts, seq.order.params, seq.generator)
             table[row, 0] = len(out)
             table[row, 1 : 1 + len(out)] = torch.as_tensor(out)
         table = self.tp.broadcast(table.to(self.model.device)).cpu()
-        self.step_cost.ratio = int(table[0, -1]) / 1000
+        assert self.speculative is not None
+        self.step_cost.adopt(int(table[0, -1]), self.speculative.backoff)
         return [row[1 : 1 + int(row[0])].tolist() for row in table]
 
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:
