@@ -195,7 +195,7 @@ def turns_table(summary: dict[str, Any]) -> str:
     """Markdown: per turn, each form's mean prompt and cached tokens side by side."""
     forms = list(summary)
     head = "| turn | " + " | ".join(
-        f"{f}: prompt / cached (share of previous prompt)" for f in forms
+        f"{f}: prompt / cached (share of the previous turn cached)" for f in forms
     )
     lines = [head + " |", "| --- |" + " --- |" * len(forms)]
     turns = sorted({int(k) for f in forms for k in summary[f]["by_turn"]})
