@@ -112,17 +112,20 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import torch
 
     from marconi_kernels import KernelUnavailable
+    from marconi_ray.engine.draft_model import drafter_for
     from marconi_ray.engine.engine import Engine
+    from marconi_ray.engine.model.loader import read_config
     from marconi_ray.protocol.sampling import SamplingParams
     from marconi_ray.protocol.speculative import SpeculativeConfig
     from marconi_ray.serve.model_source import resolve_drafter, resolve_model
 
     torch.set_num_threads(1)
-    speculative = None
+    model_dir = resolve_model(args.model)
+    speculative, drafter = None, None
     if args.speculative is not None:
         method = resolve_drafter(args.speculative)
         speculative = SpeculativeConfig(method, args.num_speculative_tokens)
-    model_dir = resolve_model(args.model)
+        drafter = drafter_for(speculative, read_config(model_dir)[0].vocab_size)
     try:
         engine = Engine(
             model_dir,
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             device=args.device,
             kernels=args.kernels,
             speculative=speculative,
+            drafter=drafter,
         )
     except KernelUnavailable as exc:  # a usage error here: the CLI reports it in one line
         raise ValueError(str(exc)) from exc

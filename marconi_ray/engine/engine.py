@@ -141,7 +141,8 @@ class Engine:
         cuda_graphs: `auto` (the decode step replayed as CUDA graphs on CUDA, eager on
             CPU), `on` (CUDA only: ValueError elsewhere) or `off` (`model.step_graphs`).
         speculative: speculative decoding (`Worker`); `drafter` replaces the drafter it
-            names (benchmarks' oracle).
+            names (a `draft:MODEL` one: `engine.draft_model.drafter_for`; benchmarks'
+            oracle).
     """
 
     def __init__(
@@ -173,10 +174,6 @@ class Engine:
         self.config = cfg
         self.system = system
         model = load_served_model(model_dir, tp, dtype, device, kernels, weights)
-        if drafter is None and speculative is not None:
-            from marconi_ray.engine.draft_model import drafter_for  # it builds an Engine
-
-            drafter = drafter_for(speculative, cfg.vocab_size)
         self.kv_plan: KVMemoryPlan | None
         """How `kv_memory` split (None without it)."""
         self.worker, self.kv_plan = planned_worker(

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+from marconi_ray.engine.draft_model import drafter_for
 from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.model.loader import read_config
 from marconi_ray.engine.presets.model_presets import FAMILIES
 from marconi_ray.engine.sampler import Sampler
 from marconi_ray.engine.spec.acceptance import accept_drafts
@@ -181,11 +183,13 @@ def test_a_draft_model_drafts_for_the_target(model_dirs: dict[str, Path]) -> Non
     with the same tokenizer drafts too; the tokens are exact either way; a draft model
     with a bigger vocabulary is refused, naming both sizes."""
     target = model_dirs["nemotron_h"]
+    vocab = read_config(target)[0].vocab_size
     prompts = [[7 + (i * 11 + j) % 250 for j in range(30)] for i in range(2)]
     want = [r.tokens for r in Engine(target, system="vanilla").generate_many(prompts, [GREEDY] * 2)]
     for draft, full in ((target, True), (model_dirs["bamba"], False)):
         config = SpeculativeConfig(method=f"draft:{draft}", num_speculative_tokens=3)
-        spec = Engine(target, system="marconi", cache_bytes=50_000_000, speculative=config)
+        spec = Engine(target, system="marconi", cache_bytes=50_000_000, speculative=config,
+                      drafter=drafter_for(config, vocab))  # fmt: skip
         got = spec.generate_many(prompts, [GREEDY] * 2)
         assert [r.tokens for r in got] == want
         stats = spec.worker.spec_stats
@@ -196,6 +200,8 @@ def test_a_draft_model_drafts_for_the_target(model_dirs: dict[str, Path]) -> Non
         SpeculativeConfig(method="draft:")
     chat = resolve_model("chat")
     with pytest.raises(ValueError, match="4096 token ids"):
+        drafter_for(SpeculativeConfig(method=f"draft:{chat}"), vocab)
+    with pytest.raises(ValueError, match="drafter_for"):  # the engine alone cannot build it
         Engine(target, speculative=SpeculativeConfig(method=f"draft:{chat}"))
 
 

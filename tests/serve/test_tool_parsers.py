@@ -23,10 +23,11 @@ from marconi_ray.protocol.results import Usage
 from marconi_ray.serve.ingress.formats import ChatFormat
 from marconi_ray.serve.ingress.generation import Piece
 from marconi_ray.serve.ingress.openai_protocol import ChatCompletionRequest
+from marconi_ray.serve.ingress.tools.call import ParsedCall
 from marconi_ray.serve.ingress.tools.fields import FunctionDef
 from marconi_ray.serve.ingress.tools.hermes import HermesParser
 from marconi_ray.serve.ingress.tools.json_list import JsonListParser
-from marconi_ray.serve.ingress.tools.parser import ParsedCall, ToolParser
+from marconi_ray.serve.ingress.tools.parser import ToolParser
 from marconi_ray.serve.ingress.tools.qwen3_coder import Qwen3CoderParser
 from marconi_ray.serve.ingress.tools.registry import SETTINGS, parser_for
 from marconi_ray.serve.ingress.tools.stream import CallSplitter

@@ -40,7 +40,8 @@ from marconi_ray.serve.ingress.responses import (
     ToolCallDelta,
     UsageInfo,
 )
-from marconi_ray.serve.ingress.tools.parser import ParsedCall, ToolParser
+from marconi_ray.serve.ingress.tools.call import ParsedCall
+from marconi_ray.serve.ingress.tools.parser import ToolParser
 from marconi_ray.serve.ingress.tools.stream import CallSplitter
 
 Prompt = Sequence[int] | npt.NDArray[np.int32]

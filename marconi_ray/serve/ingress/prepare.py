@@ -30,7 +30,7 @@ from marconi_ray.serve.ingress.openai_protocol import (
     resolve_max_tokens,
     to_sampling_params,
 )
-from marconi_ray.serve.ingress.tools.grammar import OutputPlan, plan_output
+from marconi_ray.serve.ingress.tools.grammar import OutputError, OutputPlan, plan_output
 from marconi_ray.serve.ingress.tools.hermes import HermesParser
 from marconi_ray.serve.ingress.tools.parser import ToolParser
 from marconi_ray.serve.ingress.tools.registry import parser_for
@@ -245,8 +245,15 @@ def prepare_chat(body: object, model: ServedModel) -> Prepared:
     default = model.defaults.budget(limit - len(prompt))
     max_tokens = resolve_max_tokens(requested, default, limit, param)
     extra = _stop_ids(req, model.chat_stop_ids, model)
-    output = plan_output(
-        req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, model.tool_parser
-    )
+    try:
+        output = plan_output(
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+            req.response_format,
+            model.tool_parser,
+        )
+    except OutputError as exc:
+        raise APIError(400, str(exc), exc.param) from None
     params = _params(req, max_tokens, model, extra, output.grammar)
     return Prepared(prompt, params, req, output)

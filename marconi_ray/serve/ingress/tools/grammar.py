@@ -24,7 +24,6 @@ from typing import Any
 
 from llguidance import LLMatcher
 
-from marconi_ray.serve.ingress.openai_protocol import APIError
 from marconi_ray.serve.ingress.tools.fields import (
     FunctionDef,
     NamedToolChoice,
@@ -34,6 +33,15 @@ from marconi_ray.serve.ingress.tools.fields import (
 )
 from marconi_ray.serve.ingress.tools.json_list import JsonListParser
 from marconi_ray.serve.ingress.tools.parser import JSON_STYLE, ToolParser, json_rule
+
+
+class OutputError(ValueError):
+    """Bad tools or `response_format`: the message, and the request field at fault
+    (`param`); the API answers it with a 400 naming that field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ def _checked(grammar: str, param: str) -> str:
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
         detail = messages[0].split("\n")[0] if messages else "invalid"
-        raise APIError(400, f"{param}: {detail}", param)
+        raise OutputError(f"{param}: {detail}", param)
     return grammar
 
 
@@ -64,7 +72,7 @@ def _check_schemas(tools: Sequence[ToolDef], names: Sequence[str]) -> None:
 
 
 def response_grammar(response_format: ResponseFormat) -> str | None:
-    """The grammar of a `response_format` (None for `text`); APIError 400 naming the
+    """The grammar of a `response_format` (None for `text`); OutputError naming the
     schema when the compiler refuses it."""
     if response_format.type == "text":
         return None
@@ -86,17 +94,17 @@ def plan_output(
     response_format: ResponseFormat | None,
     parser: ToolParser,
 ) -> OutputPlan:
-    """The `OutputPlan` of a chat request (see the module docstring); APIError 400 naming
+    """The `OutputPlan` of a chat request (see the module docstring); OutputError naming
     the field for a choice without tools, a named function that is not among them, or a
     schema the compiler refuses."""
     if not tools:
         if choice not in (None, "none"):
-            raise APIError(400, "tool_choice is only allowed when tools are given", "tool_choice")
+            raise OutputError("tool_choice is only allowed when tools are given", "tool_choice")
         grammar = None if response_format is None else response_grammar(response_format)
         return OutputPlan(grammar, None)
     names = tool_names(tools)
     if len(set(names)) != len(names):
-        raise APIError(400, "tools: function names must be distinct", "tools")
+        raise OutputError("tools: function names must be distinct", "tools")
     if choice == "none":
         return OutputPlan(None if response_format is None else response_grammar(response_format))
     if choice is None or choice == "auto":
@@ -106,8 +114,7 @@ def plan_output(
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
         if name not in names:
-            raise APIError(
-                400,
+            raise OutputError(
                 f"tool_choice: function {name!r} is not among the tools ({', '.join(names)})",
                 "tool_choice",
             )

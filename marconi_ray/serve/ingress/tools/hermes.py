@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from marconi_ray.serve.ingress.tools.call import ParsedCall
 from marconi_ray.serve.ingress.tools.fields import FunctionDef
 from marconi_ray.serve.ingress.tools.parser import (
-    ParsedCall,
     ToolParser,
     arguments_text,
     json_rule,

@@ -8,9 +8,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from marconi_ray.serve.ingress.tools.call import ParsedCall
 from marconi_ray.serve.ingress.tools.fields import FunctionDef
 from marconi_ray.serve.ingress.tools.parser import (
-    ParsedCall,
     ToolParser,
     arguments_text,
     json_rule,

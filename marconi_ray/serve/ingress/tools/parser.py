@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from marconi_ray.serve.ingress.tools.call import ParsedCall
 from marconi_ray.serve.ingress.tools.fields import FunctionDef
 from marconi_ray.serve.ingress.tools.stream import CallSplitter
 
@@ -26,15 +26,6 @@ JSON_STYLE = {
 """How a constrained JSON value is written: Python's `json.dumps` spacing and the escapes
 it writes, so a chat template's `tojson` renders parsed arguments back to the same text
 (and the next turn's prompt extends the cached tokens)."""
-
-
-@dataclass(frozen=True)
-class ParsedCall:
-    """One tool call read from the output: the function's name and its arguments as a
-    JSON string (as OpenAI returns them)."""
-
-    name: str
-    arguments: str
 
 
 def json_rule(schema: dict[str, Any]) -> str:

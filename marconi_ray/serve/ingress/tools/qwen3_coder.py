@@ -16,7 +16,8 @@ import json
 import re
 from typing import Any
 
-from marconi_ray.serve.ingress.tools.parser import ParsedCall, ToolParser, arguments_text
+from marconi_ray.serve.ingress.tools.call import ParsedCall
+from marconi_ray.serve.ingress.tools.parser import ToolParser, arguments_text
 
 _FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)

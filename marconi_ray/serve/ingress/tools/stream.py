@@ -9,10 +9,24 @@ a block (the separators a template writes around calls); text that may still bec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from marconi_ray.serve.ingress.tools.parser import ParsedCall, ToolParser
+from marconi_ray.serve.ingress.tools.call import ParsedCall
+
+
+class CallFormat(Protocol):
+    """What the splitter needs of a parser (`parser.ToolParser`): its markers and how it
+    reads a block, or a whole output for a format without markers."""
+
+    @property
+    def start(self) -> str | None: ...
+
+    @property
+    def end(self) -> str: ...
+
+    def parse_block(self, body: str) -> ParsedCall | None: ...
+
+    def parse_all(self, text: str) -> list[ParsedCall]: ...
 
 
 def _held_prefix(text: str, marker: str) -> int:
@@ -24,7 +38,7 @@ def _held_prefix(text: str, marker: str) -> int:
 
 
 class CallSplitter:
-    def __init__(self, parser: ToolParser) -> None:
+    def __init__(self, parser: CallFormat) -> None:
         self.parser = parser
         self.calls: list[ParsedCall] = []
         self._buffer = ""
