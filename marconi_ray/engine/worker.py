@@ -20,6 +20,12 @@ rows' logits with their grammars' masks (one host fill for all of them, one copy
 device, on rank 0, which samples), and the tokens read back advance every rank's matchers;
 a request whose grammar is complete stops (`stop`).
 
+Speculative decoding (`speculative`, `engine.spec`): a step's sequences that have drafts
+run their last token and the drafts in one forward that emits the exact state after
+every position (`_verify`); the accepted drafts and one more token are kept and the
+sequence takes the state at the accepted depth, with the KV rows past it freed. Nothing
+is recomputed, and the cache's checkpoints land where they would without speculation.
+
 Log-probabilities (`SamplingParams.logprobs`) come from the same logits in the same step,
 read with the tokens in one transfer. Prompt log-probabilities (`prompt_logprobs`, echo)
 score every prompt position as it is prefilled (one `lm_head` over the chunk's rows
@@ -621,10 +627,9 @@ class Worker:
         within `max_new`, asks no log-probabilities, has no grammar, and is not backing
         off (`SpeculativeConfig.backoff`: after a verified step that kept none of its
         drafts). A step drafts at all only while speculation pays on this worker
-        (`StepCost`). Adaptive draft length: a
-        sequence drafts one token more than its last verification kept (one more after
-        all were kept), up to `num_speculative_tokens`, so a rejected draft costs a short
-        verification."""
+        (`StepCost`). Adaptive draft length: a sequence drafts one token more than its
+        last verification kept (one more after all were kept), up to
+        `num_speculative_tokens`, so a rejected draft costs a short verification."""
         assert self.speculative is not None and self.drafter is not None
         plain: list[Sequence] = []
         drafted: list[tuple[Sequence, list[int]]] = []
