@@ -76,7 +76,8 @@ def ssd_chunk_scan_ref(
         dt: [b, L, H] raw time steps (before bias/softplus/clamp).
         A: [H] negative decay rates (already ``-exp(A_log)``).
         B, C: [b, L, G, N] input/output projections; head h uses group h // (H // G).
-        chunk_size: tokens per chunk (L need not be a multiple: padded internally).
+        chunk_size: tokens per chunk (L need not be a multiple: padded internally; a
+            sequence shorter than it is one chunk of its own length).
         D: [H] skip weight (``y += D[h] * x``) or None.
         dt_bias: [H] added to dt before softplus, or None.
         dt_softplus: apply softplus to dt.
@@ -109,7 +110,9 @@ def ssd_chunk_scan_ref(
 
     dtp = process_dt(dt, dt_bias, dt_softplus, dt_limit, cdt)  # [b, L, H]
     xf, Bf, Cf = x.to(cdt), B.to(cdt), C.to(cdt)
-    cs = chunk_size
+    # a sequence shorter than a chunk is one chunk of its own length (the same scan,
+    # without padding it to `chunk_size`: a verified speculative step is a few tokens)
+    cs = min(chunk_size, L)
     nc = -(-L // cs)
     pad = nc * cs - L
     if pad:
