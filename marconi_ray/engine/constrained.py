@@ -25,8 +25,6 @@ from llguidance import LLExecutor, LLMatcher
 from marconi_ray.protocol.model_files import END_OF_TURN, load_tokenizer
 
 BITS = 32
-_BIT_VALUES = [1 << j for j in range(BITS - 1)] + [-(1 << (BITS - 1))]
-"""Each bit of an int32 word as an int32 (the sign bit is negative)."""
 
 
 def bitmask_words(vocab: int) -> int:
@@ -36,8 +34,10 @@ def bitmask_words(vocab: int) -> int:
 
 def expand_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """Allowed-token mask [N, vocab] (bool) of `bitmask` [N, ceil(vocab / 32)] (int32;
-    bit j of word w allows token 32 * w + j), in two tensor ops on its device."""
-    bits = torch.tensor(_BIT_VALUES, dtype=torch.int32, device=bitmask.device)
+    bit j of word w allows token 32 * w + j), in tensor ops on its device (the bit
+    values are made there too: no host-to-device copy per step)."""
+    one = torch.ones(BITS, dtype=torch.int32, device=bitmask.device)
+    bits = one << torch.arange(BITS, dtype=torch.int32, device=bitmask.device)  # 1 << 31 < 0
     return (bitmask.unsqueeze(-1) & bits).ne(0).reshape(bitmask.shape[0], -1)[:, :vocab]
 
 

@@ -4,11 +4,10 @@ build a config's drafter with."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.spec.drafters import Drafter
+from marconi_ray.engine.spec.drafters import Drafter, Tokens
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.speculative import DRAFT_PREFIX, SpeculativeConfig
 
@@ -32,9 +31,9 @@ class DraftModelDrafter:
                 f"target's {vocab}: it must share the target's tokenizer"
             )
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Tokens, k: int) -> list[int]:
         params = SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True)
-        return list(self.engine.generate(list(tokens), params).tokens)
+        return list(self.engine.generate([int(t) for t in tokens], params).tokens)
 
 
 def drafter_for(config: SpeculativeConfig | None, vocab: int) -> Drafter | None:

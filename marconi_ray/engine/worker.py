@@ -50,7 +50,7 @@ from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.model.step_graphs import StepGraphs, captures
 from marconi_ray.engine.sampler import Sampler, make_generator
 from marconi_ray.engine.sequence import Sequence
-from marconi_ray.engine.spec.acceptance import accept_drafts
+from marconi_ray.engine.spec.acceptance import accept_drafts, accept_greedy
 from marconi_ray.engine.spec.cost import StepCost
 from marconi_ray.engine.spec.drafters import Drafter, make_drafter
 from marconi_ray.engine.spec.stats import SpecStats
@@ -644,7 +644,7 @@ class Worker:
                 plain.append(seq)
                 continue
             k = min(seq.spec_k or self.speculative.num_speculative_tokens, room)
-            tokens = [*seq.order.prompt.tolist(), *seq.output]
+            tokens = np.concatenate([seq.order.prompt, np.asarray(seq.output, np.int32)])
             drafts = self.drafter.propose(tokens, k)[:k]
             if drafts:
                 drafted.append((seq, drafts))
@@ -733,9 +733,19 @@ class Worker:
         width = max(len(d) for _, d in drafted) + 3
         table = torch.zeros((len(drafted), width), dtype=torch.long)
         table[:, -1] = self.step_cost.verdict()
+        greedy = [row for row, (seq, _) in enumerate(drafted) if seq.order.params.greedy]
+        best: list[int] = []
+        if greedy:  # every greedy sequence's argmax in one read to the host
+            stacked = torch.stack([c.logits for row in greedy for c in ckpts[row]])
+            best = torch.argmax(stacked, dim=-1).tolist()
+        at = 0
         for row, ((seq, drafts), cks) in enumerate(zip(drafted, ckpts, strict=True)):
-            logits = torch.stack([c.logits for c in cks])
-            out = accept_drafts(logits, drafts, seq.order.params, seq.generator)
+            if seq.order.params.greedy:
+                out = accept_greedy(best[at : at + len(cks)], drafts)
+                at += len(cks)
+            else:
+                logits = torch.stack([c.logits for c in cks])
+                out = accept_drafts(logits, drafts, seq.order.params, seq.generator)
             table[row, 0] = len(out)
             table[row, 1 : 1 + len(out)] = torch.as_tensor(out)
         table = self.tp.broadcast(table.to(self.model.device)).cpu()

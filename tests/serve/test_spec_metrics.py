@@ -42,11 +42,12 @@ def test_spec_metrics_count_drafted_and_kept_tokens(model_dir: Path) -> None:
     plain = Engine(model_dir, system="vanilla")
     body = {"model": "tiny", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}  # fmt: skip
-    with TestClient(build_app(LocalBackend(engine), ServedModel.load(model_dir, "tiny"))) as c:
+    served = ServedModel.load(model_dir, "tiny")
+    with TestClient(build_app(LocalBackend(engine), served)) as c:
         for i in range(3):
             prompt = f"abcabcabc {i} abcabcabc"
             out = c.post("/v1/completions", json={**body, "prompt": prompt}).json()
-            ids = list(ServedModel.load(model_dir, "tiny").tokenizer.encode(prompt))
+            ids = list(served.tokenizer.encode(prompt))
             want = plain.generate(ids, GREEDY).tokens
             assert out["choices"][0]["token_ids"] == list(want)
         samples = _samples(c.get("/metrics").text)

@@ -38,19 +38,13 @@ def accept_drafts(
     if logits.dim() != 2 or logits.shape[0] != k + 1:
         raise ValueError(f"need logits [k + 1, V] for {k} drafts, got {tuple(logits.shape)}")
     if params.greedy:
-        best = torch.argmax(logits, dim=-1).tolist()
-        out: list[int] = []
-        for j, d in enumerate(drafts):
-            if d != best[j]:
-                return [*out, best[j]]
-            out.append(d)
-        return [*out, best[k]]
+        return accept_greedy(torch.argmax(logits, dim=-1).tolist(), drafts)
     probs = Sampler.probabilities(logits, params)
     device = logits.device
     uniforms = torch.rand(k + 1, generator=generator, device=device, dtype=torch.float64)
     chosen = probs[torch.arange(k, device=device), torch.as_tensor(list(drafts), device=device)]
     keep = (uniforms[:k] < chosen).tolist() if k else []
-    out = []
+    out: list[int] = []
     for j, d in enumerate(drafts):
         if not keep[j]:
             residual = probs[j].clone()
@@ -58,6 +52,17 @@ def accept_drafts(
             return [*out, _draw(residual, uniforms[k])]
         out.append(d)
     return [*out, _draw(probs[k], uniforms[k])]
+
+
+def accept_greedy(best: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    """The temperature-0 emitted tokens given the argmax `best` at each of the k + 1
+    positions (so a caller can take the argmax of many sequences' logits in one read)."""
+    out: list[int] = []
+    for j, d in enumerate(drafts):
+        if d != best[j]:
+            return [*out, best[j]]
+        out.append(d)
+    return [*out, best[len(drafts)]]
 
 
 def _draw(probs: torch.Tensor, uniform: torch.Tensor) -> int:

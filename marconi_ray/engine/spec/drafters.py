@@ -11,12 +11,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
+Tokens = Sequence[int] | npt.NDArray[np.integer]
+"""A sequence so far (prompt + output), as ids."""
+
 
 class Drafter(Protocol):
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]: ...
+    def propose(self, tokens: Tokens, k: int) -> list[int]: ...
 
 
 class NgramDrafter:
@@ -29,7 +33,7 @@ class NgramDrafter:
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Tokens, k: int) -> list[int]:
         seq = np.asarray(tokens, dtype=np.int64)
         n_tokens = len(seq)
         for n in range(min(self.max_n, n_tokens - 1), self.min_n - 1, -1):
@@ -60,7 +64,7 @@ class OracleDrafter:
         self.vocab = vocab
         self.drafted = 0
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def propose(self, tokens: Tokens, k: int) -> list[int]:
         seq = tuple(int(t) for t in tokens)
         for prefix, future in self.futures.items():
             if seq[: len(prefix)] == prefix and len(seq) - len(prefix) <= len(future):
