@@ -299,6 +299,7 @@ class CacheCoordinator:
         """Someone could not reach a replica (a dispatch for it landed elsewhere because
         Serve no longer lists it). Drop it at once if its heartbeats have stopped too
         (none for two intervals), instead of waiting `lease_s`; True if dropped."""
+        self._after_stall(self.clock())
         info = self.replica_info.get(replica_id)
         if info is None or self.clock() - info.last_seen <= 2 * self.settings.heartbeat_s:
             return False
@@ -315,15 +316,7 @@ class CacheCoordinator:
         stall of the coordinator's own (see the module docstring), first count every
         replica as heard from and every lease as renewed now."""
         now = self.clock()
-        if self.stall_watch.take():
-            log.warning(
-                "the coordinator's process stood still (up to %.1f s): silence and leases "
-                "are judged from now on",
-                self.stall_watch.longest_s,
-            )
-            for info in self.replica_info.values():
-                info.last_seen = max(info.last_seen, now)
-            self.leases.renew_all(now + self.settings.lease_s)
+        self._after_stall(now)
         grace = self.settings.lease_s * LEASE_GRACE
         for request, rid in self.leases.expired(now, grace):
             log.warning("lease of request %d on replica %s expired", request, rid)
@@ -332,6 +325,20 @@ class CacheCoordinator:
             silent = now - self.replica_info[rid].last_seen
             log.warning("replica %s silent for %.0f s: dropped", rid, silent)
             self.unregister_replica(rid)
+
+    def _after_stall(self, now: float) -> None:
+        """If this process stood still since the last look (`stall_watch.take`), count
+        every replica as heard from and every lease as renewed at `now`."""
+        if not self.stall_watch.take():
+            return
+        log.warning(
+            "the coordinator's process stood still (up to %.1f s): silence and leases "
+            "are judged from now on",
+            self.stall_watch.longest_s,
+        )
+        for info in self.replica_info.values():
+            info.last_seen = max(info.last_seen, now)
+        self.leases.renew_all(now + self.settings.lease_s)
 
     # ------------------------------------------------------------------ requests
     def route(self, prompt: npt.NDArray[np.int32]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 
 class StallWatch:
@@ -23,10 +24,18 @@ class StallWatch:
     Args:
         threshold_s: a gap between ticks longer than this is a stall.
         interval_s: how often the thread ticks (well below `threshold_s`).
-        start: run the thread (tests tick by hand instead).
+        start: run the thread (tests tick by hand instead; a hand-ticked watch judges
+            only the gaps between its ticks, not the one still open at `take`).
+        clock: monotonic seconds.
     """
 
-    def __init__(self, threshold_s: float, interval_s: float, start: bool = True) -> None:
+    def __init__(
+        self,
+        threshold_s: float,
+        interval_s: float,
+        start: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not 0 < interval_s < threshold_s:
             raise ValueError(
                 f"interval_s must be in (0, threshold_s={threshold_s}), got {interval_s}"
@@ -37,7 +46,9 @@ class StallWatch:
         """Stalls seen so far."""
         self.longest_s = 0.0
         """The longest gap seen between two ticks."""
-        self._last = time.monotonic()
+        self.clock = clock
+        self._threaded = start
+        self._last = clock()
         self._unseen = False
         self._lock = threading.Lock()
         if start:
@@ -46,18 +57,26 @@ class StallWatch:
 
     def tick(self, now: float | None = None) -> None:
         """One tick at monotonic time `now` (default: the current time)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         with self._lock:
-            gap = now - self._last
-            self._last = now
-            self.longest_s = max(self.longest_s, gap)
-            if gap > self.threshold_s:
-                self.stalls += 1
-                self._unseen = True
+            self._close_gap(now)
+
+    def _close_gap(self, now: float) -> None:
+        """End the gap since the last tick at `now` (the caller holds the lock)."""
+        gap = now - self._last
+        self._last = now
+        self.longest_s = max(self.longest_s, gap)
+        if gap > self.threshold_s:
+            self.stalls += 1
+            self._unseen = True
 
     def take(self) -> bool:
-        """Whether a stall happened since the last `take` (it is reported once)."""
+        """Whether a stall happened since the last `take` (it is reported once),
+        counting, on a threaded watch, the gap still open since the last tick."""
         with self._lock:
+            now = self.clock()
+            if self._threaded and now - self._last > self.threshold_s:
+                self._close_gap(now)
             unseen, self._unseen = self._unseen, False
             return unseen
 
