@@ -85,8 +85,10 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         metavar="METHOD",
         help="speculative decoding: ngram drafts the tokens that followed the latest earlier "
-        "occurrence of the last 2-4 tokens (prompt lookup); draft:MODEL has a small model "
-        "with the same tokenizer draft its greedy continuation (MODEL as --model takes it, "
+        "occurrence of the last 2-4 tokens (prompt lookup); mtp drafts with the "
+        "checkpoint's own multi-token-prediction layers (Qwen3.5 / Qwen3-Next mtp.*); "
+        "draft:MODEL has a small model with the same tokenizer draft its greedy "
+        "continuation (MODEL as --model takes it, "
         "e.g. draft:chat); drafts are verified k + 1 positions in one forward and greedy "
         "output is unchanged (default: off)",
     )

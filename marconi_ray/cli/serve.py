@@ -143,8 +143,10 @@ def add_parser(subparsers: Any) -> None:
         "--speculative",
         metavar="METHOD",
         help="speculative decoding in every shard: ngram drafts what followed the latest "
-        "earlier occurrence of the last 2-4 tokens (prompt lookup); draft:MODEL has a small "
-        "model with the same tokenizer draft (MODEL as --model takes it, e.g. draft:chat); "
+        "earlier occurrence of the last 2-4 tokens (prompt lookup); mtp drafts with the "
+        "checkpoint's multi-token-prediction layers (Qwen3.5 / Qwen3-Next); draft:MODEL "
+        "has a small model with the same tokenizer draft (MODEL as --model takes it, "
+        "e.g. draft:chat); "
         "drafts are verified k + 1 positions in one forward; greedy output is unchanged "
         "(default: off)",
     )

@@ -40,6 +40,7 @@ from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.spec.drafters import Drafter
+from marconi_ray.engine.spec.mtp import MTPDrafter
 from marconi_ray.engine.store.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
@@ -142,7 +143,7 @@ class Engine:
             CPU), `on` (CUDA only: ValueError elsewhere) or `off` (`model.step_graphs`).
         speculative: speculative decoding (`Worker`); `drafter` replaces the drafter it
             names (a `draft:MODEL` one: `engine.draft_model.drafter_for`; benchmarks'
-            oracle).
+            oracle); `mtp` loads the folder's multi-token-prediction layers.
     """
 
     def __init__(
@@ -166,7 +167,7 @@ class Engine:
         kv_memory: KVMemory | None = None,
         cuda_graphs: str = "auto",
         speculative: SpeculativeConfig | None = None,
-        drafter: Drafter | None = None,
+        drafter: Drafter | MTPDrafter | None = None,
     ) -> None:
         get_system(system)
         self.model_dir = Path(model_dir)

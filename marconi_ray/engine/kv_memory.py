@@ -27,7 +27,9 @@ import torch
 
 from marconi_ray.engine.constrained import GrammarMasks
 from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.mtp import load_mtp
 from marconi_ray.engine.spec.drafters import Drafter
+from marconi_ray.engine.spec.mtp import MTPDrafter
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
@@ -110,14 +112,19 @@ def planned_worker(
     cuda_graphs: str = "auto",
     tokenizer_dir: str | Path | None = None,
     speculative: SpeculativeConfig | None = None,
-    drafter: Drafter | None = None,
+    drafter: Drafter | MTPDrafter | None = None,
 ) -> tuple[Worker, KVMemoryPlan | None]:
     """The `Worker` of `model`, its store's pool sized from `kv_memory` (which then sets
     `max_running_tokens`: ValueError when both are given) and the plan; without
     `kv_memory`, a growing pool and no plan. With `tokenizer_dir` (the model folder),
     it serves constrained requests with that folder's tokenizer; with `speculative`, it
-    drafts and verifies (`drafter` replacing the one it names). Call it after loading
-    and warming up."""
+    drafts and verifies (`drafter` replacing the one it names; `mtp` loads the folder's
+    multi-token-prediction layers, before the pool is sized). Call it after loading and
+    warming up."""
+    if speculative is not None and speculative.method == "mtp" and drafter is None:
+        if tokenizer_dir is None:
+            raise ValueError("speculative method 'mtp' needs the model folder (tokenizer_dir)")
+        drafter = MTPDrafter(load_mtp(model, tokenizer_dir))
     store, plan = None, None
     if kv_memory is not None:
         if max_running_tokens is not None:

@@ -39,6 +39,8 @@ class Sequence:
         spec_backoff, spec_wait: its current back-off length after failed drafts and
             the steps it still waits before drafting again.
         spec_k: tokens it drafts next (0: `num_speculative_tokens`).
+        draft_cursor: a stateful drafter's context for it (`engine.spec.mtp.MTPCursor`),
+            made when it first drafts.
     """
 
     order: PrefillOrder
@@ -61,6 +63,7 @@ class Sequence:
     spec_backoff: int = 0
     spec_wait: int = 0
     spec_k: int = 0
+    draft_cursor: Any = None
 
     def consumes_last(self) -> bool:
         """Whether its last sampled token must be consumed by one more decode step: the

@@ -40,6 +40,7 @@ import time
 from collections import Counter
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from marconi_ray.engine.constrained import GrammarMasks
@@ -53,6 +54,7 @@ from marconi_ray.engine.sequence import Sequence
 from marconi_ray.engine.spec.acceptance import accept_drafts, accept_greedy
 from marconi_ray.engine.spec.cost import StepCost
 from marconi_ray.engine.spec.drafters import Drafter, make_drafter
+from marconi_ray.engine.spec.mtp import MTPDrafter, MTPRequest, trim_pending
 from marconi_ray.engine.spec.stats import SpecStats
 from marconi_ray.engine.store.slot_table import HOST
 from marconi_ray.engine.store.state_store import StateStore
@@ -97,7 +99,9 @@ class Worker:
         grammars: the matchers and masks of constrained requests (None: a request with a
             grammar fails to start, naming it).
         speculative: speculative decoding (None: off); `drafter` replaces the drafter
-            it names (benchmarks' oracle).
+            it names (benchmarks' oracle) or is the one a config alone cannot build (a
+            draft model, `mtp`: `engine.draft_model.drafter_for`). An `MTPDrafter` turns
+            the model's `emit_hidden` on and the decode step's CUDA graphs off.
     """
 
     def __init__(
@@ -110,7 +114,7 @@ class Worker:
         cuda_graphs: str = "auto",
         grammars: GrammarMasks | None = None,
         speculative: SpeculativeConfig | None = None,
-        drafter: Drafter | None = None,
+        drafter: Drafter | MTPDrafter | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -132,6 +136,7 @@ class Worker:
         self.drafter = drafter
         if speculative is not None and drafter is None:
             self.drafter = make_drafter(speculative)
+        model.emit_hidden = isinstance(self.drafter, MTPDrafter)
         self._eos = model.cfg.eos_token_ids
         self.step_cost = StepCost()
         self.spec_stats = SpecStats()
@@ -151,7 +156,7 @@ class Worker:
         self._batch = model.new_decode_batch(max_batch, self.store.device_kv)
         self.graphs: StepGraphs | None = None
         """The decode step's CUDA graphs (None: eager steps)."""
-        if captures(cuda_graphs, model.device):
+        if captures(cuda_graphs, model.device) and not model.emit_hidden:
             self.graphs = StepGraphs(model, self._batch, capture=True)
 
     @property
@@ -289,6 +294,9 @@ class Worker:
         t0 = time.perf_counter()
         if self.drafter is not None and batch and self.step_cost.may_draft():
             batch, drafted = self._drafts(batch)
+        elif self.model.emit_hidden:
+            for seq in batch:
+                trim_pending(seq.state)
         events = self._decode(batch) if batch else []
         if drafted:
             events += self._verify(drafted)
@@ -632,25 +640,45 @@ class Worker:
         `num_speculative_tokens`, so a rejected draft costs a short verification."""
         assert self.speculative is not None and self.drafter is not None
         plain: list[Sequence] = []
-        drafted: list[tuple[Sequence, list[int]]] = []
+        asks: list[tuple[Sequence, npt.NDArray[np.int32], int]] = []
         for seq in batch:
             room = seq.order.max_new - len(seq.output) - 1
             p = seq.order.params
             if seq.finishing or room < 1 or seq.matcher is not None or p.logprobs is not None:
                 plain.append(seq)
+                trim_pending(seq.state, 0)
                 continue
             if seq.spec_wait > 0:
                 seq.spec_wait -= 1
                 plain.append(seq)
+                trim_pending(seq.state)
                 continue
             k = min(seq.spec_k or self.speculative.num_speculative_tokens, room)
             tokens = np.concatenate([seq.order.prompt, np.asarray(seq.output, np.int32)])
-            drafts = self.drafter.propose(tokens, k)[:k]
-            if drafts:
-                drafted.append((seq, drafts))
+            asks.append((seq, tokens, k))
+        proposed = self._propose(asks)
+        drafted: list[tuple[Sequence, list[int]]] = []
+        for (seq, _, k), drafts in zip(asks, proposed, strict=True):
+            if drafts[:k]:
+                drafted.append((seq, drafts[:k]))
             else:
                 plain.append(seq)
         return plain, drafted
+
+    def _propose(self, asks: list[tuple[Sequence, npt.NDArray[np.int32], int]]) -> list[list[int]]:
+        """The drafter's proposals for (sequence, tokens so far, k) asks: one batched
+        call for a stateful `MTPDrafter` (each sequence's cursor made when it first
+        drafts), one call per sequence for the others."""
+        drafter = self.drafter
+        if not isinstance(drafter, MTPDrafter):
+            assert drafter is not None
+            return [drafter.propose(tokens, k) for _, tokens, k in asks]
+        requests = []
+        for seq, tokens, k in asks:
+            if seq.draft_cursor is None:
+                seq.draft_cursor = drafter.cursor()
+            requests.append(MTPRequest(seq.draft_cursor, seq.state, tokens, k))
+        return drafter.propose_many(requests)
 
     def _verify(self, drafted: list[tuple[Sequence, list[int]]]) -> list[TokenEvent]:
         """Run each sequence's last token and its drafts (k + 1 positions) in one forward
@@ -717,6 +745,9 @@ class Worker:
             state.length, state.logits = ckpt.depth, ckpt.logits
             assert state.rows is not None
             state.rows = state.rows[: ckpt.depth]
+            if state.hidden:  # the verified positions' rows: the consumed ones only
+                pos, hidden = state.hidden[-1]
+                state.hidden[-1] = (pos, hidden[:taken])
             seq.own.extend(rows[:taken].tolist())
             self.store.free_slots(rows[taken:])
             assert ckpt.depth == base + taken

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from marconi_ray.protocol.sampling import is_int
 
-METHODS = ("ngram", "draft:MODEL")
-"""Drafters a setting may name: `ngram`, or `draft:` and a model folder with the target's
-tokenizer (the engine's registry has `oracle` too, for benchmarks)."""
+METHODS = ("ngram", "mtp", "draft:MODEL")
+"""Drafters a setting may name: `ngram`, `mtp` (the checkpoint's own multi-token-prediction
+layers), or `draft:` and a model folder with the target's tokenizer (the engine's registry
+has `oracle` too, for benchmarks)."""
 DRAFT_PREFIX = "draft:"
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -22,6 +23,8 @@ class SpeculativeConfig:
     Attributes:
         method: the drafter (`METHODS`): `ngram` proposes the tokens that followed the
             latest earlier occurrence of the sequence's last n tokens (prompt lookup);
+            `mtp` has the target checkpoint's multi-token-prediction layers (Qwen3.5 /
+            Qwen3-Next `mtp.*`) propose from the target's last hidden state;
             `draft:PATH` has a small model (the folder PATH, the same tokenizer as the
             target's) propose its greedy continuation.
         num_speculative_tokens: k, tokens drafted per step at most (1..16); a verified
@@ -41,7 +44,7 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         draft = self.method.startswith(DRAFT_PREFIX) and len(self.method) > len(DRAFT_PREFIX)
-        if self.method not in ("ngram", "oracle") and not draft:
+        if self.method not in ("ngram", "mtp", "oracle") and not draft:
             raise ValueError(
                 f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"
             )

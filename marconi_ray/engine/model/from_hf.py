@@ -192,6 +192,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         unit_offset_norms=arch.unit_offset_norms,
         weights_prefix=arch.weights_prefix,
         skipped_weights=arch.skipped_weights,
+        mtp_layers=arch.mtp_layers,
         scales=arch.scales,
         parallel_mixers=arch.parallel_mixers,
         shared=shared,

@@ -386,6 +386,9 @@ class HybridModel(nn.Module):
                     torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype), requires_grad=False
                 )
             )
+        self.emit_hidden = False
+        """Append each forward's final normed hidden states to its sequences'
+        `SeqState.hidden` (set by a worker whose drafter reads them)."""
         self.layers: list[Block] = list(self.blocks)  # type: ignore[arg-type]
         self.ssm_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, SSMMixer)]
         self.attn_blocks = [i for i, b in enumerate(self.layers) if isinstance(b.mixer, KVMixer)]
@@ -454,11 +457,22 @@ class HybridModel(nn.Module):
         return state
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.project(self.normed(hidden))
+
+    def normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm of residual-stream rows [L, D]."""
         norm = self.final_norm
-        h = rms_norm(hidden, norm.weight, norm.eps, norm.unit_offset)
-        logits = F.linear(h, self.lm_head).float()
+        return rms_norm(hidden, norm.weight, norm.eps, norm.unit_offset)
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits [L, V] (float32, times the logit multiplier) of normed rows [L, D]."""
+        logits = F.linear(normed, self.lm_head).float()
         scale = self.cfg.scales.logits
         return logits if scale == 1.0 else logits * scale
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [L, D] of ids [L], times the embedding multiplier."""
+        return self._embed(ids)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [L, D], times the embedding multiplier."""
@@ -551,6 +565,10 @@ class HybridModel(nn.Module):
         x, conv_outs, ssm_outs = self._prefill_hidden_parts(parts, rels, pool)
         lens = [p.ids.shape[0] for p in parts]
         offsets = [sum(lens[:k]) for k in range(len(parts))]
+        if self.emit_hidden:
+            normed = self.normed(x)
+            for p, off, n in zip(parts, offsets, lens, strict=True):
+                p.state.hidden.append((p.state.length, normed[off : off + n]))
         picked = [
             off + r for p, rel, off, n in zip(parts, rels, offsets, lens, strict=True)
             if not p.scored for r in [*(r - 1 for r in rel), n - 1]
@@ -622,7 +640,7 @@ class HybridModel(nn.Module):
         }
         kv = {i: BufferDecode([s.kv[i] for s in states]) for i in self.attn_blocks}
         positions = torch.tensor([s.length for s in states], device=self.device)
-        logits = self._decode(ids, positions, stacked, kv)
+        logits = self._decode(ids, positions, stacked, kv, list(states))
         for b, s in enumerate(states):
             s.length += 1
             s.logits = logits[b]
@@ -658,7 +676,7 @@ class HybridModel(nn.Module):
             attend = self.kernels.paged_decode_attention
             kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
             positions = batch.positions()
-        logits = self._decode(ids, positions, rows, kv)
+        logits = self._decode(ids, positions, rows, kv, batch.members)
         for s in batch.members:
             s.length += 1
         if batch.pool is None:
@@ -674,9 +692,12 @@ class HybridModel(nn.Module):
         positions: torch.Tensor,
         ssm_rows: dict[int, tuple[torch.Tensor, torch.Tensor]],
         kv: Mapping[int, DecodeKV],
+        states: Sequence[SeqState] = (),
     ) -> torch.Tensor:
         """One decode step at `positions` [B]; `ssm_rows[i]` = (conv [B, C, K], ssm
-        [B, ...]) of SSM block i, updated in place; `kv[i]`: attention block i's KV."""
+        [B, ...]) of SSM block i, updated in place; `kv[i]`: attention block i's KV.
+        With `emit_hidden`, row b's normed hidden state joins `states[b].hidden` (the
+        step's sequences, before their length advances)."""
         emb = self._embed(ids)
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
@@ -692,7 +713,12 @@ class HybridModel(nn.Module):
             return out
 
         x = self._run_groups(emb, run)
-        return self._logits(x)
+        if not (self.emit_hidden and states):
+            return self._logits(x)
+        normed = self.normed(x)
+        for b, s in enumerate(states):
+            s.hidden.append((s.length, normed[b : b + 1]))
+        return self.project(normed)
 
     def _prefill_hidden(
         self,

@@ -79,7 +79,7 @@ def _fold(
     return tensor.float() * per_row.view(shape)
 
 
-def _load_tensor(
+def load_tensor(
     model: HybridModel, spec: WeightSpec, key: str, source: WeightSource
 ) -> torch.Tensor:
     """Checkpoint tensor `key`, only this rank's slice when `spec` splits it, with its
@@ -153,7 +153,7 @@ def copy_weights(model: HybridModel, source: WeightSource, model_dir: str | Path
     used: set[str] = set()
     for name, spec in specs.items():
         keys = [k if k == "lm_head.weight" else prefix + k for k in spec.checkpoint_keys()]
-        parts = [_load_tensor(model, spec, key, source) for key in keys]
+        parts = [load_tensor(model, spec, key, source) for key in keys]
         tensor = torch.stack(parts) if spec.stack else parts[0]
         target = params[name]
         if tensor.shape != target.shape:

@@ -106,7 +106,8 @@ class HybridConfig:
         eos_token_ids: token ids that end generation (unless `ignore_eos`).
         unit_offset_norms: RMSNorm scales are (1 + weight) (Qwen3.5, Qwen3-Next).
         weights_prefix: checkpoint prefix of the language model ("" = the usual ones).
-        skipped_weights: checkpoint key prefixes the engine does not load (vision).
+        skipped_weights: checkpoint key prefixes the engine does not load (vision, MTP).
+        mtp_layers: multi-token-prediction layers under `mtp.` (see `engine.model.mtp`).
         scales: embedding, residual and logit multipliers (muP models; all 1 otherwise).
         parallel_mixers: consecutive mixer blocks (not mlp / moe) of one HF layer read
             the same normed input and their outputs are summed (FalconH1); see
@@ -135,6 +136,7 @@ class HybridConfig:
     unit_offset_norms: bool = False
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
+    mtp_layers: int = 0
     scales: Scales = field(default_factory=Scales)
     parallel_mixers: bool = False
     shared: SharedBlockConfig | None = None

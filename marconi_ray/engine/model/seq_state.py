@@ -23,6 +23,9 @@ class SeqState:
             token order (see `paged_kv`); `kv` is then empty. None: the KV is in `kv`,
             or the sequence is a member of a pooled `DecodeBatch`, whose row table
             holds its rows.
+        hidden: while the model's `emit_hidden` is on, the final normed hidden states of
+            the positions its forwards consumed, as (first position, rows [n, D]) chunks
+            in order, for a drafter that reads them (`engine.spec.mtp`), which takes them.
     """
 
     length: int = 0
@@ -31,6 +34,7 @@ class SeqState:
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)
     logits: torch.Tensor | None = None
     rows: torch.Tensor | None = None
+    hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
     def resumed(cls, ckpt: StateCheckpoint, kv_of: SeqState) -> SeqState:

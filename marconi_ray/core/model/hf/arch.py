@@ -433,7 +433,11 @@ class HfArchitecture:
             checkpoint wraps it (Qwen3.5's multimodal `model.language_model.`); "" lets the
             loader try the usual `model.` / `backbone.` / none.
         skipped_weights: checkpoint key prefixes the language model does not use (the
-            vision tower of a multimodal checkpoint), skipped by the loader.
+            vision tower of a multimodal checkpoint, multi-token-prediction layers),
+            skipped by the loader.
+        mtp_layers: multi-token-prediction layers the checkpoint carries under `mtp.`
+            (Qwen3.5 / Qwen3-Next `mtp_num_hidden_layers`; 0: none). They do not run in
+            the model's forward: the `mtp` speculative drafter loads them.
         scales: the scalar multipliers of muP-trained models (all 1 for the others).
     """
 
@@ -449,6 +453,7 @@ class HfArchitecture:
     unit_offset_norms: bool = False
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
+    mtp_layers: int = 0
     scales: Scales = Scales()
 
     def __post_init__(self) -> None:

@@ -328,6 +328,11 @@ def _qwen_rope(r: ConfigReader) -> tuple[float, float, str]:
     return out[0], out[1], rope_type
 
 
+MTP_PREFIX = "mtp."
+"""Checkpoint prefix of Qwen3.5 / Qwen3-Next multi-token-prediction layers (top level,
+beside `model.`, in text and multimodal checkpoints alike)."""
+
+
 def _qwen_linear(r: ConfigReader, *, fused: bool, moe: bool, sparse: bool) -> HfArchitecture:
     """Qwen3.5 / Qwen3-Next text model: each layer is Gated DeltaNet (`linear_attention`)
     or gated attention with q/k norms and partial RoPE (`full_attention`; default: every
@@ -401,7 +406,11 @@ def _qwen_linear(r: ConfigReader, *, fused: bool, moe: bool, sparse: bool) -> Hf
         ffn = mlp if i in dense_layers else experts
         assert mixer is not None and ffn is not None
         layers.append([mixer, ffn])
-    return architecture(r, per_layer(layers), unit_offset_norms=True)
+    arch = architecture(r, per_layer(layers), unit_offset_norms=True)
+    mtp = r.opt_int("mtp_num_hidden_layers") if r.has("mtp_num_hidden_layers") else 0
+    if mtp is not None and mtp < 0:
+        raise ValueError(f"{r.family} config key 'mtp_num_hidden_layers' must be >= 0, got {mtp}")
+    return replace(arch, mtp_layers=mtp or 0, skipped_weights=(MTP_PREFIX,))
 
 
 def parse_qwen3_5_text(config: Mapping[str, object]) -> HfArchitecture:
@@ -437,7 +446,7 @@ def _multimodal(
         family=family,
         tie_embeddings=r.flag("tie_word_embeddings"),
         weights_prefix="model.language_model.",
-        skipped_weights=("model.visual.",),
+        skipped_weights=("model.visual.", *arch.skipped_weights),
     )
 
 
