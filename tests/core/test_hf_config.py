@@ -23,7 +23,12 @@ from transformers import (
     Zamba2Config,
 )
 
-from marconi_ray.core.model.hf.parse import HF_PARSERS, spec_from_hf_config, supported_model_types
+from marconi_ray.core.model.hf.parse import (
+    HF_PARSERS,
+    parse_hf_config,
+    spec_from_hf_config,
+    supported_model_types,
+)
 from marconi_ray.core.model.hf.reader import ConfigReader
 from marconi_ray.core.model.layers import (
     AttentionLayer,
@@ -269,3 +274,24 @@ def test_dtype_bytes_and_name_from_path() -> None:
     assert spec.name == "ibm/bamba" and spec.dtype_bytes == 4
     assert spec.ssm_state_bytes == 2 * spec_from_hf_config({"model_type": "bamba"}).ssm_state_bytes
     assert _n(spec, Mamba2Layer) == 32
+
+
+def test_nemotron_h_mtp_layers() -> None:
+    """Nemotron 3's `num_nextn_predict_layers` steps of `mtp_layers_block_type` blocks
+    (attention then MoE by default) take the model's own configs of their kinds: a kind
+    no layer of the model has is refused by name; none when the key is 0."""
+    base = NemotronHConfig(
+        hybrid_override_pattern="M*ME", vocab_size=1000, hidden_size=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48,
+    ).to_dict()  # fmt: skip
+    assert parse_hf_config({**base, "num_nextn_predict_layers": 0}).mtp_layers == 0
+    arch = parse_hf_config({**base, "num_nextn_predict_layers": 1})
+    assert (arch.mtp_layers, arch.mtp_blocks) == (1, ("attention", "moe"))
+    assert "mtp." in arch.skipped_weights
+    with pytest.raises(ValueError, match=r"uses \['mlp'\]"):
+        parse_hf_config(
+            {**base, "num_nextn_predict_layers": 1, "mtp_layers_block_type": ["attention", "mlp"]}
+        )

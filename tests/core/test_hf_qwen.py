@@ -235,7 +235,9 @@ def test_multimodal_wrapper(outer: str, text: str, outer_tie: bool, inner_tie: b
     assert (arch.family, arch.vocab_size, arch.hidden_size) == (outer, 100, 64)
     assert arch.tie_embeddings is outer_tie and plain.tie_embeddings is inner_tie
     assert arch.weights_prefix == "model.language_model." and plain.weights_prefix == ""
-    assert arch.skipped_weights == ("model.visual.",) and plain.skipped_weights == ()
+    # a released checkpoint carries multi-token-prediction layers: the model skips them
+    assert arch.skipped_weights == ("model.visual.", "mtp.")
+    assert plain.skipped_weights == ("mtp.",)
     assert spec_from_hf_config(cfg).layers == spec_from_hf_config(text_cfg).layers
 
 
@@ -322,3 +324,17 @@ def test_bad_values_are_named(model_type: str, config: dict[str, object], name: 
 def test_bad_family_values_are_named(config: dict[str, object], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         parse_hf_config(config)
+
+
+@pytest.mark.parametrize("model_type", sorted(TEXT_CLASSES))
+def test_the_mtp_layers_are_read(model_type: str) -> None:
+    """`mtp_num_hidden_layers` (a released checkpoint's key; transformers' classes drop
+    it) gives the MTP steps and one step's blocks: attention then the model's MoE or
+    MLP; absent or null is none; negative is refused by name."""
+    assert parse_hf_config(tiny(model_type)).mtp_layers == 0
+    arch = parse_hf_config({**tiny(model_type), "mtp_num_hidden_layers": 1})
+    ffn = "mlp" if model_type == "qwen3_5_text" else "moe"
+    assert (arch.mtp_layers, arch.mtp_blocks) == (1, ("attention", ffn))
+    assert parse_hf_config({**tiny(model_type), "mtp_num_hidden_layers": None}).mtp_layers == 0
+    with pytest.raises(ValueError, match="'mtp_num_hidden_layers' must be >= 0, got -1"):
+        parse_hf_config({**tiny(model_type), "mtp_num_hidden_layers": -1})

@@ -31,7 +31,7 @@ from marconi_ray.engine.spec.mtp import MTPDrafter, MTPRequest, entries_ref, pro
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
-MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe_text")
+MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe_text", "nemotron_h_moe", "nemotron_h")
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 MTP = SpeculativeConfig(method="mtp", num_speculative_tokens=3, backoff=0)
 
@@ -55,12 +55,21 @@ def test_the_config_names_the_layers_and_the_model_loads_without_them(
     assert read_config(folder)[0].mtp_layers == 1
     assert torch.equal(load_model(folder).forward_logits(ids), before)
     with pytest.raises(ValueError, match="no MTP layers"):
-        add_mtp_weights(make_model("tiny", "nemotron_h", tmp_path / "n"))
+        add_mtp_weights(make_model("tiny", "bamba", tmp_path / "b"))
+    nemotron = add_mtp_weights(make_model("tiny", "nemotron_h_moe", tmp_path / "n"))
+    raw = json.loads((nemotron / "config.json").read_text())
+    assert raw["num_nextn_predict_layers"] == 1
+    assert raw["mtp_layers_block_type"] == ["full_attention", "moe"]
+    assert read_config(nemotron)[0].mtp_blocks == ("attention", "moe")
+    raw["mtp_layers_block_type"] = ["full_attention", "mlp"]  # no dense MLP layer to copy
+    (nemotron / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"mtp_layers_block_type uses \['mlp'\]"):
+        read_config(nemotron)
 
 
 def test_a_checkpoint_without_mtp_weights_or_layers_is_refused(tmp_path: Path) -> None:
     folder = make_model("tiny", "qwen3_next", tmp_path / "q")
-    with pytest.raises(ValueError, match="mtp_num_hidden_layers=0"):
+    with pytest.raises(ValueError, match="mtp_layers=0"):
         load_mtp(load_model(folder), folder)
     raw = json.loads((folder / "config.json").read_text())
     raw["mtp_num_hidden_layers"] = 1
@@ -136,7 +145,7 @@ def test_a_cursor_holds_exact_entries_only(mtp_dirs: dict[str, Path]) -> None:
     assert drafter.propose_many([MTPRequest(cursor, state, tokens, 4)]) == [[]]
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h_moe"])
 def test_greedy_and_cached_tokens_are_identical_with_mtp(
     mtp_dirs: dict[str, Path], family: str
 ) -> None:

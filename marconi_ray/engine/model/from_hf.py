@@ -193,6 +193,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         weights_prefix=arch.weights_prefix,
         skipped_weights=arch.skipped_weights,
         mtp_layers=arch.mtp_layers,
+        mtp_blocks=arch.mtp_blocks,
         scales=arch.scales,
         parallel_mixers=arch.parallel_mixers,
         shared=shared,

@@ -107,7 +107,8 @@ class HybridConfig:
         unit_offset_norms: RMSNorm scales are (1 + weight) (Qwen3.5, Qwen3-Next).
         weights_prefix: checkpoint prefix of the language model ("" = the usual ones).
         skipped_weights: checkpoint key prefixes the engine does not load (vision, MTP).
-        mtp_layers: multi-token-prediction layers under `mtp.` (see `engine.model.mtp`).
+        mtp_layers: multi-token-prediction steps under `mtp.` (see `engine.model.mtp`).
+        mtp_blocks: the block kinds of one MTP step (attention, moe, mlp), in order.
         scales: embedding, residual and logit multipliers (muP models; all 1 otherwise).
         parallel_mixers: consecutive mixer blocks (not mlp / moe) of one HF layer read
             the same normed input and their outputs are summed (FalconH1); see
@@ -137,6 +138,7 @@ class HybridConfig:
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
     mtp_layers: int = 0
+    mtp_blocks: tuple[str, ...] = ()
     scales: Scales = field(default_factory=Scales)
     parallel_mixers: bool = False
     shared: SharedBlockConfig | None = None

@@ -1,4 +1,4 @@
-"""`add_mtp_weights`: give a make-model Qwen3.5 / Qwen3-Next folder random
+"""`add_mtp_weights`: give a make-model Qwen3.5 / Qwen3-Next / NemotronH folder random
 multi-token-prediction layers (`mtp.*`), as the released checkpoints carry trained ones
 (transformers builds none: its models drop `mtp.*` when loading)."""
 
@@ -14,18 +14,22 @@ from safetensors.torch import load_file, save_file
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.loader import read_config
 from marconi_ray.engine.model.model_config import HybridConfig
-from marconi_ray.engine.model.mtp import MTP_PREFIX, MTPHead
+from marconi_ray.engine.model.mtp import MTP_KEYS, MTP_PREFIX, MTPHead
 
-MTP_CONFIG_KEY = "mtp_num_hidden_layers"
+STEPS_KEY = {"nemotron_h": "num_nextn_predict_layers"}
+"""Family -> its config key of MTP steps (default `mtp_num_hidden_layers`)."""
+NEMOTRON_H_KINDS_KEY = "mtp_layers_block_type"
 WEIGHT_STD = 0.02
 
 
 def add_mtp_weights(model_dir: str | Path, layers: int = 1, seed: int = 0) -> Path:
-    """Write `layers` seeded random MTP layers into the folder's single
-    `model.safetensors` and set `mtp_num_hidden_layers` in its config.json (the text
-    config's, for a multimodal Qwen3.5). Existing `mtp.*` weights are replaced. Returns
-    the folder. ValueError naming the folder for a family without MTP layers, a
-    sharded checkpoint or `layers` < 1."""
+    """Write `layers` seeded random MTP steps into the folder's single
+    `model.safetensors` and name them in its config.json (`mtp_num_hidden_layers`, the
+    text config's for a multimodal Qwen3.5; NemotronH's `num_nextn_predict_layers` and
+    `mtp_layers_block_type`: attention then MoE, or then an MLP in a model without
+    experts). Existing `mtp.*` weights are replaced. Returns the folder. ValueError
+    naming the folder for a family without MTP layers, a sharded checkpoint or
+    `layers` < 1."""
     folder = Path(model_dir)
     if layers < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")
@@ -33,15 +37,19 @@ def add_mtp_weights(model_dir: str | Path, layers: int = 1, seed: int = 0) -> Pa
     if not weights.is_file():
         raise ValueError(f"{str(folder)!r}: no single model.safetensors to add MTP layers to")
     cfg, raw = read_config(folder)
-    if "mtp." not in cfg.skipped_weights:
+    if cfg.family not in MTP_KEYS:
         raise ValueError(f"{str(folder)!r}: {cfg.family} checkpoints have no MTP layers")
+    ffn = "moe" if cfg.moe is not None else "mlp"
     tensors = {k: v for k, v in load_file(weights).items() if not k.startswith(MTP_PREFIX)}
     dtype = tensors[next(iter(tensors))].dtype
-    tensors.update(_random_layers(replace(cfg, mtp_layers=layers), dtype, seed))
+    with_mtp = replace(cfg, mtp_layers=layers, mtp_blocks=("attention", ffn))
+    tensors.update(_random_layers(with_mtp, dtype, seed))
     save_file(tensors, weights, metadata={"format": "pt"})
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     assert isinstance(text, dict)
-    text[MTP_CONFIG_KEY] = layers
+    text[STEPS_KEY.get(cfg.family, "mtp_num_hidden_layers")] = layers
+    if cfg.family == "nemotron_h":
+        text[NEMOTRON_H_KINDS_KEY] = ["full_attention", ffn]
     (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     return folder
 

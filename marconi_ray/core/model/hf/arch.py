@@ -435,9 +435,12 @@ class HfArchitecture:
         skipped_weights: checkpoint key prefixes the language model does not use (the
             vision tower of a multimodal checkpoint, multi-token-prediction layers),
             skipped by the loader.
-        mtp_layers: multi-token-prediction layers the checkpoint carries under `mtp.`
-            (Qwen3.5 / Qwen3-Next `mtp_num_hidden_layers`; 0: none). They do not run in
-            the model's forward: the `mtp` speculative drafter loads them.
+        mtp_layers: multi-token-prediction steps the checkpoint carries under `mtp.`
+            (Qwen3.5 / Qwen3-Next `mtp_num_hidden_layers`, NemotronH
+            `num_nextn_predict_layers`; 0: none). They do not run in the model's forward:
+            the `mtp` speculative drafter loads them.
+        mtp_blocks: the block kinds of one step, in order (`KIND_ATTENTION`, `KIND_MOE`,
+            `KIND_MLP`), with the model's own configs of those kinds.
         scales: the scalar multipliers of muP-trained models (all 1 for the others).
     """
 
@@ -454,6 +457,7 @@ class HfArchitecture:
     weights_prefix: str = ""
     skipped_weights: tuple[str, ...] = ()
     mtp_layers: int = 0
+    mtp_blocks: tuple[str, ...] = ()
     scales: Scales = Scales()
 
     def __post_init__(self) -> None:

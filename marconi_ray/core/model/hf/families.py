@@ -17,6 +17,9 @@ from dataclasses import replace
 
 from marconi_ray.core.model.hf import defaults
 from marconi_ray.core.model.hf.arch import (
+    KIND_ATTENTION,
+    KIND_MLP,
+    KIND_MOE,
     AttentionConfig,
     Block,
     BlockConfig,
@@ -43,6 +46,12 @@ from marconi_ray.core.model.hf.blocks import (
 )
 from marconi_ray.core.model.hf.falcon import parse_falcon_h1 as parse_falcon_h1
 from marconi_ray.core.model.hf.reader import ConfigReader
+
+MTP_PREFIX = "mtp."
+"""Checkpoint prefix of multi-token-prediction layers (Qwen3.5, Qwen3-Next, NemotronH): top
+level, beside the language model's prefix, in text and multimodal checkpoints alike."""
+NEMOTRON_H_MTP_DEFAULT = ("full_attention", "moe")
+"""NemotronH's MTP layers when `mtp_layers_block_type` is absent (transformers' default)."""
 
 
 def parse_nemotron_h(config: Mapping[str, object]) -> HfArchitecture:
@@ -111,7 +120,20 @@ def parse_nemotron_h(config: Mapping[str, object]) -> HfArchitecture:
                 routed_scale=r.req_float("routed_scaling_factor"),
             )
     blocks = [Block(built[t], i) for i, t in enumerate(types)]
-    return architecture(r, blocks, norm_key="layer_norm_epsilon")
+    arch = architecture(r, blocks, norm_key="layer_norm_epsilon")
+    steps = _mtp_steps(r, "num_nextn_predict_layers")
+    if not steps:
+        return replace(arch, skipped_weights=(MTP_PREFIX,))
+    raw = r.opt_str_list("mtp_layers_block_type") or list(NEMOTRON_H_MTP_DEFAULT)
+    mtp_types = layer_types(raw, "nemotron_h", (ATTENTION, "moe", "mlp"))
+    missing = sorted(set(mtp_types) - set(built))
+    if missing:
+        raise ValueError(
+            f"nemotron_h mtp_layers_block_type uses {missing}, which no layer of the model "
+            "uses (the MTP layers take the model's own configs of their kinds)"
+        )
+    kinds = tuple(built[t].kind for t in mtp_types)
+    return replace(arch, mtp_layers=steps, mtp_blocks=kinds, skipped_weights=(MTP_PREFIX,))
 
 
 def parse_bamba(config: Mapping[str, object]) -> HfArchitecture:
@@ -328,11 +350,6 @@ def _qwen_rope(r: ConfigReader) -> tuple[float, float, str]:
     return out[0], out[1], rope_type
 
 
-MTP_PREFIX = "mtp."
-"""Checkpoint prefix of Qwen3.5 / Qwen3-Next multi-token-prediction layers (top level,
-beside `model.`, in text and multimodal checkpoints alike)."""
-
-
 def _qwen_linear(r: ConfigReader, *, fused: bool, moe: bool, sparse: bool) -> HfArchitecture:
     """Qwen3.5 / Qwen3-Next text model: each layer is Gated DeltaNet (`linear_attention`)
     or gated attention with q/k norms and partial RoPE (`full_attention`; default: every
@@ -407,10 +424,18 @@ def _qwen_linear(r: ConfigReader, *, fused: bool, moe: bool, sparse: bool) -> Hf
         assert mixer is not None and ffn is not None
         layers.append([mixer, ffn])
     arch = architecture(r, per_layer(layers), unit_offset_norms=True)
-    mtp = r.opt_int("mtp_num_hidden_layers") if r.has("mtp_num_hidden_layers") else 0
-    if mtp is not None and mtp < 0:
-        raise ValueError(f"{r.family} config key 'mtp_num_hidden_layers' must be >= 0, got {mtp}")
-    return replace(arch, mtp_layers=mtp or 0, skipped_weights=(MTP_PREFIX,))
+    steps = _mtp_steps(r, "mtp_num_hidden_layers")
+    mtp_ffn = KIND_MOE if experts is not None else KIND_MLP
+    blocks = (KIND_ATTENTION, mtp_ffn) if steps else ()
+    return replace(arch, mtp_layers=steps, mtp_blocks=blocks, skipped_weights=(MTP_PREFIX,))
+
+
+def _mtp_steps(r: ConfigReader, key: str) -> int:
+    """The config's multi-token-prediction steps under `key` (0 when absent or null)."""
+    steps = r.opt_int(key) if r.has(key) else 0
+    if steps is not None and steps < 0:
+        raise ValueError(f"{r.family} config key {key!r} must be >= 0, got {steps}")
+    return steps or 0
 
 
 def parse_qwen3_5_text(config: Mapping[str, object]) -> HfArchitecture:
