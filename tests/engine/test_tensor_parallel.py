@@ -43,6 +43,8 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.presets.factory import make_model
+from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
 from marconi_ray.engine.spec.drafters import OracleDrafter
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
@@ -83,6 +85,8 @@ ENGINE_MODELS = tuple(CACHE_BYTES)
 SPEC_MODELS = ("nemotron_h", "qwen3_next", "lfm2")
 """Families whose TP=2 engine also runs with speculative decoding (Mamba-2, Gated
 DeltaNet, short convolutions)."""
+MTP_MODELS = ("qwen3_next", "nemotron_h_moe")
+"""Families whose TP=2 engine also drafts with its MTP layers (heads and experts split)."""
 
 
 # ---------------------------------------------------------------------- models
@@ -108,8 +112,14 @@ def nemotron_g1_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dirs(model_dirs: dict[str, Path], nemotron_g1_dir: Path) -> dict[str, Path]:
-    return {**model_dirs, "nemotron_h_g1": nemotron_g1_dir}
+def dirs(
+    model_dirs: dict[str, Path], nemotron_g1_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The tiny checkpoints, the n_groups=1 NemotronH, and MTP_MODELS' folders with
+    random multi-token-prediction layers added (`<family>_mtp`)."""
+    root = tmp_path_factory.mktemp("mtp_tp")
+    mtp = {f"{f}_mtp": add_mtp_weights(make_model("tiny", f, root / f), seed=3) for f in MTP_MODELS}
+    return {**model_dirs, "nemotron_h_g1": nemotron_g1_dir, **mtp}
 
 
 # ---------------------------------------------------------------------- jobs (any rank)
@@ -199,6 +209,21 @@ def _spec_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
         "plain_store_bytes": [r["store_bytes"] for r in plain],
         "kept": spec.worker.spec_stats.accepted,
         "drafted": spec.worker.spec_stats.drafted,
+    }
+
+
+def _mtp_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
+    """The conversation without speculation, then drafting with the folder's MTP layers
+    (never backing off): both runs' tokens and hits, and the drafts made and kept."""
+    plain = _run_conversation(Engine(model_dir, system="marconi", tp=tp), seed)
+    config = SpeculativeConfig(method="mtp", num_speculative_tokens=3, backoff=0)
+    spec = Engine(model_dir, system="marconi", tp=tp, speculative=config)
+    runs = _run_conversation(spec, seed)
+    stats = spec.worker.spec_stats
+    return {
+        "plain": [(r["tokens"], r["cached"]) for r in plain],
+        "spec": [(r["tokens"], r["cached"]) for r in runs],
+        "drafts": (stats.drafted, stats.accepted, tuple(stats.drafted_at)),
     }
 
 
@@ -292,6 +317,8 @@ def tp2(dirs: dict[str, Path]) -> dict[str, list[Any]]:
         jobs.append((f"engine:{name}", _engine_job, (str(dirs[name]), CACHE_BYTES[name], i)))
     for i, name in enumerate(SPEC_MODELS):
         jobs.append((f"spec:{name}", _spec_job, (str(dirs[name]), 40 + i)))
+    for i, name in enumerate(MTP_MODELS):
+        jobs.append((f"mtp:{name}", _mtp_job, (str(dirs[f"{name}_mtp"]), 50 + i)))
     return run_tp2(jobs)
 
 
@@ -393,3 +420,14 @@ def test_tp2_speculation_is_exact_and_ranks_agree(tp2, name):
     assert rank0["spec"] == rank0["plain"]
     assert rank0["store_bytes"] == rank0["plain_store_bytes"]
     assert 0 < rank0["kept"] < rank0["drafted"], (rank0["kept"], rank0["drafted"])
+
+
+@pytest.mark.parametrize("name", MTP_MODELS)
+def test_tp2_mtp_drafting_is_exact_and_ranks_draft_alike(tp2, name):
+    """MTP drafting at TP=2 (the layers' heads and experts split like the target's):
+    every rank drafts the same number of tokens at every position (their drafts agree),
+    and the greedy and cached tokens equal the run without speculation."""
+    rank0, rank1 = tp2[f"mtp:{name}"]
+    assert rank0["drafts"] == rank1["drafts"], "ranks drafted differently"
+    assert rank0["spec"] == rank1["spec"] == rank0["plain"]
+    assert rank0["drafts"][0] > 0
