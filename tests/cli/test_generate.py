@@ -9,6 +9,7 @@ import pytest
 from marconi_kernels import OPS
 from marconi_ray.cli.main import main
 from marconi_ray.engine.presets.factory import make_model
+from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
 
 
 def test_generate_multi_turn_reuses_history(tmp_path, capsys):
@@ -76,3 +77,22 @@ def test_generate_speculative_keeps_the_tokens_and_reports_spec(capsys):
     assert all(0 <= t["spec"]["accepted"] <= t["spec"]["drafted"] for t in spec)
     assert main([*argv, "--speculative", "ngram", "--num-speculative-tokens", "0"]) == 2
     assert "num_speculative_tokens" in capsys.readouterr().err
+
+
+def test_generate_speculative_mtp(tmp_path, capsys):
+    """`--speculative mtp` drafts with the checkpoint's own MTP layers: the same greedy
+    token ids as without; a model without MTP layers (the packaged chat model) is a
+    usage error naming what it lacks."""
+    model = add_mtp_weights(make_model("tiny", "qwen3_next", tmp_path / "q"))
+    argv = ["generate", "--model", str(model), "--prompt", "Hello there", "--prompt", "more",
+            "--max-tokens", "12", "--json"]  # fmt: skip
+    runs = []
+    for extra in ([], ["--speculative", "mtp", "--num-speculative-tokens", "2"]):
+        assert main([*argv, *extra]) == 0
+        out = capsys.readouterr().out
+        runs.append([json.loads(x) for x in out.splitlines() if x.startswith("{")])
+    plain, spec = runs
+    assert [t["token_ids"] for t in spec] == [t["token_ids"] for t in plain]
+    assert sum(t["spec"]["drafted"] for t in spec) > 0
+    assert main(["generate", "--model", "chat", "--prompt", "Hi", "--speculative", "mtp"]) == 2
+    assert "no multi-token-prediction layers" in capsys.readouterr().err

@@ -182,3 +182,12 @@ def test_speculative_flags_and_config_reach_the_settings(tmp_path: Path) -> None
     path.write_text("speculative: {prompt_lookup_min: 5, prompt_lookup_max: 2}\n")
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         load_serve_config(path)
+
+
+def test_speculative_mtp_in_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("speculative: {method: mtp, num_speculative_tokens: 2}\n")
+    assert load_serve_config(path).to_settings().speculative == SpeculativeConfig("mtp", 2)
+    path.write_text("speculative: {method: eagle}\n")
+    with pytest.raises(ValueError, match="ngram, mtp, draft:MODEL"):
+        load_serve_config(path)
