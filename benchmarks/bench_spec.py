@@ -9,6 +9,10 @@ outputs with and without speculation are checked equal.
   acceptance (`OracleDrafter`): the ceiling and the cost of the machinery, on the
   `--preset` preset of a Mamba-2 family (nemotron_h) and a Gated DeltaNet family
   (qwen3_5), for each k of `--ks`, at batch 1.
+- `mtp`: the checkpoint's multi-token-prediction layers, added at random to the same
+  presets (`add_mtp_weights`; released checkpoints carry trained ones): random layers
+  draft almost nothing right, so this measures what MTP drafting costs when it does not
+  pay (with the adaptive back-off on), at k = the largest of `--ks`.
 - `ngram`: prompt lookup on the packaged `chat` model, on ShareGPT conversations and on
   SWE-agent trajectories (copy-heavy), rendered with its chat template (`--prompts`
   prompts each, cut to `--prompt-chars` characters); the acceptance rate (drafts kept
@@ -35,6 +39,7 @@ from tqdm import tqdm
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.presets.factory import make_model
+from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
 from marconi_ray.engine.spec.drafters import Drafter, OracleDrafter
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.protocol.sampling import SamplingParams
@@ -54,8 +59,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt-chars", type=int, default=3000, help="characters per prompt")
     p.add_argument(
         "--sections",
-        default="oracle,ngram",
-        help="sections to run: oracle, ngram (comma-separated)",
+        default="oracle,mtp,ngram",
+        help="sections to run: oracle, mtp, ngram (comma-separated)",
     )
     p.add_argument("--out", default="benchmarks/results/spec", help="output folder")
     return p.parse_args()
@@ -77,11 +82,12 @@ def decode_run(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[f
 
 def compare(
     model_dir: Path, prompts: list[list[int]], tokens: int, reps: int, k: int,
-    drafter: Drafter | None,
+    drafter: Drafter | None, method: str = "ngram",
 ) -> dict[str, Any]:  # fmt: skip
-    """Median decode tok/s without and with speculation (`drafter`, None: ngram)."""
+    """Median decode tok/s without and with speculation (`drafter`, None: the one
+    `method` names)."""
     base = Engine(model_dir, system="vanilla", max_batch=len(prompts))
-    config = SpeculativeConfig(num_speculative_tokens=k, prompt_lookup_min=2, prompt_lookup_max=4)
+    config = SpeculativeConfig(method, k, prompt_lookup_min=2, prompt_lookup_max=4)
     spec = Engine(model_dir, system="vanilla", max_batch=len(prompts), speculative=config,
                   drafter=drafter)  # fmt: skip
     decode_run(base, prompts, 4)  # warm-up
@@ -117,6 +123,17 @@ def oracle_section(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         out.setdefault(fam, {}).setdefault(f"k={k}", {})[f"{rate:.0%}"] = compare(
             dirs[fam], prompts, args.tokens, args.reps, k, drafter
         )
+    return out
+
+
+def mtp_section(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    k = max(int(k) for k in args.ks.split(","))
+    for fam in tqdm(("nemotron_h", "qwen3_5"), desc="mtp", unit="family"):
+        folder = add_mtp_weights(make_model(args.preset, fam, root / f"{fam}_mtp"))
+        prompts = [[7 + (j * 5) % 250 for j in range(64)]]
+        out[fam] = compare(folder, prompts, args.tokens, args.reps, k, None, "mtp")
+        out[fam]["k"] = k
     return out
 
 
@@ -181,6 +198,18 @@ def tables(report: dict[str, Any]) -> str:
             for rate, r in by_rate.items():
                 lines.append(f"| {fam} | {k[2:]} | {rate} | {r['plain_tok_s']:,.1f} | "
                              f"{r['spec_tok_s']:,.1f} | {r['ratio']:.2f}x |")  # fmt: skip
+    mtp = report["mtp"]
+    lines += ["", "## MTP drafting with random MTP layers (its cost when it does not pay), "
+              "batch 1", ""]  # fmt: skip
+    if isinstance(mtp, str):
+        lines.append(mtp)
+    else:
+        lines += ["| family | k | drafted | kept | without tok/s | with tok/s | ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for fam, r in mtp.items():
+            lines.append(f"| {fam} | {r['k']} | {r['drafted']} | {r['accepted']} | "
+                         f"{r['plain_tok_s']:,.1f} | {r['spec_tok_s']:,.1f} | "
+                         f"{r['ratio']:.2f}x |")  # fmt: skip
     lines += ["", "## ngram on the chat model, k = 4", ""]
     ngram = report["ngram"]
     if isinstance(ngram, str):
@@ -198,10 +227,14 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     sections = args.sections.split(",")
-    report: dict[str, Any] = {"oracle": {}, "ngram": "not run (--sections)"}
-    if "oracle" in sections:
-        with tempfile.TemporaryDirectory() as tmp:
+    report: dict[str, Any] = {
+        "oracle": {}, "mtp": "not run (--sections)", "ngram": "not run (--sections)",
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        if "oracle" in sections:
             report["oracle"] = oracle_section(args, Path(tmp))
+        if "mtp" in sections:
+            report["mtp"] = mtp_section(args, Path(tmp))
     if "ngram" in sections:
         report["ngram"] = ngram_section(args)
     report["args"] = vars(args)

@@ -24,10 +24,17 @@ import torch
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.mtp import load_mtp
+from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
 from marconi_ray.engine.spec.drafters import OracleDrafter
-from marconi_ray.engine.spec.mtp import MTPDrafter, MTPRequest, entries_ref, propose_ref
+from marconi_ray.engine.spec.mtp import (
+    MTPDrafter,
+    MTPRequest,
+    entries_ref,
+    propose_ref,
+    trim_pending,
+)
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
@@ -170,3 +177,14 @@ def test_greedy_and_cached_tokens_are_identical_with_mtp(
     spec.store.check()
     assert spec.store.device_kv.held == plain.store.device_kv.held
     assert spec.cache.bytes_used == plain.cache.bytes_used
+
+
+def test_a_sequence_not_drafting_keeps_a_bounded_tail_of_hidden_chunks() -> None:
+    state = SeqState()
+    state.hidden = [(p, torch.zeros(1, 4)) for p in range(300)]
+    trim_pending(state, 256)
+    assert [p for p, _ in state.hidden] == list(range(44, 300))
+    trim_pending(state, 256)
+    assert len(state.hidden) == 256
+    trim_pending(state, 0)
+    assert state.hidden == []

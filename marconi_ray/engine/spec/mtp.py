@@ -30,8 +30,8 @@ from marconi_ray.engine.model.mtp import MTPHead
 from marconi_ray.engine.model.seq_state import SeqState
 
 MAX_PENDING = 256
-"""Hidden rows a sequence that is not drafting keeps for the layers (older ones are
-dropped: a gap in their context, see the module docstring)."""
+"""Hidden chunks (one per decode step) a sequence that is not drafting keeps for the
+layers (older ones are dropped: a gap in their context, see the module docstring)."""
 
 
 @dataclass
@@ -131,15 +131,12 @@ class MTPDrafter:
 
 
 def trim_pending(state: SeqState, most: int = MAX_PENDING) -> None:
-    """Keep only the last `most` hidden rows of a sequence that is not drafting."""
-    total = 0
-    for i in range(len(state.hidden) - 1, -1, -1):
-        pos, rows = state.hidden[i]
-        if total + len(rows) > most:
-            cut = len(rows) - (most - total)
-            state.hidden = [(pos + cut, rows[cut:]), *state.hidden[i + 1 :]]
-            return
-        total += len(rows)
+    """Keep only the last `most` hidden chunks of a sequence that is not drafting (a
+    decode step adds one a step; a prompt's prefill chunks, few and kept until its first
+    proposal, are bounded by the prompt). O(1) while under the bound."""
+    extra = len(state.hidden) - most
+    if extra > 0:
+        del state.hidden[:extra]
 
 
 @torch.inference_mode()
