@@ -632,19 +632,18 @@ class Worker:
     ) -> tuple[list[Sequence], list[tuple[Sequence, list[int]]]]:
         """Split a step's batch: (sequences decoded one token, (sequence, drafts) pairs to
         verify). A sequence drafts when it can take at least one draft and one more token
-        within `max_new`, asks no log-probabilities, has no grammar, and is not backing
-        off (`SpeculativeConfig.backoff`: after a verified step that kept none of its
-        drafts). A step drafts at all only while speculation pays on this worker
-        (`StepCost`). Adaptive draft length: a sequence drafts one token more than its
-        last verification kept (one more after all were kept), up to
-        `num_speculative_tokens`, so a rejected draft costs a short verification."""
+        within `max_new`, has no grammar, and is not backing off
+        (`SpeculativeConfig.backoff`: after a verified step that kept none of its drafts).
+        A step drafts at all only while speculation pays on this worker (`StepCost`).
+        Adaptive draft length: a sequence drafts one token more than its last
+        verification kept (one more after all were kept), up to `num_speculative_tokens`,
+        so a rejected draft costs a short verification."""
         assert self.speculative is not None and self.drafter is not None
         plain: list[Sequence] = []
         asks: list[tuple[Sequence, npt.NDArray[np.int32], int]] = []
         for seq in batch:
             room = seq.order.max_new - len(seq.output) - 1
-            p = seq.order.params
-            if seq.finishing or room < 1 or seq.matcher is not None or p.logprobs is not None:
+            if seq.finishing or room < 1 or seq.matcher is not None:
                 plain.append(seq)
                 trim_pending(seq.state, 0)
                 continue
@@ -686,7 +685,8 @@ class Worker:
         the accepted drafts and one more token (`spec.acceptance`), rolled back to the
         state after the accepted ones (no recompute), their KV rows kept and the rest
         freed. States at capture depths inside the accepted range are kept as decoding
-        would keep them. Rank 0's accepted tokens are broadcast."""
+        would keep them. Rank 0's accepted tokens are broadcast. Log-probabilities come
+        from the verified logits (`_verified_logprobs`)."""
         t0 = time.perf_counter()
         seqs = [seq for seq, _ in drafted]
         for seq in seqs:
@@ -707,6 +707,7 @@ class Worker:
         try:
             results = self.model.prefill_many(parts, self.store.device_kv)
             emitted = self._accepted(drafted, [ckpts for ckpts, _ in results])
+            scored = self._verified_logprobs(drafted, [ckpts for ckpts, _ in results], emitted)
         except Exception:
             self.store.free_slots(slots)
             for seq in seqs:
@@ -717,8 +718,8 @@ class Worker:
         assert self.speculative is not None
         limit, most = self.speculative.backoff, self.speculative.num_speculative_tokens
         events: list[TokenEvent] = []
-        for (seq, drafts), (ckpts, _), rows, out in zip(
-            drafted, results, mine, emitted, strict=True
+        for (seq, drafts), (ckpts, _), rows, out, lps in zip(
+            drafted, results, mine, emitted, scored, strict=True
         ):
             base = ckpts[0].depth - 1
             seq.decode_s += elapsed
@@ -730,8 +731,8 @@ class Worker:
             # the next draft: one longer after all were kept, else one past what was
             seq.spec_k = min(most, len(drafts) + 1) if kept == len(drafts) else kept + 1
             taken = 0
-            for t in out:
-                events.append(self._take(seq, t, None, now))
+            for t, lp in zip(out, lps, strict=True):
+                events.append(self._take(seq, t, lp, now))
                 taken += 1
                 if seq.finish_reason is not None:
                     break
@@ -783,6 +784,27 @@ class Worker:
         assert self.speculative is not None
         self.step_cost.adopt(int(table[0, -1]), self.speculative.backoff)
         return [row[1 : 1 + int(row[0])].tolist() for row in table]
+
+    def _verified_logprobs(
+        self,
+        drafted: list[tuple[Sequence, list[int]]],
+        ckpts: list[list[StateCheckpoint]],
+        emitted: list[list[int]],
+    ) -> list[list[Logprob | None]]:
+        """Per sequence, the log-probabilities of its emitted tokens (None each where it
+        asked for none): each token's under the verified logits at its position, as a
+        decode step would report it, all sequences' rows read in one transfer."""
+        out: list[list[Logprob | None]] = [[None] * len(e) for e in emitted]
+        asks = [r for r, (seq, _) in enumerate(drafted) if seq.order.params.logprobs is not None]
+        if not asks:
+            return out
+        rows = [ckpts[r][i].logits for r in asks for i in range(len(emitted[r]))]
+        tokens = torch.tensor([t for r in asks for t in emitted[r]], device=rows[0].device)
+        ks = [drafted[r][0].order.params.logprobs or 0 for r in asks for _ in emitted[r]]
+        read = iter(read_logprobs(torch.stack(rows), tokens, ks))
+        for r in asks:
+            out[r] = [next(read) for _ in emitted[r]]
+        return out
 
     def _capture(self, seq: Sequence, depth: int, logits: torch.Tensor) -> None:
         if depth in seq.state_ids:

@@ -225,3 +225,24 @@ def test_the_cache_and_its_host_tier_are_unchanged_by_speculation(
     assert spec.cache.stats.to_dict() == plain.cache.stats.to_dict()
     assert spec.cache.stats.evictions > 0 and spec.cache.stats.demotions > 0
     assert spec.cache.bytes_by_tier() == plain.cache.bytes_by_tier()
+
+
+def test_log_probabilities_with_speculation_match_decoding(model_dirs: dict[str, Path]) -> None:
+    """A request asking for log-probabilities speculates too: each emitted token's
+    log-probability and its top alternatives come from the verified logits at its
+    position, as decoding reports them (the same ids; values to float tolerance)."""
+    model_dir = model_dirs["qwen3_5"]
+    prompts = [[7 + (i * 7 + j * 3) % 250 for j in range(30)] for i in range(2)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=3)
+    plain = Engine(model_dir, system="vanilla").generate_many(prompts, [params] * 2)
+    oracle = OracleDrafter({tuple(p): list(r.tokens) for p, r in zip(prompts, plain)}, 0.6, 263)
+    spec = Engine(model_dir, system="vanilla", speculative=SPEC, drafter=oracle)
+    got = spec.generate_many(prompts, [params] * 2)
+    assert [r.tokens for r in got] == [r.tokens for r in plain]
+    assert all(r.spec.accepted > 0 for r in got)
+    for want, have in zip(plain, got, strict=True):
+        assert len(have.logprobs) == len(want.logprobs) == len(want.tokens)
+        for a, b in zip(want.logprobs, have.logprobs, strict=True):
+            assert (a.token, [t for t, _ in a.top]) == (b.token, [t for t, _ in b.top])
+            assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
+            assert [v for _, v in b.top] == pytest.approx([v for _, v in a.top], abs=1e-4)
