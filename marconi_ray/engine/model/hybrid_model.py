@@ -563,6 +563,18 @@ class HybridModel(nn.Module):
         """
         rels = [self._check_part(p, pool) for p in parts]
         x, conv_outs, ssm_outs = self._prefill_hidden_parts(parts, rels, pool)
+        return self._part_results(parts, rels, x, conv_outs, ssm_outs)
+
+    def _part_results(
+        self,
+        parts: Sequence[PrefillPart],
+        rels: Sequence[Sequence[int]],
+        x: torch.Tensor,
+        conv_outs: Sequence[dict[int, torch.Tensor]],
+        ssm_outs: Sequence[dict[int, torch.Tensor]],
+    ) -> list[tuple[list[StateCheckpoint], torch.Tensor]]:
+        """`prefill_many`'s results from the parts' final hidden rows x [sum L, D] and
+        emitted SSM states; advances each part's state (length, logits, hidden rows)."""
         lens = [p.ids.shape[0] for p in parts]
         offsets = [sum(lens[:k]) for k in range(len(parts))]
         if self.emit_hidden:
@@ -699,6 +711,17 @@ class HybridModel(nn.Module):
         With `emit_hidden`, row b's normed hidden state joins `states[b].hidden` (the
         step's sequences, before their length advances)."""
         emb = self._embed(ids)
+        x = self._run_groups(emb, self._decode_runner(emb, positions, ssm_rows, kv))
+        return self._decode_logits(x, states)
+
+    def _decode_runner(
+        self,
+        emb: torch.Tensor,
+        positions: torch.Tensor,
+        ssm_rows: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        kv: Mapping[int, DecodeKV],
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """`_run_groups`' `run` of a decode step (see `_decode`)."""
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
@@ -712,7 +735,11 @@ class HybridModel(nn.Module):
             out: torch.Tensor = mixer(h)  # an MLP or MoE
             return out
 
-        x = self._run_groups(emb, run)
+        return run
+
+    def _decode_logits(self, x: torch.Tensor, states: Sequence[SeqState]) -> torch.Tensor:
+        """A decode step's logits [B, V] from its final hidden rows x [B, D]; with
+        `emit_hidden`, row b's normed hidden state joins `states[b].hidden`."""
         if not (self.emit_hidden and states):
             return self._logits(x)
         normed = self.normed(x)
@@ -742,6 +769,24 @@ class HybridModel(nn.Module):
     ) -> tuple[torch.Tensor, list[dict[int, torch.Tensor]], list[dict[int, torch.Tensor]]]:
         """`_prefill_hidden` of several parts in one pass over the blocks: hidden states
         [sum L, D] (the parts' tokens in order) and each part's emitted SSM states."""
+        emb, run, conv_outs, ssm_outs = self._parts_runner(parts, rels, pool)
+        x = self._run_groups(emb, run)
+        return x, conv_outs, ssm_outs
+
+    def _parts_runner(
+        self,
+        parts: Sequence[PrefillPart],
+        rels: Sequence[Sequence[int]],
+        pool: KVRows | None,
+    ) -> tuple[
+        torch.Tensor,
+        Callable[[int, torch.Tensor], torch.Tensor],
+        list[dict[int, torch.Tensor]],
+        list[dict[int, torch.Tensor]],
+    ]:
+        """The parts' embeddings [sum L, D], `_run_groups`' `run` over their rows (each
+        mixer once per part; updates their states), and the per-part dicts the run fills
+        with the SSM states emitted at `rels`."""
         lens = [p.ids.shape[0] for p in parts]
         bounds = [(sum(lens[:k]), sum(lens[: k + 1])) for k in range(len(parts))]
         ranges = [
@@ -794,8 +839,7 @@ class HybridModel(nn.Module):
             out: torch.Tensor = mixer(h)  # an MLP or MoE: all the parts' tokens at once
             return out
 
-        x = self._run_groups(emb, run)
-        return x, conv_outs, ssm_outs
+        return emb, run, conv_outs, ssm_outs
 
     @torch.inference_mode()
     def warm_up(self) -> float:
