@@ -139,6 +139,9 @@ class Worker:
         model.emit_hidden = isinstance(self.drafter, MTPDrafter)
         self._eos = model.cfg.eos_token_ids
         self.step_cost = StepCost()
+        self.one_forward = True
+        """Verify a step's drafts in its decode step's forward (`_decode_and_verify`);
+        False: two forwards (benchmarks compare them)."""
         self.spec_stats = SpecStats()
         """Speculative decoding totals (the replica's metrics)."""
         self._running: list[Sequence] = []
@@ -297,9 +300,12 @@ class Worker:
         elif self.model.emit_hidden:
             for seq in batch:
                 trim_pending(seq.state)
-        events = self._decode(batch) if batch else []
-        if drafted:
-            events += self._verify(drafted)
+        if batch and drafted and self.graphs is None and self.one_forward:
+            events = self._decode_and_verify(batch, drafted)
+        else:
+            events = self._decode(batch) if batch else []
+            if drafted:
+                events += self._verify(drafted)
         if self.drafter is not None:
             self.step_cost.observe(len(events), time.perf_counter() - t0, bool(drafted))
         if self._prefilling and prefill_chunk:
@@ -335,21 +341,9 @@ class Worker:
         """One decode step of `batch` on the persistent `DecodeBatch` (sequences join it
         once, when they start decoding, and leave it when they end)."""
         t0 = time.perf_counter()
-        members = {id(s.state) for s in batch}
-        for state in [m for m in self._batch.members if id(m) not in members]:
-            self._batch.leave(state)
-        for seq in batch:
-            if seq.state not in self._batch:
-                self._batch.join(seq.state)
-        row_of = {id(m): r for r, m in enumerate(self._batch.members)}
-        batch = sorted(batch, key=lambda seq: row_of[id(seq.state)])
-        ids = torch.tensor([s.output[-1] for s in batch], dtype=torch.long)
+        batch, ids = self._decode_rows(batch)
         try:
-            slots = self.store.alloc_slots(len(batch))
-            for seq, slot in zip(batch, slots.tolist(), strict=True):
-                seq.own.append(slot)
-            rows = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
-            self._batch.extend(rows)
+            self._decode_slots(batch)
             if self.graphs is None:
                 logits = self.model.decode_batch(ids, self._batch)
             else:
@@ -358,7 +352,55 @@ class Worker:
             for s in batch:
                 self._drop(s)
             raise
+        return self._decoded(batch, logits, time.perf_counter() - t0)
+
+    def _decode_and_verify(
+        self, batch: list[Sequence], drafted: list[tuple[Sequence, list[int]]]
+    ) -> list[TokenEvent]:
+        """`_decode(batch)` and `_verify(drafted)` in one forward
+        (`HybridModel.decode_and_prefill`): the step's weights are read once for the
+        plain sequences and the verified ones together."""
+        t0 = time.perf_counter()
+        batch, ids = self._decode_rows(batch)
+        parts, mine, slots = self._verify_parts(drafted)
+        try:
+            self._decode_slots(batch)
+            logits, results = self.model.decode_and_prefill(ids, self._batch, parts)
+            judged = self._judge(drafted, results)
+        except Exception:
+            self.store.free_slots(slots)
+            for s in [*batch, *(seq for seq, _ in drafted)]:
+                self._drop(s)
+            raise
         elapsed = time.perf_counter() - t0
+        events = self._decoded(batch, logits, elapsed)
+        return events + self._verified(drafted, results, mine, judged, elapsed)
+
+    def _decode_rows(self, batch: list[Sequence]) -> tuple[list[Sequence], torch.Tensor]:
+        """Make `batch` the decode batch's members (others leave, new ones join); returns
+        it in row order and its last tokens' ids."""
+        members = {id(s.state) for s in batch}
+        for state in [m for m in self._batch.members if id(m) not in members]:
+            self._batch.leave(state)
+        for seq in batch:
+            if seq.state not in self._batch:
+                self._batch.join(seq.state)
+        row_of = {id(m): r for r, m in enumerate(self._batch.members)}
+        batch = sorted(batch, key=lambda seq: row_of[id(seq.state)])
+        return batch, torch.tensor([s.output[-1] for s in batch], dtype=torch.long)
+
+    def _decode_slots(self, batch: list[Sequence]) -> None:
+        """One new KV slot per member, the decode batch extended with their rows."""
+        slots = self.store.alloc_slots(len(batch))
+        for seq, slot in zip(batch, slots.tolist(), strict=True):
+            seq.own.append(slot)
+        rows = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
+        self._batch.extend(rows)
+
+    def _decoded(
+        self, batch: list[Sequence], logits: torch.Tensor, elapsed: float
+    ) -> list[TokenEvent]:
+        """After a decode step: capture, finish or sample each member (row order)."""
         sampled: list[int] = []
         for row, seq in enumerate(batch):
             seq.decode_s += elapsed
@@ -688,8 +730,23 @@ class Worker:
         would keep them. Rank 0's accepted tokens are broadcast. Log-probabilities come
         from the verified logits (`_verified_logprobs`)."""
         t0 = time.perf_counter()
-        seqs = [seq for seq, _ in drafted]
-        for seq in seqs:
+        parts, mine, slots = self._verify_parts(drafted)
+        try:
+            results = self.model.prefill_many(parts, self.store.device_kv)
+            judged = self._judge(drafted, results)
+        except Exception:
+            self.store.free_slots(slots)
+            for seq, _ in drafted:
+                self._drop(seq)
+            raise
+        return self._verified(drafted, results, mine, judged, time.perf_counter() - t0)
+
+    def _verify_parts(
+        self, drafted: list[tuple[Sequence, list[int]]]
+    ) -> tuple[list[PrefillPart], list[np.ndarray], np.ndarray]:
+        """The verified sequences out of the decode batch, a KV slot for each of their
+        k + 1 positions; returns (their parts, each one's slots, all the slots)."""
+        for seq, _ in drafted:
             if seq.state in self._batch:
                 self._batch.leave(seq.state)
         slots = self.store.alloc_slots(sum(len(d) + 1 for _, d in drafted))
@@ -704,16 +761,30 @@ class Worker:
             seq.state.rows = torch.cat([seq.state.rows, new])
             emit = tuple(range(base + 1, base + len(ids) + 1))
             parts.append(PrefillPart(torch.as_tensor(ids, dtype=torch.long), seq.state, emit))
-        try:
-            results = self.model.prefill_many(parts, self.store.device_kv)
-            emitted = self._accepted(drafted, [ckpts for ckpts, _ in results])
-            scored = self._verified_logprobs(drafted, [ckpts for ckpts, _ in results], emitted)
-        except Exception:
-            self.store.free_slots(slots)
-            for seq in seqs:
-                self._drop(seq)
-            raise
-        elapsed = time.perf_counter() - t0
+        return parts, mine, slots
+
+    def _judge(
+        self,
+        drafted: list[tuple[Sequence, list[int]]],
+        results: list[tuple[list[StateCheckpoint], torch.Tensor]],
+    ) -> tuple[list[list[int]], list[list[Logprob | None]]]:
+        """The verified sequences' emitted tokens (agreed across ranks) and their
+        log-probabilities."""
+        ckpts = [c for c, _ in results]
+        emitted = self._accepted(drafted, ckpts)
+        return emitted, self._verified_logprobs(drafted, ckpts, emitted)
+
+    def _verified(
+        self,
+        drafted: list[tuple[Sequence, list[int]]],
+        results: list[tuple[list[StateCheckpoint], torch.Tensor]],
+        mine: list[np.ndarray],
+        judged: tuple[list[list[int]], list[list[Logprob | None]]],
+        elapsed: float,
+    ) -> list[TokenEvent]:
+        """After a verification: take each sequence's emitted tokens and roll it back to
+        the state after them (see `_verify`)."""
+        emitted, scored = judged
         now = time.time()
         assert self.speculative is not None
         limit, most = self.speculative.backoff, self.speculative.num_speculative_tokens

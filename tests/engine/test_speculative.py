@@ -235,7 +235,8 @@ def test_log_probabilities_with_speculation_match_decoding(model_dirs: dict[str,
     prompts = [[7 + (i * 7 + j * 3) % 250 for j in range(30)] for i in range(2)]
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=3)
     plain = Engine(model_dir, system="vanilla").generate_many(prompts, [params] * 2)
-    oracle = OracleDrafter({tuple(p): list(r.tokens) for p, r in zip(prompts, plain)}, 0.6, 263)
+    futures = {tuple(p): list(r.tokens) for p, r in zip(prompts, plain, strict=True)}
+    oracle = OracleDrafter(futures, 0.6, 263)
     spec = Engine(model_dir, system="vanilla", speculative=SPEC, drafter=oracle)
     got = spec.generate_many(prompts, [params] * 2)
     assert [r.tokens for r in got] == [r.tokens for r in plain]
@@ -246,3 +247,33 @@ def test_log_probabilities_with_speculation_match_decoding(model_dirs: dict[str,
             assert (a.token, [t for t, _ in a.top]) == (b.token, [t for t, _ in b.top])
             assert b.logprob == pytest.approx(a.logprob, abs=1e-4)
             assert [v for _, v in b.top] == pytest.approx([v for _, v in a.top], abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "zamba2"])
+def test_plain_and_verified_sequences_share_one_forward(
+    model_dirs: dict[str, Path], family: str
+) -> None:
+    """A step where some sequences draft and others do not runs them in one forward
+    (`decode_and_prefill`, counted on the real method), and the tokens stay exact."""
+    model_dir = model_dirs[family]
+    prompts = [[7 + (i * 9 + j * 4) % 250 for j in range(24 + 5 * i)] for i in range(4)]
+    want = _futures(Engine(model_dir, system="vanilla"), prompts)
+    # only the first two prompts have a future: the others never draft
+    oracle = OracleDrafter({p: want[p] for p in list(want)[:2]}, 0.6, vocab=263)
+    spec = Engine(model_dir, system="marconi", cache_bytes=50_000_000, speculative=SPEC,
+                  drafter=oracle)  # fmt: skip
+    model = spec.worker.model
+    calls = []
+    real = model.decode_and_prefill
+
+    def counted(*args: Any) -> Any:
+        calls.append(len(args[2]))
+        return real(*args)
+
+    model.decode_and_prefill = counted  # type: ignore[method-assign]
+    results = spec.generate_many(prompts, [GREEDY] * len(prompts))
+    assert [list(r.tokens) for r in results] == [want[tuple(p)] for p in prompts]
+    assert calls and all(n >= 1 for n in calls)
+    assert sum(r.spec.accepted for r in results[:2]) > 0
+    assert all(r.spec.drafted == 0 for r in results[2:])
+    spec.store.check()

@@ -698,6 +698,43 @@ class HybridModel(nn.Module):
             batch.advance()
         return logits
 
+    @torch.inference_mode()
+    def decode_and_prefill(
+        self, ids: torch.Tensor, batch: DecodeBatch, parts: Sequence[PrefillPart]
+    ) -> tuple[torch.Tensor, list[tuple[list[StateCheckpoint], torch.Tensor]]]:
+        """`decode_batch(ids, batch)` and `prefill_many(parts, batch.pool)` in one forward
+        (a decode step batched with speculative verifications): embeddings, norms, MLPs,
+        MoE and the `lm_head` run once over the batch's rows and the parts' tokens; each
+        mixer runs its decode kernel over the batch (in place in its rows) and its
+        prefill once per part. The same results as the two calls, up to float rounding.
+        The batch must be pooled, extended with the step's rows, and hold none of the
+        parts' states."""
+        if batch.pool is None:
+            raise ValueError("decode_and_prefill needs a pooled decode batch")
+        pool = batch.pool
+        rels = [self._check_part(p, pool) for p in parts]
+        rows = {i: batch.rows(i) for i in self.ssm_blocks}
+        attend = self.kernels.paged_decode_attention
+        kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
+        emb_d = self._embed(ids)
+        decode = self._decode_runner(emb_d, batch.positions(), rows, kv)
+        emb_p, prefill, conv_outs, ssm_outs = self._parts_runner(parts, rels, pool)
+        n = emb_d.shape[0]
+
+        def run(i: int, h: torch.Tensor) -> torch.Tensor:
+            mixer = self.layers[i].mixer
+            if not isinstance(mixer, (SharedBlock, Attention, SSMMixer)):
+                out: torch.Tensor = mixer(h)  # an MLP or MoE: every row at once
+                return out
+            return torch.cat([decode(i, h[:n]), prefill(i, h[n:])])
+
+        x = self._run_groups(torch.cat([emb_d, emb_p]), run)
+        logits = self._decode_logits(x[:n], batch.members)
+        for s in batch.members:
+            s.length += 1
+        batch.advance()
+        return logits, self._part_results(parts, rels, x[n:], conv_outs, ssm_outs)
+
     def _decode(
         self,
         ids: torch.Tensor,
