@@ -143,6 +143,33 @@ class GrammarMasks:
         index = torch.as_tensor(list(rows), device=logits.device)
         logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
 
+    def mask_drafts(self, logits: torch.Tensor, matcher: Any, drafts: Sequence[int]) -> None:
+        """Set to -inf, in place, the tokens the grammar forbids at each verified
+        position: row i of logits [len(drafts) + 1, V] by `matcher`'s state after
+        drafts[:i] (each a token the grammar accepts: `valid_drafts`). The matcher is
+        left as it was. Rows after the grammar completes allow everything (the sequence
+        stops at the token completing it)."""
+        vocab = logits.shape[1]
+        host = torch.full((len(drafts) + 1, bitmask_words(vocab)), -1, dtype=torch.int32)
+        llt.fill_next_token_bitmask(matcher, host, 0)
+        consumed = 0
+        for i, t in enumerate(drafts):
+            if not matcher.consume_token(t):
+                matcher.rollback(consumed)
+                raise RuntimeError(f"grammar refused draft token {t}: validate drafts first")
+            consumed += 1
+            if matcher.is_stopped():
+                break
+            llt.fill_next_token_bitmask(matcher, host, i + 1)
+        matcher.rollback(consumed)
+        forbidden = ~expand_bitmask(host.to(logits.device), vocab)
+        logits.masked_fill_(forbidden, float("-inf"))
+
+    @staticmethod
+    def valid_drafts(matcher: Any, drafts: Sequence[int]) -> int:
+        """How many of `drafts`, in order, the grammar accepts from `matcher`'s state."""
+        return int(matcher.validate_tokens(list(drafts))) if drafts else 0
+
     @staticmethod
     def advance(matcher: Any, token: int) -> bool:
         """Feed `token` to `matcher`; whether the grammar is now complete (no token can

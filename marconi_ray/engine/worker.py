@@ -674,8 +674,9 @@ class Worker:
     ) -> tuple[list[Sequence], list[tuple[Sequence, list[int]]]]:
         """Split a step's batch: (sequences decoded one token, (sequence, drafts) pairs to
         verify). A sequence drafts when it can take at least one draft and one more token
-        within `max_new`, has no grammar, and is not backing off
-        (`SpeculativeConfig.backoff`: after a verified step that kept none of its drafts).
+        within `max_new` and is not backing off (`SpeculativeConfig.backoff`: after a
+        verified step that kept none of its drafts); a constrained sequence's drafts are
+        cut to what its grammar accepts, and its verified logits masked per position.
         A step drafts at all only while speculation pays on this worker (`StepCost`).
         Adaptive draft length: a sequence drafts one token more than its last
         verification kept (one more after all were kept), up to `num_speculative_tokens`,
@@ -685,7 +686,7 @@ class Worker:
         asks: list[tuple[Sequence, npt.NDArray[np.int32], int]] = []
         for seq in batch:
             room = seq.order.max_new - len(seq.output) - 1
-            if seq.finishing or room < 1 or seq.matcher is not None:
+            if seq.finishing or room < 1:
                 plain.append(seq)
                 trim_pending(seq.state, 0)
                 continue
@@ -700,8 +701,11 @@ class Worker:
         proposed = self._propose(asks)
         drafted: list[tuple[Sequence, list[int]]] = []
         for (seq, _, k), drafts in zip(asks, proposed, strict=True):
-            if drafts[:k]:
-                drafted.append((seq, drafts[:k]))
+            drafts = drafts[:k]
+            if seq.matcher is not None:  # only what the grammar accepts
+                drafts = drafts[: GrammarMasks.valid_drafts(seq.matcher, drafts)]
+            if drafts:
+                drafted.append((seq, drafts))
             else:
                 plain.append(seq)
         return plain, drafted
@@ -837,9 +841,16 @@ class Worker:
         table = torch.zeros((len(drafted), width), dtype=torch.long)
         table[:, -1] = self.step_cost.verdict()
         greedy = [row for row, (seq, _) in enumerate(drafted) if seq.order.params.greedy]
+        masks = self.grammars if self.tp.rank == 0 else None  # rank 0 decides
         best: list[int] = []
         if greedy:  # every greedy sequence's argmax in one read to the host
             stacked = torch.stack([c.logits for row in greedy for c in ckpts[row]])
+            at = 0
+            for row in greedy:
+                seq, drafts = drafted[row]
+                if masks is not None and seq.matcher is not None:
+                    masks.mask_drafts(stacked[at : at + len(drafts) + 1], seq.matcher, drafts)
+                at += len(drafts) + 1
             best = torch.argmax(stacked, dim=-1).tolist()
         at = 0
         for row, ((seq, drafts), cks) in enumerate(zip(drafted, ckpts, strict=True)):
@@ -848,6 +859,8 @@ class Worker:
                 at += len(cks)
             else:
                 logits = torch.stack([c.logits for c in cks])
+                if masks is not None and seq.matcher is not None:
+                    masks.mask_drafts(logits, seq.matcher, drafts)
                 out = accept_drafts(logits, drafts, seq.order.params, seq.generator)
             table[row, 0] = len(out)
             table[row, 1 : 1 + len(out)] = torch.as_tensor(out)

@@ -15,8 +15,10 @@ from llguidance import LLMatcher
 from marconi_ray.engine.constrained import bitmask_words, expand_bitmask, expand_bitmask_ref
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET
+from marconi_ray.engine.spec.drafters import OracleDrafter
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.protocol.speculative import SpeculativeConfig
 
 SCHEMA = {
     "type": "object",
@@ -115,3 +117,29 @@ def test_sampling_params_check_the_grammar_fields() -> None:
         SamplingParams(grammar_prefix=(1, 2))
     with pytest.raises(ValueError, match="grammar_prefix must be ints"):
         SamplingParams(grammar=GRAMMAR, grammar_prefix=(-1,))
+
+
+def test_constrained_requests_speculate_within_their_grammar(
+    model_dirs: dict[str, Path], engine: Engine
+) -> None:
+    """With speculation a constrained request's drafts are cut to what its grammar
+    accepts and the verified logits are masked per position: greedy tokens equal the
+    run without speculation (drafts kept), and sampled ones still satisfy the schema."""
+    greedy = SamplingParams(max_tokens=120, temperature=0.0, grammar=GRAMMAR, ignore_eos=True)
+    prompts = [_prompt(40 + i) for i in range(3)]
+    want = engine.generate_many(prompts, [greedy] * 3)
+    futures = {tuple(p): list(r.tokens) for p, r in zip(prompts, want, strict=True)}
+    config = SpeculativeConfig(method="oracle", num_speculative_tokens=4, backoff=0)
+    spec = Engine(model_dirs["nemotron_h"], system="marconi", cache_bytes=50_000_000,
+                  speculative=config, drafter=OracleDrafter(futures, 0.7, vocab=263))  # fmt: skip
+    got = spec.generate_many(prompts, [greedy] * 3)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert sum(r.spec.accepted for r in got) > 0
+    sampled = [
+        SamplingParams(max_tokens=120, temperature=1.0, seed=s, grammar=GRAMMAR, ignore_eos=True)
+        for s in range(3)
+    ]
+    for result in spec.generate_many(prompts, sampled):
+        value = json.loads(_text(spec, result.tokens))
+        assert set(value) == {"name", "n"} and result.finish_reason == "stop"
+    spec.store.check()
