@@ -151,7 +151,9 @@ def gated_delta_chunk_ref(
     if L == 0:
         return q.new_empty((b, 0, H, V)), state0.clone(), state0.new_empty((0, b, H, K, V))
 
-    cs = chunk_size
+    # a sequence shorter than a chunk is one chunk of its own length (the same exact
+    # algorithm without padding it: a verified speculative step is a few tokens)
+    cs = min(chunk_size, L)
     nc = -(-L // cs)
     pad = nc * cs - L
     qf, kf = prepare_qk(q, k, use_qk_l2norm, cdt)
@@ -200,8 +202,9 @@ def gated_delta_chunk_ref(
     o += ((qc @ kc.transpose(-1, -2)) * decay) @ u
     o_out = o.reshape(b, H, nc * cs, V)[:, :, :L].transpose(1, 2).to(q.dtype)
 
-    emitted = [_state_at(p, cs, starts, gam, kc, u) for p in positions]
-    emitted_t = torch.stack(emitted) if emitted else state0.new_empty((0, b, H, K, V))
+    emitted_t = state0.new_empty((len(positions), b, H, K, V))
+    for e, p in enumerate(positions):  # each written in place: no stacking copy
+        _state_at(p, cs, starts, gam, kc, u, emitted_t[e])
     return o_out.contiguous(), starts[:, :, nc].clone(), emitted_t
 
 
@@ -212,19 +215,21 @@ def _state_at(
     gam: torch.Tensor,
     kc: torch.Tensor,
     u: torch.Tensor,
-) -> torch.Tensor:
-    """State after the first p tokens: the chunk-start state plus the chunk's first tokens.
+    out: torch.Tensor,
+) -> None:
+    """Write into `out` [b, H, K, V] the state after the first p tokens: the chunk-start
+    state plus the chunk's first tokens (in the compute dtype).
 
     starts [b, H, nc+1, K, V]; gam [b, H, nc, cs]; kc [b, H, nc, cs, K]; u [b, H, nc, cs, V].
-    Returns [b, H, K, V] in the compute dtype.
     """
     c, j = divmod(p, cs)
     if j == 0:
-        return starts[:, :, c].clone()
+        out.copy_(starts[:, :, c])
+        return
     a = gam[:, :, c, :j]  # [b, H, j]
     kd = kc[:, :, c, :j] * (a[..., -1:] - a).exp().unsqueeze(-1)
     contrib = kd.transpose(-1, -2) @ u[:, :, c, :j]
-    return torch.addcmul(contrib, a[..., -1:].exp().unsqueeze(-1), starts[:, :, c])
+    torch.addcmul(contrib, a[..., -1:].exp().unsqueeze(-1), starts[:, :, c], out=out)
 
 
 def gated_delta_step_ref(

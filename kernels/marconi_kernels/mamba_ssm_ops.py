@@ -179,7 +179,15 @@ def load() -> MambaSsmKernels:
 
 def _autotuned_modules() -> list[Any]:
     """The mamba-ssm modules that define ``triton.autotune`` kernels we launch."""
-    names = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan",
-             "selective_state_update")
-    return [sys.modules[f"mamba_ssm.ops.triton.{n}"] for n in names
-            if f"mamba_ssm.ops.triton.{n}" in sys.modules]
+    names = (
+        "ssd_bmm",
+        "ssd_chunk_state",
+        "ssd_state_passing",
+        "ssd_chunk_scan",
+        "selective_state_update",
+    )
+    return [
+        sys.modules[f"mamba_ssm.ops.triton.{n}"]
+        for n in names
+        if f"mamba_ssm.ops.triton.{n}" in sys.modules
+    ]

@@ -160,10 +160,9 @@ def ssd_chunk_scan_ref(
         y = y + D.to(cdt).view(H, 1) * xf[:, :L]
 
     final_state = starts[:, nc].reshape(b, H, P, N)
-    emitted = [
-        _state_at(p, cs, starts, dA_cs, dt_t, x_t, Bg).reshape(b, H, P, N) for p in positions
-    ]
-    emitted_t = torch.stack(emitted) if emitted else state0.new_empty((0, b, H, P, N))
+    emitted_t = state0.new_empty((len(positions), b, H, P, N))
+    for e, p in enumerate(positions):  # each written in place: no stacking copy
+        _state_at(p, cs, starts, dA_cs, dt_t, x_t, Bg, emitted_t[e].view(b, G, R, P, N))
     return y.to(x.dtype), final_state.clone(), emitted_t
 
 
@@ -175,21 +174,24 @@ def _state_at(
     dt_t: torch.Tensor,
     x_t: torch.Tensor,
     Bg: torch.Tensor,
-) -> torch.Tensor:
-    """State after the first p tokens: the chunk-start state rolled over the partial chunk.
+    out: torch.Tensor,
+) -> None:
+    """Write into `out` [b, G, R, P, N] the state after the first p tokens: the
+    chunk-start state rolled over the partial chunk (in the compute dtype).
 
     starts [b, nc+1, G, R, P, N]; dA_cs, dt_t [b, nc, G, R, cs]; x_t [b, nc, G, R, cs, P];
-    Bg [b, nc, G, cs, N]. Returns [b, G, R, P, N] in the compute dtype.
+    Bg [b, nc, G, cs, N].
     """
     c, j = divmod(p, cs)
     if j == 0:
-        return starts[:, c].clone()
+        out.copy_(starts[:, c])
+        return
     b, _, G, R, P, N = starts.shape
     a = dA_cs[:, c, :, :, :j]  # [b, G, R, j]
     w = torch.exp(a[..., -1:] - a) * dt_t[:, c, :, :, :j]
     xw = (x_t[:, c, :, :, :j] * w.unsqueeze(-1)).transpose(-1, -2).reshape(b, G, R * P, j)
     contrib = (xw @ Bg[:, c, :, :j]).view(b, G, R, P, N)
-    return torch.addcmul(contrib, torch.exp(a[..., -1]).view(b, G, R, 1, 1), starts[:, c])
+    torch.addcmul(contrib, torch.exp(a[..., -1]).view(b, G, R, 1, 1), starts[:, c], out=out)
 
 
 def ssd_naive_ref(

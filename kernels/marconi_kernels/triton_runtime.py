@@ -113,5 +113,8 @@ def prepare_interpreter(*modules: ModuleType) -> None:
                 pinned += 1
         _PINNED.add(module.__name__)
         if pinned:
-            log.info("triton interpreter: %d autotuned kernels of %s pinned to one config",
-                     pinned, module.__name__)
+            log.info(
+                "triton interpreter: %d autotuned kernels of %s pinned to one config",
+                pinned,
+                module.__name__,
+            )

@@ -39,15 +39,46 @@ _CHUNK = 16  # tokens loaded per tile
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
-    u_ptr, dt_ptr, z_ptr, b_ptr, c_ptr,  # [b, Dm, L] x3, [b, N, L] x2 (any strides)
-    a_ptr, d_ptr, bias_ptr,  # [Dm, N] contiguous, [Dm], [Dm]
-    h0_ptr, y_ptr, hT_ptr, emit_ptr, slot_ptr,  # [b, Dm, N], [b, Dm, L], .., [E, b, Dm, N], [Lp]
-    Dm, N, L,
-    s_ub, s_ud, s_ut, s_db, s_dd, s_dt, s_zb, s_zd, s_zt,
-    s_bb, s_bn, s_bt, s_cb, s_cn, s_ct,
+    u_ptr,
+    dt_ptr,
+    z_ptr,
+    b_ptr,
+    c_ptr,  # [b, Dm, L] x3, [b, N, L] x2 (any strides)
+    a_ptr,
+    d_ptr,
+    bias_ptr,  # [Dm, N] contiguous, [Dm], [Dm]
+    h0_ptr,
+    y_ptr,
+    hT_ptr,
+    emit_ptr,
+    slot_ptr,  # [b, Dm, N], [b, Dm, L], .., [E, b, Dm, N], [Lp]
+    Dm,
+    N,
+    L,
+    s_ub,
+    s_ud,
+    s_ut,
+    s_db,
+    s_dd,
+    s_dt,
+    s_zb,
+    s_zd,
+    s_zt,
+    s_bb,
+    s_bn,
+    s_bt,
+    s_cb,
+    s_cn,
+    s_ct,
     s_emit,  # elements between consecutive emitted states (b * Dm * N)
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr,
-    SOFTPLUS: tl.constexpr, BLOCK_D: tl.constexpr, NP: tl.constexpr, CHUNK: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NP: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -193,16 +224,36 @@ def selective_scan_triton(
     grid = (triton.cdiv(Dm, _BLOCK_D), b)
     with device_guard(u):
         _scan_kernel[grid](
-            u, delta, zz, B, C, A_c,
+            u,
+            delta,
+            zz,
+            B,
+            C,
+            A_c,
             u if D is None else D.contiguous(),
             u if delta_bias is None else delta_bias.contiguous(),
-            final if h0 is None else h0, y, final, emitted, slot,
-            Dm, N, L,
-            *u.stride(), *delta.stride(), *zz.stride(), *B.stride(), *C.stride(),
+            final if h0 is None else h0,
+            y,
+            final,
+            emitted,
+            slot,
+            Dm,
+            N,
+            L,
+            *u.stride(),
+            *delta.stride(),
+            *zz.stride(),
+            *B.stride(),
+            *C.stride(),
             b * Dm * N,
-            HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
-            HAS_H0=h0 is not None, SOFTPLUS=bool(delta_softplus),
-            BLOCK_D=_BLOCK_D, NP=triton.next_power_of_2(max(N, 1)), CHUNK=_CHUNK,
+            HAS_D=D is not None,
+            HAS_Z=z is not None,
+            HAS_BIAS=delta_bias is not None,
+            HAS_H0=h0 is not None,
+            SOFTPLUS=bool(delta_softplus),
+            BLOCK_D=_BLOCK_D,
+            NP=triton.next_power_of_2(max(N, 1)),
+            CHUNK=_CHUNK,
         )
     if len(uniq) != len(positions):  # expand duplicated positions
         slot_of = {p: i for i, p in enumerate(uniq)}
