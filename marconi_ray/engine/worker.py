@@ -208,8 +208,9 @@ class Worker:
         """Start admitted sequences: load their hits; prefill the ones whose uncached
         prompt fits in `max_batch_tokens` several to a forward (as many as fit in it
         together) and sample their first tokens in one call; the longer ones go on
-        chunk by chunk in `step`. Returns the events and (request id, error) of each
-        that failed, everything it stored freed (a failed forward fails its parts)."""
+        chunk by chunk, the last forward's spare tokens taking the long prompts' next
+        chunks (`_chunks`), then `step`'s. Returns the events and (request id, error) of
+        each that failed, everything it stored freed (a failed forward fails its parts)."""
         whole: list[Sequence] = []
         failed: list[tuple[int, Exception]] = []
         for seq in seqs:
@@ -234,15 +235,30 @@ class Worker:
                 budget = 0
             groups[-1].append(seq)
             budget += n
+        # the last forward's spare tokens go to the long prompts' chunks (a chunk mixes
+        # requests: the step then runs no chunk of its own)
+        if not groups:
+            groups.append([])
+        chunks = self._chunks(self.max_batch_tokens - budget)
         ready: list[Sequence] = []
-        for group in groups:
+        for g, group in enumerate(groups):
+            ends = [len(s.order.prompt) for s in group]
+            if g == len(groups) - 1:
+                group, ends = group + [s for s, _ in chunks], ends + [e for _, e in chunks]
+            if not group:
+                continue
             try:
-                self._prefill_parts(group, [len(s.order.prompt) for s in group])
-                ready += group
+                self._prefill_parts(group, ends)
             except Exception as exc:
                 for seq in group:
                     self._drop(seq)
                     failed.append((seq.request_id, exc))
+                continue
+            for seq, end in zip(group, ends, strict=True):
+                if end == len(seq.order.prompt):
+                    if seq in self._prefilling:
+                        self._prefilling.remove(seq)
+                    ready.append(seq)
         if not ready:
             return [], failed
         try:
@@ -313,17 +329,33 @@ class Worker:
         return events
 
     def _prefill_chunk(self, budget: int) -> list[TokenEvent]:
-        seq = self._prefilling[0]
-        end = min(len(seq.order.prompt), seq.prefilled + budget)
+        """One forward of the long prompts' next chunks, oldest first, `budget` tokens
+        in all (several requests when the oldest's rest is shorter); those whose prompt
+        is then consumed sample their first tokens."""
+        chunks = self._chunks(budget)
+        seqs = [seq for seq, _ in chunks]
         try:
-            self._prefill_parts([seq], [end])
-            if end < len(seq.order.prompt):
-                return []
-            self._prefilling.remove(seq)
-            return self._first_tokens([seq])
+            self._prefill_parts(seqs, [end for _, end in chunks])
+            done = [seq for seq, end in chunks if end == len(seq.order.prompt)]
+            for seq in done:
+                self._prefilling.remove(seq)
+            return self._first_tokens(done) if done else []
         except Exception:
-            self._drop(seq)
+            for seq in seqs:
+                self._drop(seq)
             raise
+
+    def _chunks(self, budget: int) -> list[tuple[Sequence, int]]:
+        """(sequence, prompt end) of the long prompts' next chunks, oldest first, within
+        `budget` tokens."""
+        out: list[tuple[Sequence, int]] = []
+        for seq in self._prefilling:
+            if budget <= 0:
+                break
+            end = min(len(seq.order.prompt), seq.prefilled + budget)
+            out.append((seq, end))
+            budget -= end - seq.prefilled
+        return out
 
     def _first_tokens(self, seqs: list[Sequence]) -> list[TokenEvent]:
         """Sample fully prefilled sequences' first tokens in one call; they join the
@@ -454,8 +486,9 @@ class Worker:
         failed += [(rid, f"{type(exc).__name__}: {exc}") for rid, exc in errors]
         cancelled = [rid for rid in step.stop if not self.stop(rid) and self.cancel(rid)]
         cancelled += [rid for rid in step.cancel if self.cancel(rid)]
-        # a step that started requests runs no long-prompt chunk: their first tokens
-        # (and the decodes) go out after their own prefills, not after a chunk too
+        # a step that started requests runs no long-prompt chunk of its own (their
+        # prefill's spare tokens took one): their first tokens (and the decodes) go out
+        # after their own forward, not after a chunk's too
         events += self.step(prefill_chunk=not started)
         return StepOutput(
             tuple(events),

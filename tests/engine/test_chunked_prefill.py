@@ -4,6 +4,8 @@ are exactly those of an unchunked prefill."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from engine_helpers import GREEDY, prompts
@@ -75,7 +77,11 @@ def test_cancel_while_prefilling_frees_everything(model_dirs):
     assert np.isfinite(engine.cache.stats.token_hit_rate)
 
 
-def test_a_step_that_starts_requests_runs_no_chunk(model_dirs):
+def test_a_step_that_starts_requests_runs_no_chunk_of_its_own(model_dirs):
+    """A step that starts a short request runs one prefill forward: the new request's
+    tokens and, in its spare tokens, the long prompt's next chunk (a chunk mixes
+    requests); the step runs no second, chunk-only forward, so the new request's first
+    token waits for nothing but its own forward."""
     engine = Engine(model_dirs["nemotron_h"], "marconi", 50_000_000, max_batch_tokens=16)
     worker = engine.worker
     vocab = engine.config.vocab_size
@@ -86,8 +92,39 @@ def test_a_step_that_starts_requests_runs_no_chunk(model_dirs):
     order, release = engine.planner.order(
         99, np.asarray(prompts(12, 1, 8, vocab)[0], np.int32), LONG
     )
+    forwards = _counted_prefills(worker.model)
     out = worker.advance(StepInput(release=release, start=(order,)))
     assert {e.request_id for e in out.events} == {99}, "the new request's tokens only"
-    assert long_seq.prefilled == done_before, "no chunk in a step that started requests"
+    assert forwards == [2], "one forward: the new prompt and the long prompt's chunk"
+    assert long_seq.prefilled == done_before + 16 - 8, "the forward's spare tokens"
     worker.advance(StepInput())
-    assert long_seq.prefilled > done_before
+    assert long_seq.prefilled > done_before + 8
+
+
+def _counted_prefills(model: Any) -> list[int]:
+    """The parts of each `prefill_many` call from now on (the real method runs)."""
+    calls: list[int] = []
+    real = model.prefill_many
+
+    def counted(parts: Any, pool: Any = None) -> Any:
+        calls.append(len(parts))
+        return real(parts, pool)
+
+    model.prefill_many = counted
+    return calls
+
+
+def test_long_prompts_prefill_together_and_stay_exact(model_dirs):
+    """Two long prompts in flight share each chunk forward when the older one's rest is
+    shorter than the budget, and both outputs equal their runs alone."""
+    family = "qwen3_5"
+    vocab = 263
+    long_a, long_b = prompts(21, 2, 70, vocab)
+    alone = [
+        Engine(model_dirs[family], "vanilla").generate(p, LONG).tokens for p in (long_a, long_b)
+    ]
+    engine = Engine(model_dirs[family], "vanilla", max_batch_tokens=32)
+    forwards = _counted_prefills(engine.worker.model)
+    got = engine.generate_many([long_a, long_b], [LONG, LONG])
+    assert [r.tokens for r in got] == alone
+    assert max(forwards) == 2, forwards  # a forward held both prompts' chunks
