@@ -24,6 +24,7 @@ import torch
 from .choices import KERNEL_CHOICES
 from .conv import causal_conv1d_ref, causal_conv1d_update_ref
 from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
+from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
 from .selective_scan import selective_scan_ref
 from .ssd import ssd_chunk_scan_ref
@@ -42,6 +43,7 @@ OPS = (
     "gated_delta_chunk",
     "gated_delta_step",
     "paged_decode_attention",
+    "grouped_matmul",
 )
 
 
@@ -64,6 +66,8 @@ class KernelSet:
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
     paged_decode_attention: see ``paged_decode_attention_ref`` (q [B, H, hd] over pool
         rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]).
+    grouped_matmul: see ``grouped_matmul_ref`` (x [M, K] each row times its expert's
+        w [E, N, K] -> [M, N]; the MoE dispatch, no host sync in the triton set).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -77,6 +81,7 @@ class KernelSet:
     gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_step: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
+    grouped_matmul: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -98,6 +103,7 @@ def _build_ref() -> KernelSet:
         gated_delta_chunk=gated_delta_chunk_ref,
         gated_delta_step=gated_delta_step_ref,
         paged_decode_attention=paged_decode_attention_ref,
+        grouped_matmul=grouped_matmul_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -112,6 +118,7 @@ def _triton_set() -> KernelSet | str:
         from .mamba_ssm_import import mamba_ssm_version
         from .triton_conv import causal_conv1d_triton, causal_conv1d_update_triton
         from .triton_gated_delta import gated_delta_chunk_triton, gated_delta_step_triton
+        from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_selective_scan import selective_scan_triton
 
@@ -129,6 +136,7 @@ def _triton_set() -> KernelSet | str:
         gated_delta_chunk=gated_delta_chunk_triton,
         gated_delta_step=gated_delta_step_triton,
         paged_decode_attention=paged_decode_attention_triton,
+        grouped_matmul=grouped_matmul_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -140,6 +148,7 @@ def _triton_set() -> KernelSet | str:
             "gated_delta_chunk": "triton:marconi",
             "gated_delta_step": "triton:marconi",
             "paged_decode_attention": "triton:marconi",
+            "grouped_matmul": "triton:marconi",
         },
     )
 

@@ -18,6 +18,7 @@ from marconi_ray.engine.model.layers.attention import Attention
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
 from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.model.layers.moe import MoE
 from marconi_ray.engine.presets.family_report import family_report, kernel_ops
 
 CONV = ("causal_conv1d", "causal_conv1d_update")
@@ -62,6 +63,7 @@ def test_kernel_ops_are_read_from_the_mixer_sources() -> None:
     assert kernel_ops(Mamba1Mixer) == ("mamba1_state_update", *CONV, "selective_scan")
     assert kernel_ops(GatedDeltaNetMixer) == (*CONV, "gated_delta_chunk", "gated_delta_step")
     assert kernel_ops(Attention) == ("paged_decode_attention",)
+    assert kernel_ops(MoE) == ("grouped_matmul",)
 
 
 def test_text_listing(capsys: pytest.CaptureFixture[str]) -> None:

@@ -277,7 +277,7 @@ class Block(nn.Module):
             mixer = mlp(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)
         elif self.kind == "moe":
             assert cfg.moe is not None
-            mixer = MoE(d, cfg.moe, layer, names.moe, tp, dtype)
+            mixer = MoE(d, cfg.moe, layer, names.moe, tp, dtype, kernels)
         elif self.kind == "attention":
             assert cfg.attention is not None
             mixer = Attention(

@@ -98,7 +98,7 @@ class MTPBlock(nn.Module):
             prefix = f"{layer}.{names.mixer['attention']}"
             mixer = Attention(d, cfg.attention, prefix, tp, dtype, eps, off)
         elif kind == "moe" and cfg.moe is not None:
-            mixer = MoE(d, cfg.moe, layer, names.moe, tp, dtype)
+            mixer = MoE(d, cfg.moe, layer, names.moe, tp, dtype, model.kernels)
         elif kind == "mlp" and cfg.mlp is not None:
             mlp = FusedGatedMLP if names.fused_mlp else MLP
             mixer = mlp(d, cfg.mlp, f"{layer}.{names.mlp}", tp, dtype)

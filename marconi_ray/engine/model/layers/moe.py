@@ -18,10 +18,13 @@ save little.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from marconi_kernels import KernelSet, get_kernels
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.mlp import MLP, activation
 from marconi_ray.engine.model.layers.moe_layout import MoELayout
@@ -78,21 +81,24 @@ class MoE(nn.Module):
     D or the latent width, stacked as [E, I', h] (gate, up; [E, 2I', h] gate then up in
     the fused layout) and [E, h, I'] (down) with I' this rank's slice of
     `cfg.intermediate_size`. Two dispatches, chosen by shape alone:
-    - grouped (prefill-sized inputs): tokens are sorted by expert and each expert runs
-      once on all of its tokens (a loop over the experts hit, none over tokens); outputs
-      are accumulated in expert order. Reading the per-expert counts is one host sync;
+    - grouped (prefill-sized inputs): the (token, choice) pairs run through each
+      weight as one grouped matmul (the kernel set's `grouped_matmul`: rows grouped by
+      expert, each expert's weight read once for all of its rows). The reference reads
+      the per-expert counts to the host (free on CPU); the Triton kernel lays the rows
+      out on the device and reads nothing back, so no dispatch makes a host sync;
     - gathered (decode-sized inputs, `GATHER_BUDGET`): every (token, choice) pair gathers
       its expert's weights and runs as one batched matmul: static shapes, no host sync,
       so a decode step can be replayed as a CUDA graph. It reads each chosen expert once
       per pair, the bytes a decode step reads anyway while its tokens choose distinct
       experts.
-    Both compute the same sums (up to float rounding: the pairs are summed per token in
-    choice order rather than in expert order).
+    Both sum a token's pairs in choice order (the same sums up to float rounding).
 
     Args:
         layer: the HF decoder layer's key prefix (`layers.{i}`); `layout` says where the
             block's weights are below it.
     """
+
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("grouped_matmul",)
 
     def __init__(
         self,
@@ -102,8 +108,10 @@ class MoE(nn.Module):
         layout: MoELayout,
         tp: TPGroup,
         dtype: torch.dtype,
+        kernels: KernelSet | None = None,
     ) -> None:
         super().__init__()
+        self.kernels = kernels or get_kernels("cpu", prefer="ref")
         if layout.expert_layout == "fused" and not cfg.gated:
             raise ValueError(f"{layer}: fused expert weights must be gated")
         self.cfg = cfg
@@ -138,17 +146,6 @@ class MoE(nn.Module):
             mlp = FusedGatedMLP if layout.shared_fused else MLP
             self.shared = mlp(d_model, shared_cfg, key, tp, dtype, reduce=False)
 
-    def _expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
-        """Expert `e`'s (partial, this rank's slice) output for its tokens h [n, d_in]."""
-        if self.w_gate_up is not None:
-            gate, up = F.linear(h, self.w_gate_up[e]).chunk(2, dim=-1)
-            h = self.act(gate) * up
-        else:
-            assert self.w_up is not None
-            up = F.linear(h, self.w_up[e])
-            h = self.act(up) if self.w_gate is None else self.act(F.linear(h, self.w_gate[e])) * up
-        return F.linear(h, self.w_down[e])
-
     def expert_elems(self) -> int:
         """Weight elements of one expert on this rank (gate, up and down)."""
         mats = (self.w_gate_up, self.w_gate, self.w_up, self.w_down)
@@ -161,22 +158,21 @@ class MoE(nn.Module):
     def _grouped(
         self, h_in: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        cfg = self.cfg
+        """h_in [N, d_in], experts and weights [N, top_k] -> [N, d_in]: the N * top_k
+        (token, expert) pairs through each weight as one `grouped_matmul`."""
+        n, k = experts.shape
         flat = experts.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=cfg.n_experts).tolist()
-        token = order // cfg.top_k
-        scale = weights.reshape(-1)[order, None]
-        out = torch.zeros_like(h_in)
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows = slice(start, start + n)
-            start += n
-            h = self._expert(e, h_in.index_select(0, token[rows]))
-            out.index_add_(0, token[rows], h * scale[rows])
-        return out
+        h = h_in.repeat_interleave(k, dim=0)
+        mm = self.kernels.grouped_matmul
+        if self.w_gate_up is not None:
+            gate, up = mm(h, self.w_gate_up, flat).chunk(2, dim=-1)
+            act = self.act(gate) * up
+        else:
+            assert self.w_up is not None
+            up = mm(h, self.w_up, flat)
+            act = self.act(up) if self.w_gate is None else self.act(mm(h, self.w_gate, flat)) * up
+        y: torch.Tensor = mm(act, self.w_down, flat) * weights.reshape(-1, 1)
+        return y.view(n, k, -1).sum(dim=1)
 
     def _gathered(
         self, h_in: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
