@@ -227,6 +227,38 @@ def _mtp_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
     }
 
 
+def _mixed_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
+    """Three requests at once, an oracle drafting (100%) for the first only: every step
+    verifies it in the forward that decodes the other two (`decode_and_prefill`). The
+    tokens with and without speculation, and the one-forward steps taken."""
+    vocab = read_config(model_dir)[0].vocab_size
+    batch = prompts(seed, 3, 30, vocab)
+    plain = Engine(model_dir, system="marconi", tp=tp).generate_many(batch, [GREEDY] * 3)
+    futures = {tuple(batch[0]): list(plain[0].tokens)}
+    spec = Engine(
+        model_dir,
+        system="marconi",
+        tp=tp,
+        speculative=SpeculativeConfig(num_speculative_tokens=3, backoff=0),
+        drafter=OracleDrafter(futures, 1.0, vocab),
+    )
+    mixed = []
+    real = spec.worker.model.decode_and_prefill
+
+    def counted(*args: Any) -> Any:
+        mixed.append(len(args[2]))
+        return real(*args)
+
+    spec.worker.model.decode_and_prefill = counted  # type: ignore[method-assign]
+    got = spec.generate_many(batch, [GREEDY] * 3)
+    return {
+        "plain": [list(r.tokens) for r in plain],
+        "spec": [list(r.tokens) for r in got],
+        "mixed_steps": len(mixed),
+        "kept": spec.worker.spec_stats.accepted,
+    }
+
+
 # ---------------------------------------------------------------------- spawning
 def _worker(rank: int, port: int, jobs: list[tuple[str, Any, tuple]], results: Any) -> None:
     """One rank: run `jobs` in order, putting (rank, name, "ok", result) per job, then
@@ -319,6 +351,8 @@ def tp2(dirs: dict[str, Path]) -> dict[str, list[Any]]:
         jobs.append((f"spec:{name}", _spec_job, (str(dirs[name]), 40 + i)))
     for i, name in enumerate(MTP_MODELS):
         jobs.append((f"mtp:{name}", _mtp_job, (str(dirs[f"{name}_mtp"]), 50 + i)))
+    for i, name in enumerate(SPEC_MODELS):
+        jobs.append((f"mixed:{name}", _mixed_job, (str(dirs[name]), 60 + i)))
     return run_tp2(jobs)
 
 
@@ -431,3 +465,13 @@ def test_tp2_mtp_drafting_is_exact_and_ranks_draft_alike(tp2, name):
     assert rank0["drafts"] == rank1["drafts"], "ranks drafted differently"
     assert rank0["spec"] == rank1["spec"] == rank0["plain"]
     assert rank0["drafts"][0] > 0
+
+
+@pytest.mark.parametrize("name", SPEC_MODELS)
+def test_tp2_verified_and_plain_sequences_in_one_forward(tp2, name):
+    """At TP=2 a step verifying one sequence and decoding two others runs one forward
+    on both ranks, and the tokens equal the run without speculation."""
+    rank0, rank1 = tp2[f"mixed:{name}"]
+    assert rank0 == rank1, "ranks diverged"
+    assert rank0["spec"] == rank0["plain"]
+    assert rank0["mixed_steps"] > 0 and rank0["kept"] > 0
