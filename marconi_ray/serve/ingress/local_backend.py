@@ -75,7 +75,10 @@ class LocalBackend:
     def __init__(self, engine: Engine, replica_id: str = "local") -> None:
         self.engine = engine
         self.replica_id = replica_id
-        self._lock = asyncio.Lock()
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        """The engine lock of each event loop that drives this backend: an asyncio lock
+        belongs to one loop, so a second `asyncio.run` (a test's, a CLI's) gets its own.
+        Contract: one loop drives the backend at a time."""
         self._requests: dict[int, _Request] = {}
         self._cancelled: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -85,7 +88,7 @@ class LocalBackend:
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
     ) -> Dispatch:
         """Validate and plan one request (ValueError naming a bad value; nothing changes)."""
-        async with self._lock:
+        async with self._engine_lock():
             arr, sp = self.engine.validate(cast(Sequence[int], prompt), params)
             rid = self._next_id
             self._next_id += 1
@@ -95,6 +98,15 @@ class LocalBackend:
             dispatch = Dispatch(self.replica_id, order)
             self._requests[rid] = _Request(dispatch)
             return dispatch
+
+    def _engine_lock(self) -> asyncio.Lock:
+        """This event loop's engine lock (made on its first use; closed loops' dropped)."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            self._locks = {lp: lk for lp, lk in self._locks.items() if not lp.is_closed()}
+            lock = self._locks[loop] = asyncio.Lock()
+        return lock
 
     def generate(self, dispatch: Dispatch, stream: bool = True) -> LocalStream:
         """The event stream of a planned request (in process: streamed either way)."""
@@ -106,7 +118,7 @@ class LocalBackend:
     async def stats(self) -> list[ReplicaStats]:
         """This engine's cache figures as one replica's `ReplicaStats` (with its store's
         tier figures when the cache has a host tier)."""
-        async with self._lock:
+        async with self._engine_lock():
             cache = self.engine.cache
             planner = self.engine.planner
             store = self.engine.worker.store.tier_stats() if cache.host_capacity else None
@@ -140,7 +152,7 @@ class LocalBackend:
         task.add_done_callback(self._tasks.discard)
 
     async def _reap_locked(self) -> None:
-        async with self._lock:
+        async with self._engine_lock():
             self._reap()
 
     def _reap(self) -> None:
@@ -155,7 +167,7 @@ class LocalBackend:
 
     async def advance(self, request: _Request) -> None:
         """Run one engine stage for `request`: its prefill, or one batched decode step."""
-        async with self._lock:
+        async with self._engine_lock():
             self._reap()
             if request.events or request.done:
                 return
