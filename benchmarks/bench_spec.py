@@ -13,7 +13,8 @@ outputs with and without speculation are checked equal.
   presets (`add_mtp_weights`; released checkpoints carry trained ones): random layers
   draft almost nothing right, so this measures what MTP drafting costs when it does not
   pay (with the adaptive back-off on), at k = the largest of `--ks`.
-- `ngram`: prompt lookup on the packaged `chat` model, on ShareGPT conversations and on
+- `ngram`: prompt lookup on the packaged `chat` model (and, with `--mtp-model`, the chat
+  model's trained MTP layers: `scripts/train_mtp.py`), on ShareGPT conversations and on
   SWE-agent trajectories (copy-heavy), rendered with its chat template (`--prompts`
   prompts each, cut to `--prompt-chars` characters); the acceptance rate (drafts kept
   over drafted) and tokens/s. Needs the shared data folder; left out, and said so,
@@ -61,6 +62,12 @@ def parse_args() -> argparse.Namespace:
         "--sections",
         default="oracle,mtp,ngram",
         help="sections to run: oracle, mtp, ngram (comma-separated)",
+    )
+    p.add_argument(
+        "--mtp-model",
+        default=None,
+        help="a chat model folder with trained MTP layers (scripts/train_mtp.py): the ngram "
+        "section's workloads also run with --speculative mtp on it",
     )
     p.add_argument("--out", default="benchmarks/results/spec", help="output folder")
     return p.parse_args()
@@ -186,6 +193,11 @@ def ngram_section(args: argparse.Namespace) -> dict[str, Any] | str:
     out = {}
     for name, prompts in tqdm(workloads.items(), desc="ngram", unit="workload"):
         out[name] = compare(chat, prompts, args.tokens, args.reps, 4, None)
+        if args.mtp_model:
+            trained = Path(args.mtp_model)
+            out[f"{name}, mtp (trained)"] = compare(
+                trained, prompts, args.tokens, args.reps, 4, None, "mtp"
+            )
     return out
 
 
@@ -210,7 +222,7 @@ def tables(report: dict[str, Any]) -> str:
             lines.append(f"| {fam} | {r['k']} | {r['drafted']} | {r['accepted']} | "
                          f"{r['plain_tok_s']:,.1f} | {r['spec_tok_s']:,.1f} | "
                          f"{r['ratio']:.2f}x |")  # fmt: skip
-    lines += ["", "## ngram on the chat model, k = 4", ""]
+    lines += ["", "## ngram on the chat model (and MTP with trained layers, given), k = 4", ""]
     ngram = report["ngram"]
     if isinstance(ngram, str):
         return "\n".join([*lines, ngram]) + "\n"
