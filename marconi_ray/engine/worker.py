@@ -359,7 +359,9 @@ class Worker:
 
     def _first_tokens(self, seqs: list[Sequence]) -> list[TokenEvent]:
         """Sample fully prefilled sequences' first tokens in one call; they join the
-        decode batch."""
+        decode batch. With an `MTPDrafter`, the prompt's hidden rows are fed into each
+        sequence's MTP layers now (the prefill's share of drafting, as the prompt's own
+        KV is), not at its first proposal."""
         logits = [s.state.logits for s in seqs]
         assert all(lg is not None for lg in logits)
         events = self._sample(seqs, torch.stack(logits))  # type: ignore[arg-type]
@@ -367,7 +369,18 @@ class Worker:
             self._running.append(seq)
             if seq.finish_reason is not None and not seq.finishing:
                 self._finish(seq)
+        if isinstance(self.drafter, MTPDrafter):
+            live = [s for s in seqs if s.finish_reason is None]
+            self.drafter.feed([self._mtp_request(s, _so_far(s), 0) for s in live])
         return events
+
+    def _mtp_request(self, seq: Sequence, tokens: npt.NDArray[np.int32], k: int) -> MTPRequest:
+        """`seq`'s ask of the MTP drafter, `tokens` its sequence so far (its cursor made
+        on first use)."""
+        assert isinstance(self.drafter, MTPDrafter)
+        if seq.draft_cursor is None:
+            seq.draft_cursor = self.drafter.cursor()
+        return MTPRequest(seq.draft_cursor, seq.state, tokens, k)
 
     def _decode(self, batch: list[Sequence]) -> list[TokenEvent]:
         """One decode step of `batch` on the persistent `DecodeBatch` (sequences join it
@@ -729,8 +742,7 @@ class Worker:
                 trim_pending(seq.state)
                 continue
             k = min(seq.spec_k or self.speculative.num_speculative_tokens, room)
-            tokens = np.concatenate([seq.order.prompt, np.asarray(seq.output, np.int32)])
-            asks.append((seq, tokens, k))
+            asks.append((seq, _so_far(seq), k))
         proposed = self._propose(asks)
         drafted: list[tuple[Sequence, list[int]]] = []
         for (seq, _, k), drafts in zip(asks, proposed, strict=True):
@@ -745,18 +757,12 @@ class Worker:
 
     def _propose(self, asks: list[tuple[Sequence, npt.NDArray[np.int32], int]]) -> list[list[int]]:
         """The drafter's proposals for (sequence, tokens so far, k) asks: one batched
-        call for a stateful `MTPDrafter` (each sequence's cursor made when it first
-        drafts), one call per sequence for the others."""
+        call for a stateful `MTPDrafter`, one call per sequence for the others."""
         drafter = self.drafter
         if not isinstance(drafter, MTPDrafter):
             assert drafter is not None
             return [drafter.propose(tokens, k) for _, tokens, k in asks]
-        requests = []
-        for seq, tokens, k in asks:
-            if seq.draft_cursor is None:
-                seq.draft_cursor = drafter.cursor()
-            requests.append(MTPRequest(seq.draft_cursor, seq.state, tokens, k))
-        return drafter.propose_many(requests)
+        return drafter.propose_many([self._mtp_request(seq, t, k) for seq, t, k in asks])
 
     def _verify(self, drafted: list[tuple[Sequence, list[int]]]) -> list[TokenEvent]:
         """Run each sequence's last token and its drafts (k + 1 positions) in one forward
@@ -974,3 +980,8 @@ class Worker:
         self.reserved_rows -= seq.reserved
         seq.reserved = 0
         self.release(Release(tuple(seq.state_ids.values()), slots))
+
+
+def _so_far(seq: Sequence) -> npt.NDArray[np.int32]:
+    """A sequence's tokens so far: its prompt, then its output."""
+    return np.concatenate([seq.order.prompt, np.asarray(seq.output, np.int32)])

@@ -69,6 +69,12 @@ class MTPDrafter:
     def cursor(self) -> MTPCursor:
         return MTPCursor(self.head.new_kv())
 
+    def feed(self, asks: Sequence[MTPRequest]) -> None:
+        """Feed each ask's pending hidden rows into its cursor, drafting nothing (a
+        prompt's, right after its prefill)."""
+        for ask in asks:
+            self._feed(ask)
+
     def propose_many(self, asks: Sequence[MTPRequest]) -> list[list[int]]:
         """Up to `k` drafts for each ask (none for one whose latest position has no
         hidden row here: nothing to draft from)."""
