@@ -148,8 +148,12 @@ def test_a_cursor_holds_exact_entries_only(mtp_dirs: dict[str, Path]) -> None:
     assert len(drafts) == 4 and cursor.kv[0].length == 30 and cursor.fed_to == 30
     assert state.hidden == []
     assert drafts == propose_ref(drafter.head, tokens.tolist(), 4)
-    # nothing new computed: nothing to draft from
-    assert drafter.propose_many([MTPRequest(cursor, state, tokens, 4)]) == [[]]
+    # nothing new computed: the same drafts, from the last exact entry kept
+    assert drafter.propose_many([MTPRequest(cursor, state, tokens, 4)]) == [drafts]
+    assert cursor.kv[0].length == 30
+    # the next position's row not computed yet: nothing to draft from
+    longer = np.asarray([*tokens.tolist(), drafts[0]])
+    assert drafter.propose_many([MTPRequest(cursor, state, longer, 4)]) == [[]]
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "nemotron_h_moe"])

@@ -39,12 +39,17 @@ class MTPCursor:
     """One sequence's multi-token-prediction context.
 
     Attributes:
-        kv: the layers' keys and values of the exact entries fed so far (one buffer).
+        kv: the layers' keys and values of the exact entries fed so far (one buffer
+            per attention block).
         fed_to: the position after the last entry fed (0: none).
+        last: the last entry fed's (logits [V], output [D]): what the first draft comes
+            from while no new position has been computed (a prompt fed right after its
+            prefill, then asked to draft).
     """
 
     kv: list[KVBuffer] = field(default_factory=list)
     fed_to: int = 0
+    last: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -77,7 +82,8 @@ class MTPDrafter:
 
     def propose_many(self, asks: Sequence[MTPRequest]) -> list[list[int]]:
         """Up to `k` drafts for each ask (none for one whose latest position has no
-        hidden row here: nothing to draft from)."""
+        hidden row here: nothing to draft from). Pure in the sequence: asked again with
+        nothing new computed, an ask gets the same drafts."""
         firsts: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         out: list[list[int]] = [[] for _ in asks]
         for a, ask in enumerate(asks):
@@ -112,28 +118,28 @@ class MTPDrafter:
     def _feed(self, ask: MTPRequest) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Feed the ask's pending hidden rows; the last entry's (logits [V], output [D])
         when it is the sequence's latest position, else None."""
+        cursor, n = ask.cursor, len(ask.tokens)
         chunks, ask.state.hidden = ask.state.hidden, []
         chunks = [(p, rows) for p, rows in chunks if len(rows)]
+        latest = cursor.last if cursor.fed_to == n - 1 else None
         if not chunks:
-            return None
+            return latest
         positions = torch.cat([torch.arange(p, p + len(rows)) for p, rows in chunks])
-        keep = positions >= ask.cursor.fed_to  # a re-fed position (none expected) is skipped
+        keep = positions >= cursor.fed_to  # a re-fed position (none expected) is skipped
         rows = torch.cat([rows for _, rows in chunks])[keep.to(chunks[0][1].device)]
         positions = positions[keep]
         if not len(positions):
-            return None
-        n = len(ask.tokens)
+            return latest
         if int(positions[-1]) > n - 2:
             raise ValueError(
                 f"hidden rows up to position {int(positions[-1])} for a sequence of {n} "
                 "tokens: the target consumed at most all but the last"
             )
         ids = torch.as_tensor(np.asarray(ask.tokens)[positions.numpy() + 1], dtype=torch.long)
-        logits, hidden = self.head.prefill(ids, rows, positions, ask.cursor.kv)
-        ask.cursor.fed_to = int(positions[-1]) + 1
-        if ask.cursor.fed_to != n - 1:
-            return None
-        return logits[-1], hidden[-1]
+        logits, hidden = self.head.prefill(ids, rows, positions, cursor.kv)
+        cursor.fed_to = int(positions[-1]) + 1
+        cursor.last = logits[-1], hidden[-1]
+        return cursor.last if cursor.fed_to == n - 1 else None
 
 
 def trim_pending(state: SeqState, most: int = MAX_PENDING) -> None:
