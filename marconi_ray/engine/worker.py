@@ -101,7 +101,8 @@ class Worker:
         speculative: speculative decoding (None: off); `drafter` replaces the drafter
             it names (benchmarks' oracle) or is the one a config alone cannot build (a
             draft model, `mtp`: `engine.draft_model.drafter_for`). An `MTPDrafter` turns
-            the model's `emit_hidden` on and the decode step's CUDA graphs off.
+            the model's `emit_hidden` on (the decode step's graphs output the hidden
+            states too).
     """
 
     def __init__(
@@ -159,7 +160,7 @@ class Worker:
         self._batch = model.new_decode_batch(max_batch, self.store.device_kv)
         self.graphs: StepGraphs | None = None
         """The decode step's CUDA graphs (None: eager steps)."""
-        if captures(cuda_graphs, model.device) and not model.emit_hidden:
+        if captures(cuda_graphs, model.device):
             self.graphs = StepGraphs(model, self._batch, capture=True)
 
     @property

@@ -136,3 +136,44 @@ def test_padding_touches_no_member_and_the_step_has_no_host_sync(model_dirs):
     for i in model.attn_blocks:  # members' old rows untouched; only the new rows written
         assert torch.equal(pool.k[i][:, held], before[i])
     assert all(not torch.equal(batch.ssm[i][:3], states[i]) for i in model.ssm_blocks)
+
+
+def test_the_static_step_emits_the_hidden_rows_an_mtp_drafter_reads(tmp_path):
+    """With an MTP drafter (the model's `emit_hidden`), the static step outputs the final
+    normed hidden states and appends each member's row as the eager step does: the same
+    rows, and the same drafts and tokens as without the static step."""
+    from marconi_ray.engine.presets.factory import make_model
+    from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
+    from marconi_ray.protocol.speculative import SpeculativeConfig
+
+    folder = add_mtp_weights(make_model("tiny", "qwen3_next", tmp_path / "q"), seed=2)
+    config = SpeculativeConfig(method="mtp", num_speculative_tokens=3, backoff=0)
+    runs = []
+    for static in (False, True):
+        engine = Engine(folder, "marconi", 50_000_000, max_batch=4, speculative=config)
+        assert engine.model.emit_hidden
+        if static:
+            _static(engine)
+        batch = prompts(9, 3, 20, engine.config.vocab_size)
+        params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 9, 4)]
+        results = engine.generate_many(batch, params)
+        runs.append([(r.tokens, r.spec.drafted) for r in results])
+    assert runs[0] == runs[1] and sum(d for _, d in runs[1]) > 0
+    # the rows themselves: one eager step and one static step from equal states
+    rows = []
+    for static in (False, True):
+        engine = Engine(folder, "marconi", 50_000_000, max_batch=4, speculative=config)
+        worker = engine.worker
+        for p in prompts(9, 2, 20, engine.config.vocab_size):
+            engine.add_request(p, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        seqs = list(worker._running)
+        assert len(seqs) == 2
+        for s in seqs:
+            s.state.hidden.clear()
+        if static:
+            _static(engine)
+        worker._decode(seqs)
+        assert all(len(s.state.hidden) == 1 for s in seqs)
+        rows.append([torch.cat([r for _, r in s.state.hidden]) for s in seqs])
+    for eager, static_rows in zip(*rows, strict=True):
+        torch.testing.assert_close(static_rows, eager)

@@ -751,6 +751,21 @@ class HybridModel(nn.Module):
         x = self._run_groups(emb, self._decode_runner(emb, positions, ssm_rows, kv))
         return self._decode_logits(x, states)
 
+    def _decode_normed(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        ssm_rows: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        kv: Mapping[int, DecodeKV],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_decode`'s step returning (logits [B, V], final normed hidden states [B, D]),
+        appending nothing (a static step's outputs: `step_graphs`)."""
+        emb = self._embed(ids)
+        normed = self.normed(
+            self._run_groups(emb, self._decode_runner(emb, positions, ssm_rows, kv))
+        )
+        return self.project(normed), normed
+
     def _decode_runner(
         self,
         emb: torch.Tensor,

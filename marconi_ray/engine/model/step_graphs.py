@@ -8,7 +8,9 @@ positions, new KV rows and attended lengths live in buffers of the batch's capac
 SSM states are the batch's own rows `[:nb]` and the row table is the batch's whole
 table. Rows n..nb-1 are padding: token 0 at position 0, attending over the pool's
 `scratch_row` alone and writing their K/V there, their SSM states the batch's spare rows
-(never a member's); their logits are dropped.
+(never a member's); their logits are dropped. With the model's `emit_hidden` (an MTP
+drafter) the step also outputs the final normed hidden states, and each member's row is
+appended to its `SeqState.hidden` as the eager step does.
 
 One graph per bucket for the current table and pool tensors: a table that doubles its
 width or a pool that grows (never, for a pool sized once) invalidates them and the next
@@ -30,6 +32,9 @@ from marconi_ray.engine.model.decode_batch import DecodeBatch
 from marconi_ray.engine.model.paged_kv import DecodeKV, PagedDecode
 
 MODES = ("auto", "on", "off")
+Outputs = tuple[torch.Tensor, torch.Tensor | None]
+"""A static step's outputs: logits [nb, V] and, with the model's `emit_hidden`, the
+final normed hidden states [nb, D] (a drafter's: `engine.spec.mtp`), else None."""
 
 
 def captures(mode: str, device: torch.device) -> bool:
@@ -71,7 +76,7 @@ class StepGraphs:
         self.new = torch.zeros_like(self.ids)
         self.lens = torch.ones_like(self.ids)
         self.captured = 0
-        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[Any, Outputs]] = {}
         self._layout: tuple[int, ...] = ()
         self._mempool: Any = None
 
@@ -98,13 +103,18 @@ class StepGraphs:
         self.positions[:n].copy_(batch.positions())
         self.positions[n:nb].zero_()
         batch.table[n:nb, 0] = scratch
-        logits = self._run(nb)[:n].clone()
+        out, normed = self._run(nb)
+        logits = out[:n].clone()
+        if normed is not None:  # the model's emit_hidden: each member's row, a copy
+            hidden = normed[:n].clone()
+            for b, member in enumerate(batch.members):
+                member.hidden.append((member.length, hidden[b : b + 1]))
         for member in batch.members:
             member.length += 1
         batch.advance()
         return logits
 
-    def _step(self, nb: int) -> Callable[[], torch.Tensor]:
+    def _step(self, nb: int) -> Callable[[], Outputs]:
         model, batch = self.model, self.batch
         pool = batch.pool
         assert pool is not None
@@ -117,13 +127,15 @@ class StepGraphs:
         }
         ids, positions = self.ids[:nb], self.positions[:nb]
 
-        def step() -> torch.Tensor:
-            out: torch.Tensor = model._decode(ids, positions, rows, kv)
-            return out
+        def step() -> Outputs:
+            if model.emit_hidden:
+                out: Outputs = model._decode_normed(ids, positions, rows, kv)
+                return out
+            return model._decode(ids, positions, rows, kv), None
 
         return step
 
-    def _run(self, nb: int) -> torch.Tensor:
+    def _run(self, nb: int) -> Outputs:
         step = self._step(nb)
         if not self.capture:
             return step()
@@ -144,7 +156,7 @@ class StepGraphs:
         tensors = [*pool.k.values(), *pool.v.values()]
         return (table.data_ptr(), table.shape[1], *(t.data_ptr() for t in tensors))
 
-    def _record(self, step: Callable[[], torch.Tensor], nb: int) -> tuple[Any, torch.Tensor]:
+    def _record(self, step: Callable[[], Outputs], nb: int) -> tuple[Any, Outputs]:
         batch = self.batch
         saved = {i: (batch.conv[i][:nb].clone(), batch.ssm[i][:nb].clone()) for i in batch.conv}
         device = batch.table.device
