@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from engine_helpers import GREEDY, prompts
+from llguidance import LLMatcher
 
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.engine import Engine
@@ -46,6 +47,7 @@ from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
 from marconi_ray.engine.spec.drafters import OracleDrafter
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
 pytestmark = pytest.mark.slow
@@ -259,6 +261,42 @@ def _mixed_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
     }
 
 
+SCHEMA_GRAMMAR = LLMatcher.grammar_from_json_schema(
+    {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
+    overrides={"whitespace_flexible": False},
+)
+
+
+def _grammar_job(model_dir: str, seed: int, tp: TPGroup) -> dict[str, Any]:
+    """Constrained requests (a JSON schema) with speculation: an oracle drafting the
+    constrained run's tokens, 70% of them right (the wrong ones mostly refused by the
+    grammar). Rank 0 masks the verified positions; the tokens with and without it."""
+    vocab = read_config(model_dir)[0].vocab_size
+    batch = prompts(seed, 2, 20, vocab)
+    params = SamplingParams(max_tokens=40, temperature=0.0, grammar=SCHEMA_GRAMMAR)
+    plain = Engine(model_dir, system="marconi", tp=tp).generate_many(batch, [params] * 2)
+    futures = {tuple(p): list(r.tokens) for p, r in zip(batch, plain, strict=True)}
+    spec = Engine(
+        model_dir,
+        system="marconi",
+        tp=tp,
+        speculative=SpeculativeConfig(num_speculative_tokens=3, backoff=0),
+        drafter=OracleDrafter(futures, 0.7, vocab),
+    )
+    got = spec.generate_many(batch, [params] * 2)
+    return {
+        "plain": [list(r.tokens) for r in plain],
+        "spec": [list(r.tokens) for r in got],
+        "kept": spec.worker.spec_stats.accepted,
+        "stopped": [r.finish_reason for r in got],
+    }
+
+
 # ---------------------------------------------------------------------- spawning
 def _worker(rank: int, port: int, jobs: list[tuple[str, Any, tuple]], results: Any) -> None:
     """One rank: run `jobs` in order, putting (rank, name, "ok", result) per job, then
@@ -353,6 +391,7 @@ def tp2(dirs: dict[str, Path]) -> dict[str, list[Any]]:
         jobs.append((f"mtp:{name}", _mtp_job, (str(dirs[f"{name}_mtp"]), 50 + i)))
     for i, name in enumerate(SPEC_MODELS):
         jobs.append((f"mixed:{name}", _mixed_job, (str(dirs[name]), 60 + i)))
+    jobs.append(("grammar:nemotron_h", _grammar_job, (str(dirs["nemotron_h"]), 70)))
     return run_tp2(jobs)
 
 
@@ -475,3 +514,12 @@ def test_tp2_verified_and_plain_sequences_in_one_forward(tp2, name):
     assert rank0 == rank1, "ranks diverged"
     assert rank0["spec"] == rank0["plain"]
     assert rank0["mixed_steps"] > 0 and rank0["kept"] > 0
+
+
+def test_tp2_constrained_requests_speculate_exactly(tp2):
+    """At TP=2 rank 0 masks each verified position by the grammar and broadcasts the
+    tokens: both ranks emit the constrained run's tokens, drafts kept."""
+    rank0, rank1 = tp2["grammar:nemotron_h"]
+    assert rank0 == rank1, "ranks diverged"
+    assert rank0["spec"] == rank0["plain"] and rank0["kept"] > 0
+    assert rank0["stopped"] == ["stop", "stop"]  # each grammar completed
