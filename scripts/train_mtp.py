@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat_corpus import read_sharegpt, render, split
 
 from marconi_ray.engine.model.loader import load_model
-from marconi_ray.engine.model.mtp import MTP_PREFIX, MTPHead, load_mtp
-from marconi_ray.engine.presets.mtp_weights import add_mtp_weights
+from marconi_ray.engine.model.mtp import MTPHead, load_mtp
+from marconi_ray.engine.presets.mtp_weights import add_mtp_weights, write_mtp_tensors
 from marconi_ray.protocol.model_files import load_tokenizer
 from marconi_ray.serve.model_source import resolve_model
 from marconi_ray.traces.paths import default_data_dir
@@ -86,13 +85,11 @@ def window_loss(head: MTPHead, window: torch.Tensor) -> torch.Tensor:
 def save_head(head: MTPHead, folder: Path) -> None:
     """Write the head's weights (as the checkpoint names them) into `folder`'s
     `model.safetensors`, replacing its `mtp.*` tensors."""
-    path = folder / "model.safetensors"
-    tensors = {k: v for k, v in load_file(path).items() if not k.startswith(MTP_PREFIX)}
-    dtype = tensors[next(iter(tensors))].dtype
     params = dict(head.named_parameters())
-    for name, spec in head.weight_specs().items():
-        tensors[spec.key] = params[name].detach().contiguous().to(dtype)
-    save_file(tensors, path, metadata={"format": "pt"})
+    weights = {
+        spec.key: params[name].detach().contiguous() for name, spec in head.weight_specs().items()
+    }
+    write_mtp_tensors(folder, lambda _dtype: weights)
 
 
 def main(argv: list[str] | None = None) -> int:

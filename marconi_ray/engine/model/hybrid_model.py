@@ -679,16 +679,29 @@ class HybridModel(nn.Module):
         A pooled batch (`batch.pool`) must have been `extend`ed with the step's rows; its
         members' `logits` are not set (the step returns them). An unpooled batch's
         members append to their own `KVBuffer`s and keep their logits."""
+        rows, kv, positions = self._batch_inputs(batch)
+        logits = self._decode(ids, positions, rows, kv, batch.members)
+        self._batch_done(batch, logits)
+        return logits
+
+    def _batch_inputs(
+        self, batch: DecodeBatch
+    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], dict[int, DecodeKV], torch.Tensor]:
+        """A decode batch's step inputs: its SSM rows, each attention block's KV (paged
+        over the pool, or the members' own buffers) and its members' positions [n]."""
         rows = {i: batch.rows(i) for i in self.ssm_blocks}
         kv: dict[int, DecodeKV]
         if batch.pool is None:
             kv = {i: BufferDecode([s.kv[i] for s in batch.members]) for i in self.attn_blocks}
             positions = torch.tensor([s.length for s in batch.members], device=self.device)
-        else:
-            attend = self.kernels.paged_decode_attention
-            kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
-            positions = batch.positions()
-        logits = self._decode(ids, positions, rows, kv, batch.members)
+            return rows, kv, positions
+        attend = self.kernels.paged_decode_attention
+        kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
+        return rows, kv, batch.positions()
+
+    def _batch_done(self, batch: DecodeBatch, logits: torch.Tensor) -> None:
+        """After a decode batch's step: every member one token longer; a pooled batch
+        advances its lengths, an unpooled one's members keep their logits."""
         for s in batch.members:
             s.length += 1
         if batch.pool is None:
@@ -696,7 +709,6 @@ class HybridModel(nn.Module):
                 s.logits = logits[b]
         else:
             batch.advance()
-        return logits
 
     @torch.inference_mode()
     def decode_and_prefill(
@@ -713,11 +725,9 @@ class HybridModel(nn.Module):
             raise ValueError("decode_and_prefill needs a pooled decode batch")
         pool = batch.pool
         rels = [self._check_part(p, pool) for p in parts]
-        rows = {i: batch.rows(i) for i in self.ssm_blocks}
-        attend = self.kernels.paged_decode_attention
-        kv = {i: batch.decode_kv(i, attend) for i in self.attn_blocks}
+        rows, kv, positions = self._batch_inputs(batch)
         emb_d = self._embed(ids)
-        decode = self._decode_runner(emb_d, batch.positions(), rows, kv)
+        decode = self._decode_runner(emb_d, positions, rows, kv)
         emb_p, prefill, conv_outs, ssm_outs = self._parts_runner(parts, rels, pool)
         n = emb_d.shape[0]
 
@@ -730,9 +740,7 @@ class HybridModel(nn.Module):
 
         x = self._run_groups(torch.cat([emb_d, emb_p]), run)
         logits = self._decode_logits(x[:n], batch.members)
-        for s in batch.members:
-            s.length += 1
-        batch.advance()
+        self._batch_done(batch, logits)
         return logits, self._part_results(parts, rels, x[n:], conv_outs, ssm_outs)
 
     def _decode(
@@ -795,9 +803,15 @@ class HybridModel(nn.Module):
         if not (self.emit_hidden and states):
             return self._logits(x)
         normed = self.normed(x)
+        self.keep_hidden(normed, states)
+        return self.project(normed)
+
+    @staticmethod
+    def keep_hidden(normed: torch.Tensor, states: Sequence[SeqState]) -> None:
+        """Append row b of a decode step's normed hidden states [B, D] to
+        `states[b].hidden` at its position (before its length advances)."""
         for b, s in enumerate(states):
             s.hidden.append((s.length, normed[b : b + 1]))
-        return self.project(normed)
 
     def _prefill_hidden(
         self,

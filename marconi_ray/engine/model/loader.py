@@ -79,7 +79,7 @@ def _fold(
     return tensor.float() * per_row.view(shape)
 
 
-def load_tensor(
+def _load_tensor(
     model: HybridModel, spec: WeightSpec, key: str, source: WeightSource
 ) -> torch.Tensor:
     """Checkpoint tensor `key`, only this rank's slice when `spec` splits it, with its
@@ -99,6 +99,30 @@ def load_tensor(
             f"{source.where[key]}: weight {key!r} of shape {shape}: dim {spec.dim}: {exc}"
         ) from None
     return _fold(spec, source.read(key, spec.dim, ranges), ranges)
+
+
+def copy_param(
+    model: HybridModel,
+    target: torch.Tensor,
+    name: str,
+    spec: WeightSpec,
+    keys: Sequence[str],
+    source: WeightSource,
+    owner: str = "the model",
+) -> None:
+    """Copy parameter `name` (`target`, of `owner`) from the checkpoint tensors `keys`
+    (stacked when `spec.stack`), this rank's slice of each. ValueError naming the file,
+    the key and both shapes when they differ."""
+    parts = [_load_tensor(model, spec, key, source) for key in keys]
+    tensor = torch.stack(parts) if spec.stack else parts[0]
+    if tensor.shape != target.shape:
+        shown = keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}"
+        raise ValueError(
+            f"{source.where[keys[0]]}: weight {shown!r} has shape {tuple(tensor.shape)} after "
+            f"sharding, {owner} expects {tuple(target.shape)} for {name}"
+        )
+    with torch.no_grad():
+        target.copy_(tensor)
 
 
 def load_model(
@@ -153,17 +177,7 @@ def copy_weights(model: HybridModel, source: WeightSource, model_dir: str | Path
     used: set[str] = set()
     for name, spec in specs.items():
         keys = [k if k == "lm_head.weight" else prefix + k for k in spec.checkpoint_keys()]
-        parts = [load_tensor(model, spec, key, source) for key in keys]
-        tensor = torch.stack(parts) if spec.stack else parts[0]
-        target = params[name]
-        if tensor.shape != target.shape:
-            shown = keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}"
-            raise ValueError(
-                f"{where[keys[0]]}: weight {shown!r} has shape {tuple(tensor.shape)} after "
-                f"sharding, the model expects {tuple(target.shape)} for {name}"
-            )
-        with torch.no_grad():
-            target.copy_(tensor)
+        copy_param(model, params[name], name, spec, keys, source)
         used.update(keys)
     skipped = {k for k in where if k.startswith(model.cfg.skipped_weights)}
     if skipped:

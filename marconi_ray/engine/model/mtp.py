@@ -37,7 +37,7 @@ from marconi_ray.engine.model.layers.mlp import MLP
 from marconi_ray.engine.model.layers.moe import MoE
 from marconi_ray.engine.model.layers.norm import RMSNorm
 from marconi_ray.engine.model.layers.weights import WeightSpec
-from marconi_ray.engine.model.loader import load_tensor
+from marconi_ray.engine.model.loader import copy_param
 from marconi_ray.engine.model.paged_kv import BufferDecode
 from marconi_ray.engine.model.parallel import Segment
 from marconi_ray.engine.model.weight_source import SafetensorsSource, WeightSource
@@ -247,16 +247,7 @@ def load_mtp(
     params = dict(head.named_parameters())
     for name, spec in head.weight_specs().items():
         keys = list(spec.checkpoint_keys())
-        parts = [load_tensor(model, spec, key, source) for key in keys]
-        tensor = torch.stack(parts) if spec.stack else parts[0]
-        target = params[name]
-        if tensor.shape != target.shape:
-            raise ValueError(
-                f"{source.where[keys[0]]}: weight {keys[0]!r} has shape {tuple(tensor.shape)} "
-                f"after sharding, the MTP head expects {tuple(target.shape)} for {name}"
-            )
-        with torch.no_grad():
-            target.copy_(tensor)
+        copy_param(model, params[name], name, spec, keys, source, "the MTP head")
     if model.device.type == "cpu":
         for module in head.modules():
             if isinstance(module, ParallelLinear):

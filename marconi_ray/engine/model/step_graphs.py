@@ -106,9 +106,7 @@ class StepGraphs:
         out, normed = self._run(nb)
         logits = out[:n].clone()
         if normed is not None:  # the model's emit_hidden: each member's row, a copy
-            hidden = normed[:n].clone()
-            for b, member in enumerate(batch.members):
-                member.hidden.append((member.length, hidden[b : b + 1]))
+            self.model.keep_hidden(normed[:n].clone(), batch.members)
         for member in batch.members:
             member.length += 1
         batch.advance()

@@ -5,6 +5,7 @@ multi-token-prediction layers (`mtp.*`), as the released checkpoints carry train
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,11 +41,8 @@ def add_mtp_weights(model_dir: str | Path, layers: int = 1, seed: int = 0) -> Pa
     if cfg.family not in MTP_KEYS:
         raise ValueError(f"{str(folder)!r}: {cfg.family} checkpoints have no MTP layers")
     ffn = "moe" if cfg.moe is not None else "mlp"
-    tensors = {k: v for k, v in load_file(weights).items() if not k.startswith(MTP_PREFIX)}
-    dtype = tensors[next(iter(tensors))].dtype
     with_mtp = replace(cfg, mtp_layers=layers, mtp_blocks=("attention", ffn))
-    tensors.update(_random_layers(with_mtp, dtype, seed))
-    save_file(tensors, weights, metadata={"format": "pt"})
+    write_mtp_tensors(folder, lambda dtype: _random_layers(with_mtp, dtype, seed))
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     assert isinstance(text, dict)
     text[STEPS_KEY.get(cfg.family, "mtp_num_hidden_layers")] = layers
@@ -52,6 +50,16 @@ def add_mtp_weights(model_dir: str | Path, layers: int = 1, seed: int = 0) -> Pa
         text[NEMOTRON_H_KINDS_KEY] = ["full_attention", ffn]
     (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     return folder
+
+
+def write_mtp_tensors(folder: Path, make: Callable[[torch.dtype], dict[str, torch.Tensor]]) -> None:
+    """Replace the `mtp.*` tensors of `folder`'s single `model.safetensors` with
+    `make(dtype)` (checkpoint key -> tensor), dtype the checkpoint's; the rest is kept."""
+    path = folder / "model.safetensors"
+    tensors = {k: v for k, v in load_file(path).items() if not k.startswith(MTP_PREFIX)}
+    dtype = tensors[next(iter(tensors))].dtype
+    tensors.update({k: v.to(dtype) for k, v in make(dtype).items()})
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _random_layers(cfg: HybridConfig, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
