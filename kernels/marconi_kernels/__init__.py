@@ -3,9 +3,10 @@
 Pure-torch references (any device, float32 compute) for the Mamba-2 chunked SSD scan with
 state emission at arbitrary positions, single-step state updates, the causal conv1d with
 state, the Mamba-1 selective scan with an initial state, the gated delta rule (Gated
-DeltaNet) prefill with state emission and its decode step, decode attention over a
-token-row table, and the grouped matmul of mixture-of-experts dispatch; Triton versions
-of each (ours and mamba-ssm's) that run on CUDA, or on CPU under ``TRITON_INTERPRET=1``.
+DeltaNet) prefill with state emission and its decode step, decode and varlen prefill
+attention over a token-row table, and the grouped matmul of mixture-of-experts dispatch;
+Triton versions of each (ours and mamba-ssm's) that run on CUDA, or on CPU under
+``TRITON_INTERPRET=1``.
 ``get_kernels`` picks a set. Names are imported lazily, so ``marconi_kernels.choices``
 needs no torch.
 """
@@ -33,6 +34,7 @@ _EXPORTS = {
     "ssd_naive_ref": "marconi_kernels.ssd",
     "mamba1_state_update_ref": "marconi_kernels.state_update",
     "paged_decode_attention_ref": "marconi_kernels.paged_attention",
+    "paged_prefill_attention_ref": "marconi_kernels.paged_prefill",
     "grouped_matmul_ref": "marconi_kernels.grouped_matmul",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }

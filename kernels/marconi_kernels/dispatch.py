@@ -26,6 +26,7 @@ from .conv import causal_conv1d_ref, causal_conv1d_update_ref
 from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
 from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
+from .paged_prefill import paged_prefill_attention_ref
 from .selective_scan import selective_scan_ref
 from .ssd import ssd_chunk_scan_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
@@ -43,6 +44,7 @@ OPS = (
     "gated_delta_chunk",
     "gated_delta_step",
     "paged_decode_attention",
+    "paged_prefill_attention",
     "grouped_matmul",
 )
 
@@ -66,6 +68,8 @@ class KernelSet:
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
     paged_decode_attention: see ``paged_decode_attention_ref`` (q [B, H, hd] over pool
         rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]).
+    paged_prefill_attention: see ``paged_prefill_attention_ref`` (packed queries
+        [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd]).
     grouped_matmul: see ``grouped_matmul_ref`` (x [M, K] each row times its expert's
         w [E, N, K] -> [M, N]; the MoE dispatch, no host sync in the triton set).
     name: registry key of the set ("ref" or "triton").
@@ -81,6 +85,7 @@ class KernelSet:
     gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_step: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
+    paged_prefill_attention: Callable[..., torch.Tensor]
     grouped_matmul: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
@@ -103,6 +108,7 @@ def _build_ref() -> KernelSet:
         gated_delta_chunk=gated_delta_chunk_ref,
         gated_delta_step=gated_delta_step_ref,
         paged_decode_attention=paged_decode_attention_ref,
+        paged_prefill_attention=paged_prefill_attention_ref,
         grouped_matmul=grouped_matmul_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
@@ -120,6 +126,7 @@ def _triton_set() -> KernelSet | str:
         from .triton_gated_delta import gated_delta_chunk_triton, gated_delta_step_triton
         from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_paged_attention import paged_decode_attention_triton
+        from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_selective_scan import selective_scan_triton
 
         mamba = mamba_ssm_ops.load()
@@ -136,6 +143,7 @@ def _triton_set() -> KernelSet | str:
         gated_delta_chunk=gated_delta_chunk_triton,
         gated_delta_step=gated_delta_step_triton,
         paged_decode_attention=paged_decode_attention_triton,
+        paged_prefill_attention=paged_prefill_attention_triton,
         grouped_matmul=grouped_matmul_triton,
         name="triton",
         backends={
@@ -148,6 +156,7 @@ def _triton_set() -> KernelSet | str:
             "gated_delta_chunk": "triton:marconi",
             "gated_delta_step": "triton:marconi",
             "paged_decode_attention": "triton:marconi",
+            "paged_prefill_attention": "triton:marconi",
             "grouped_matmul": "triton:marconi",
         },
     )

@@ -17,7 +17,9 @@ from marconi_kernels import OPS, KernelSet, get_kernels
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.hybrid_model import WARM_UP_LENGTHS
 from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState
+from marconi_ray.engine.store.state_store import StateStore
 
 pytestmark = pytest.mark.triton
 
@@ -124,16 +126,57 @@ def test_engine_multi_turn_on_triton_equals_reference(model_dirs):
         history += list(got.tokens) + prompts(10 + turn, 1, 9, vocab)[0]
 
 
+def test_packed_prefill_on_the_pool_equals_reference(interp_dirs):
+    """Three requests (one resuming after cached rows) prefilled in one forward on the
+    pool: each attention layer is one Triton `paged_prefill_attention` call for all of
+    them, and every part's logits, checkpoints and written KV equal the reference set's
+    (LFM2: the short conv and attention, the quickest model in the interpreter)."""
+    calls: Counter[str] = Counter()
+    fast = load_model(
+        interp_dirs["lfm2"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
+    )
+    ref = load_model(interp_dirs["lfm2"], device=DEVICE, kernels=get_kernels(DEVICE, "ref"))
+    vocab = ref.cfg.vocab_size
+    ids = [torch.tensor(p, device=DEVICE) for p in prompts(12, 3, 20, vocab)]
+
+    def run(model):
+        store = StateStore(model)
+        states = [SeqState(rows=torch.as_tensor(store.device_rows(store.alloc_slots(20))))
+                  for _ in ids]  # fmt: skip
+        rows = states[1].rows
+        states[1].rows = rows[:7]
+        model.prefill(ids[1][:7], states[1], (), store.device_kv)
+        states[1].rows = rows
+        parts = [PrefillPart(ids[0], states[0], (5, 20)), PrefillPart(ids[1][7:], states[1], (9,)),
+                 PrefillPart(ids[2][:3], SeqState(rows=states[2].rows[:3]), (2,))]  # fmt: skip
+        out = model.prefill_many(parts, store.device_kv)
+        kv = [store.device_kv.k[i][:, p.state.rows] for i in model.attn_blocks for p in parts]
+        return out, kv
+
+    calls.clear()
+    got, got_kv = run(fast)
+    assert calls["paged_prefill_attention"] == len(fast.attn_blocks)
+    want, want_kv = run(ref)
+    for (ckpts, logits), (want_ckpts, want_logits) in zip(got, want, strict=True):
+        assert (logits - want_logits).abs().max() < LOGIT_TOL
+        assert [c.depth for c in ckpts] == [c.depth for c in want_ckpts]
+        for c, w in zip(ckpts, want_ckpts, strict=True):
+            assert all(torch.allclose(c.conv[i], w.conv[i], atol=1e-5) for i in fast.ssm_blocks)
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got_kv, want_kv, strict=True))
+
+
 def test_warm_up_runs_every_kernel_of_the_model(interp_dirs):
     """Warm-up prefills every length the Triton conv's block sizes need and decodes, then
-    prefills and decodes once on a pool, so every op a model declares runs (LFM2: the
-    conv and its step, and attention's paged decode; the warm-up does not depend on the
+    prefills two sequences in one forward and decodes once on a pool, so every op a model
+    declares runs (LFM2: the conv and its step, and attention's paged decode and packed
+    prefill; the warm-up does not depend on the
     mixers, and each prefill of a Mamba layer costs seconds here)."""
     calls: Counter[str] = Counter()
     model = load_model(
         interp_dirs["lfm2"], device=DEVICE, kernels=counting(get_kernels(DEVICE, "triton"), calls)
     )
     assert model.warm_up() > 0
-    assert set(calls) == {*FAMILY_OPS["lfm2"], "paged_decode_attention"}
-    assert calls["causal_conv1d"] == (len(WARM_UP_LENGTHS) + 1) * len(model.ssm_blocks)
+    assert set(calls) == {*FAMILY_OPS["lfm2"], "paged_decode_attention", "paged_prefill_attention"}
+    assert calls["causal_conv1d"] == (len(WARM_UP_LENGTHS) + 2) * len(model.ssm_blocks)
     assert calls["paged_decode_attention"] == len(model.attn_blocks)
+    assert calls["paged_prefill_attention"] == len(model.attn_blocks)

@@ -5,6 +5,8 @@ resuming from a cached depth) and scored."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from engine_helpers import prompts
@@ -84,3 +86,65 @@ def test_pooled_parts_resume_from_their_depths(model_dirs):
         model.prefill_many([PrefillPart(a, pooled(3))], store.device_kv)
     with pytest.raises(ValueError, match="emit_at"):
         model.prefill_many([PrefillPart(a, model.new_state(), (30,))])
+
+
+def _pooled_state(store: StateStore, n: int, rows: torch.Tensor | None = None) -> SeqState:
+    if rows is None:
+        rows = torch.as_tensor(store.device_rows(store.alloc_slots(n)))
+    return SeqState(rows=rows)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pooled_parts_share_one_attention_call_and_equal_their_own_prefills(model_dirs, family):
+    """On the pool, each attention layer reads and writes every part's rows in one
+    `paged_prefill_attention` call (a fresh part, one resuming after 8 cached rows, a
+    one-token part): the logits, checkpoints, final states and the K/V written to the
+    pool rows equal each part prefilled alone on its own rows."""
+    calls: list[int] = []
+    model = load_model(model_dirs[family])
+    attend = model.kernels.paged_prefill_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return attend(*args, **kwargs)
+
+    model.kernels = dataclasses.replace(model.kernels, paged_prefill_attention=counted)
+    store = StateStore(model)
+    vocab = model.cfg.vocab_size
+    a, b, c = (torch.tensor(p) for p in prompts(11, 3, 21, vocab))
+    c = c[:1]
+    emits = [(4, 21), (12, 21), (1,)]
+
+    def run(together: bool):
+        sa, sb, sc = _pooled_state(store, 21), _pooled_state(store, 21), _pooled_state(store, 1)
+        sb_rows = sb.rows
+        sb.rows = sb_rows[:8]
+        model.prefill(b[:8], sb, (), store.device_kv)  # b's first 8 tokens: a cached prefix
+        sb.rows = sb_rows
+        parts = [PrefillPart(a, sa, emits[0]), PrefillPart(b[8:], sb, emits[1]),
+                 PrefillPart(c, sc, emits[2])]  # fmt: skip
+        if together:
+            results = model.prefill_many(parts, store.device_kv)
+        else:
+            results = [model.prefill_many([p], store.device_kv)[0] for p in parts]
+        kv = {
+            i: [store.device_kv.k[i][:, s.rows].clone() for s in (sa, sb, sc)]
+            for i in model.attn_blocks
+        }
+        return [sa, sb, sc], results, kv
+
+    want_states, want, want_kv = run(False)
+    assert calls == []  # a single part keeps its own SDPA path
+    got_states, got, got_kv = run(True)
+    assert calls == [21 + 13 + 1] * len(model.attn_blocks)
+    for s, w in zip(got_states, want_states, strict=True):
+        assert s.length == w.length and _close(s.logits, w.logits)
+        for i in model.ssm_blocks:
+            assert _close(s.ssm[i], w.ssm[i]) and _close(s.conv[i], w.conv[i])
+    for (ckpts, logits), (want_ckpts, want_logits) in zip(got, want, strict=True):
+        assert [x.depth for x in ckpts] == [x.depth for x in want_ckpts]
+        assert _close(logits, want_logits)
+        for x, y in zip(ckpts, want_ckpts, strict=True):
+            assert all(_close(x.ssm[i], y.ssm[i]) for i in model.ssm_blocks)
+    for i in model.attn_blocks:
+        assert all(_close(g, w) for g, w in zip(got_kv[i], want_kv[i], strict=True))

@@ -39,8 +39,7 @@ from torch.nn import functional as F
 
 from marconi_kernels import KernelSet, get_kernels
 from marconi_ray.engine.model.decode_batch import DecodeBatch
-from marconi_ray.engine.model.kv_buffer import KVBuffer
-from marconi_ray.engine.model.layers.attention import Attention
+from marconi_ray.engine.model.layers.attention import Attention, PrefillKV
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column_major
@@ -57,6 +56,7 @@ from marconi_ray.engine.model.layers.moe_layout import (
     MoELayout,
 )
 from marconi_ray.engine.model.layers.norm import RMSNorm, rms_norm
+from marconi_ray.engine.model.layers.packed import PackedPart
 from marconi_ray.engine.model.layers.short_conv import ShortConvMixer
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.layers.zamba_shared import SharedBlock, SharedWeights
@@ -65,6 +65,8 @@ from marconi_ray.engine.model.paged_kv import (
     BufferDecode,
     DecodeKV,
     KVRows,
+    PackedPrefill,
+    PackedRows,
     PagedPrefill,
     ScratchKV,
 )
@@ -850,9 +852,13 @@ class HybridModel(nn.Module):
         list[dict[int, torch.Tensor]],
         list[dict[int, torch.Tensor]],
     ]:
-        """The parts' embeddings [sum L, D], `_run_groups`' `run` over their rows (each
-        mixer once per part; updates their states), and the per-part dicts the run fills
-        with the SSM states emitted at `rels`."""
+        """The parts' embeddings [sum L, D], `_run_groups`' `run` over their rows (every
+        mixer once over all the parts' rows; updates their states), and the per-part dicts
+        the run fills with the SSM states emitted at `rels`.
+
+        Each SSM mixer runs `prefill_packed` (row-wise work once, the conv and scan per
+        part); each attention layer, on a pool, one `paged_prefill_attention` call for
+        all the parts (`PackedPrefill`), and one SDPA per part on `KVBuffer`s."""
         lens = [p.ids.shape[0] for p in parts]
         bounds = [(sum(lens[:k]), sum(lens[: k + 1])) for k in range(len(parts))]
         ranges = [
@@ -865,15 +871,7 @@ class HybridModel(nn.Module):
         conv_outs: list[dict[int, torch.Tensor]] = [{} for _ in parts]
         ssm_outs: list[dict[int, torch.Tensor]] = [{} for _ in parts]
         emb = self._embed(ids)
-        kvs: list[dict[int, KVBuffer | PagedPrefill]] = []
-        for p in parts:
-            kv: dict[int, KVBuffer | PagedPrefill] = dict(p.state.kv)
-            if pool is not None:
-                assert p.state.rows is not None
-                start = p.state.length
-                past, new = p.state.rows[:start], p.state.rows[start:]
-                kv = {i: PagedPrefill(pool.k[i], pool.v[i], past, new) for i in self.attn_blocks}
-            kvs.append(kv)
+        packed, part_kv = self._prefill_kv(parts, lens, pool)
 
         def each(h: torch.Tensor, one: PartFn) -> torch.Tensor:
             if one_part:
@@ -885,35 +883,61 @@ class HybridModel(nn.Module):
             mixer = self.layers[i].mixer
             if isinstance(mixer, SharedBlock):
                 weights = self.shared_weights(mixer)
-                return each(h, lambda k, hk, ek, pk: mixer.prefill(weights, hk, ek, pk, kvs[k][i]))
+                if packed is not None:
+                    return mixer.prefill(weights, h, emb, positions, packed(i))
+                return each(
+                    h, lambda k, hk, ek, pk: mixer.prefill(weights, hk, ek, pk, part_kv(i, k))
+                )
             if isinstance(mixer, Attention):
-                return each(h, lambda k, hk, _, pk: mixer.prefill(hk, pk, kvs[k][i]))
+                if packed is not None:
+                    return mixer.prefill(h, positions, packed(i))
+                return each(h, lambda k, hk, _, pk: mixer.prefill(hk, pk, part_kv(i, k)))
             if isinstance(mixer, SSMMixer):
-
-                def one(
-                    k: int, hk: torch.Tensor, _: torch.Tensor, __: torch.Tensor
-                ) -> torch.Tensor:
-                    state = parts[k].state
-                    y, conv, ssm, conv_e, ssm_e = mixer.prefill(
-                        hk, state.conv.get(i), state.ssm.get(i), rels[k]
-                    )
-                    state.conv[i], state.ssm[i] = conv, ssm
-                    conv_outs[k][i], ssm_outs[k][i] = conv_e, ssm_e
-                    return y
-
-                return each(h, one)
+                packed_parts = [
+                    PackedPart(a, b, p.state.conv.get(i), p.state.ssm.get(i), tuple(rel))
+                    for p, (a, b), rel in zip(parts, bounds, rels, strict=True)
+                ]
+                y, outs = mixer.prefill_packed(h, packed_parts)
+                for p, st, conv_e, ssm_e in zip(parts, outs, conv_outs, ssm_outs, strict=True):
+                    p.state.conv[i], p.state.ssm[i] = st.conv, st.ssm
+                    conv_e[i], ssm_e[i] = st.conv_emitted, st.ssm_emitted
+                return y
             out: torch.Tensor = mixer(h)  # an MLP or MoE: all the parts' tokens at once
             return out
 
         return emb, run, conv_outs, ssm_outs
 
+    def _prefill_kv(
+        self, parts: Sequence[PrefillPart], lens: Sequence[int], pool: KVRows | None
+    ) -> tuple[Callable[[int], PackedPrefill] | None, Callable[[int, int], PrefillKV]]:
+        """(packed, part): packed(i) is attention block i's `PackedPrefill` of every part
+        (one call for all of them), None when the parts run one at a time (no pool, or a
+        single part, which keeps its SDPA path); part(i, k) is block i's KV of part k."""
+        if pool is None:
+            return None, lambda i, k: parts[k].state.kv[i]
+        rows = []
+        for p in parts:
+            assert p.state.rows is not None
+            rows.append(p.state.rows)
+
+        def part(i: int, k: int) -> PrefillKV:
+            start = parts[k].state.length
+            return PagedPrefill(pool.k[i], pool.v[i], rows[k][:start], rows[k][start:])
+
+        if len(parts) == 1:
+            return None, part
+        layout = PackedRows.of(rows, lens)
+        attend = self.kernels.paged_prefill_attention
+        return lambda i: PackedPrefill(pool.k[i], pool.v[i], layout, attend), part
+
     @torch.inference_mode()
     def warm_up(self) -> float:
         """Run every kernel on throwaway sequences (prefills of a few lengths that emit a
-        state mid-chunk, then two decode steps; then a pooled prefill and a pooled decode
-        step, the serving path's paged attention), so Triton's JIT compilation (one variant
-        per block size the lengths select) and autotuning happen at set-up, before health
-        checks and collective timeouts can fire. Under tensor parallelism every rank must
+        state mid-chunk, then two decode steps; then a pooled prefill of two sequences in
+        one forward and a pooled decode step, the serving path's paged attention), so
+        Triton's JIT compilation (one variant per block size the lengths select) and
+        autotuning happen at set-up, before health checks and collective timeouts can
+        fire. Under tensor parallelism every rank must
         call it. Returns the seconds it took."""
         t0 = time.perf_counter()
         lengths = sorted({min(self.cfg.max_position - 2, n) for n in WARM_UP_LENGTHS})
@@ -924,13 +948,16 @@ class HybridModel(nn.Module):
             for _ in range(2):
                 self.decode(ids[:1], [state])
         n = lengths[0]
-        pool = ScratchKV(self.kv_shapes(), n + 1, self.dtype, self.device)
-        rows = torch.arange(n + 1, device=self.device)
+        pool = ScratchKV(self.kv_shapes(), 2 * n + 1, self.dtype, self.device)
+        rows = torch.arange(2 * n + 1, device=self.device)
+        ids = torch.arange(n, device=self.device) % self.cfg.vocab_size
         state = SeqState(rows=rows[:n])
-        self.prefill(torch.arange(n, device=self.device) % self.cfg.vocab_size, state, (), pool)
+        self.prefill_many(
+            [PrefillPart(ids, state), PrefillPart(ids, SeqState(rows=rows[n : 2 * n]))], pool
+        )
         batch = self.new_decode_batch(1, pool)
         batch.join(state)
-        batch.extend(rows[n:])
+        batch.extend(rows[2 * n :])
         self.decode_batch(torch.zeros(1, dtype=torch.long, device=self.device), batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

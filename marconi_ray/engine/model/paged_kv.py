@@ -7,9 +7,12 @@ and V in every block. A sequence's KV is the list of its rows, oldest token firs
 cache hit's rows are the cached tokens' own rows, read in place, and each new token's K
 and V are written into a row allocated for it. Nothing is gathered into a private buffer.
 
-Two per-block views, built by the model for one forward:
+Three per-block views, built by the model for one forward:
 - `PagedPrefill`: one sequence's L new tokens (`extend` writes them, returns what the
   prefill attends over);
+- `PackedPrefill`: the new tokens of S sequences prefilled in one forward, packed one
+  sequence after another (`attend`: one write and one attention call for all of them
+  through a row table; the layout, `PackedRows`, is built once per forward);
 - `PagedDecode`: one new token for each of B sequences, one attention call for the batch
   through a row table (`attend`).
 `BufferDecode` is the same call over per-sequence `KVBuffer`s (the unpooled states of the
@@ -24,12 +27,17 @@ from typing import Protocol
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
+from torch.nn.utils.rnn import pad_sequence
 
 from marconi_ray.engine.model.kv_buffer import KVBuffer
 
 PagedAttention = Callable[..., torch.Tensor]
 """`marconi_kernels` `paged_decode_attention`: (q [B, H, hd], k_pool, v_pool [KV, R, hd],
 table [B, W], lens [B], scale) -> [B, H, hd]."""
+
+PackedAttention = Callable[..., torch.Tensor]
+"""`marconi_kernels` `paged_prefill_attention`: (q [T, H, hd], k_pool, v_pool [KV, R, hd],
+table [S, W], cu_q [S + 1], lens [S], max_q, scale) -> [T, H, hd]."""
 
 
 class KVRows(Protocol):
@@ -89,6 +97,65 @@ class PagedPrefill:
             return k, v
         rows = torch.cat([self.past, self.new])
         return self.k_pool.index_select(1, rows), self.v_pool.index_select(1, rows)
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Where S sequences prefilled in one forward keep their KV (one per forward, shared
+    by every attention block).
+
+    table: [S, W] each sequence's rows, past then new (W = its longest, padded with row
+    0); cu_q: [S + 1] offsets of each sequence's new tokens in the packed T; lens: [S]
+    past + new tokens of each; new: [T] the packed tokens' rows; max_q: the longest
+    sequence's new tokens (a host int).
+    """
+
+    table: torch.Tensor
+    cu_q: torch.Tensor
+    lens: torch.Tensor
+    new: torch.Tensor
+    max_q: int
+
+    @staticmethod
+    def of(rows: Sequence[torch.Tensor], new_counts: Sequence[int]) -> PackedRows:
+        """The layout of sequences whose rows (past then new, [len_s] each on one device)
+        end with `new_counts[s]` new tokens; no host sync (the lengths are the shapes)."""
+        device = rows[0].device
+        table = pad_sequence(list(rows), batch_first=True)
+        offsets = [0]
+        for n in new_counts:
+            offsets.append(offsets[-1] + n)
+        return PackedRows(
+            table,
+            torch.tensor(offsets, device=device),
+            torch.tensor([len(r) for r in rows], device=device),
+            torch.cat([r[len(r) - n :] for r, n in zip(rows, new_counts, strict=True)]),
+            max(new_counts),
+        )
+
+
+@dataclass(frozen=True)
+class PackedPrefill:
+    """One attention block's KV for S sequences prefilled in one forward (see
+    `PackedRows`); kernel: the kernel set's `paged_prefill_attention`."""
+
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    rows: PackedRows
+    kernel: PackedAttention
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+    ) -> torch.Tensor:
+        """Write the packed k, v [KV, T, hd] into their rows and attend q [H, T, hd]
+        causally over each sequence's own rows; returns [T, H * hd]."""
+        r = self.rows
+        self.k_pool.index_copy_(1, r.new, k.to(self.k_pool.dtype))
+        self.v_pool.index_copy_(1, r.new, v.to(self.v_pool.dtype))
+        out = self.kernel(
+            q.transpose(0, 1), self.k_pool, self.v_pool, r.table, r.cu_q, r.lens, r.max_q, scale
+        )
+        return out.reshape(q.shape[1], -1)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,12 @@ from marconi_ray.engine.model.layers.norm import RMSNorm
 from marconi_ray.engine.model.layers.rope import Rope
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import AttentionConfig
-from marconi_ray.engine.model.paged_kv import DecodeKV, PagedPrefill
+from marconi_ray.engine.model.paged_kv import DecodeKV, PackedPrefill, PagedPrefill
 from marconi_ray.engine.model.parallel import Segment, TPGroup
+
+PrefillKV = KVBuffer | PagedPrefill | PackedPrefill
+"""Where one attention layer's prefill keeps its KV: one sequence's buffer or pool rows,
+or the pool rows of several sequences packed into one forward."""
 
 
 def causal_attention(
@@ -45,6 +49,19 @@ def causal_attention(
     return out[0]
 
 
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PrefillKV, scale: float | None
+) -> torch.Tensor:
+    """Store a prefill's k, v [KV, L, hd] in `kv` and attend q [H, L, hd] causally over
+    what it holds; returns [L, H * hd]. A packed `kv` is one kernel call for all its
+    sequences (their L tokens packed); the others attend one sequence with SDPA."""
+    if isinstance(kv, PackedPrefill):
+        return kv.attend(q, k, v, scale)
+    keys, values = kv.extend(k, v)
+    out = causal_attention(q, keys, values, scale)
+    return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
 class Attention(nn.Module):
     """q/k/v column-parallel by heads (n_heads/world and n_kv_heads/world per rank),
     o row-parallel (one all-reduce; with `reduce=False` the caller all-reduces, see
@@ -59,10 +76,12 @@ class Attention(nn.Module):
     `prefix` is the HF sub-module name (`mixer` for NemotronH, `self_attn` for the rest).
 
     A pooled decode step runs the kernel set's `paged_decode_attention` (one call for the
-    batch, see `paged_kv`); prefill runs torch's SDPA.
+    batch, see `paged_kv`); a pooled prefill of several sequences its
+    `paged_prefill_attention` (one call for all of them); one sequence's prefill runs
+    torch's SDPA.
     """
 
-    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("paged_decode_attention",)
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("paged_decode_attention", "paged_prefill_attention")
 
     def __init__(
         self,
@@ -132,14 +151,11 @@ class Attention(nn.Module):
     def empty_cache(self, device: torch.device) -> KVBuffer:
         return KVBuffer.empty(self.n_kv, self.cfg.head_dim, self.dtype, device)
 
-    def prefill(
-        self, x: torch.Tensor, positions: torch.Tensor, kv: KVBuffer | PagedPrefill
-    ) -> torch.Tensor:
-        """x [L, D] at absolute `positions` [L]; extends `kv`; returns [L, D]."""
+    def prefill(self, x: torch.Tensor, positions: torch.Tensor, kv: PrefillKV) -> torch.Tensor:
+        """x [L, D] at absolute `positions` [L] (packed: every sequence's tokens in
+        order); extends `kv`; returns [L, D]."""
         q, k, v, gate = self._qkv(x, positions)
-        keys, values = kv.extend(k, v)
-        out = causal_attention(q, keys, values, self.cfg.scale)
-        return self._out(out.transpose(0, 1).reshape(q.shape[1], -1), gate)
+        return self._out(prefill_attention(q, k, v, kv, self.cfg.scale), gate)
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
         """One new token per sequence: x [B, D], positions [B]; `kv` stores the step's

@@ -23,6 +23,15 @@ from torch.nn import functional as F
 from marconi_kernels import KernelSet
 from marconi_ray.engine.model.layers.linear import column, row
 from marconi_ray.engine.model.layers.norm import HeadGatedRMSNorm
+from marconi_ray.engine.model.layers.packed import (
+    PackedMixer,
+    PackedPart,
+    Pair,
+    PartStates,
+    each_part,
+    packed_conv,
+    part_states,
+)
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import GatedDeltaNetConfig
 from marconi_ray.engine.model.parallel import Segment, TPGroup, local_size
@@ -34,7 +43,7 @@ Projected = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """(qkv [..., conv_local], z [..., Hv', dv], b [..., Hv'], a [..., Hv'])."""
 
 
-class GatedDeltaNetMixer(nn.Module):
+class GatedDeltaNetMixer(PackedMixer, nn.Module):
     """One Gated DeltaNet layer's shard. `prefix` is the HF sub-module (`linear_attn`).
 
     Projection layouts (`cfg.fused_projection`):
@@ -44,6 +53,7 @@ class GatedDeltaNetMixer(nn.Module):
       and its r = Hv/Hk value heads; `in_proj_ba` rows [b, a] per key head. A rank's slice
       of whole groups is rearranged into Qwen3.5's order locally.
     The conv runs over [q, k, v] with channels in Qwen3.5's order in both layouts.
+    `prefill` (one sequence) is `prefill_packed` of one part.
     """
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
@@ -167,46 +177,38 @@ class GatedDeltaNetMixer(nn.Module):
         return conv, ssm
 
     # ------------------------------------------------------------------ forward
-    def prefill(
-        self,
-        x: torch.Tensor,
-        conv: torch.Tensor | None,
-        ssm: torch.Tensor | None,
-        emit_at: Sequence[int] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run L new tokens from the given states.
-
-        Args:
-            x: [L, d_model]. conv, ssm: the states before these tokens, or None (zeros).
-            emit_at: positions p in 1..L (relative) whose states to return.
-        Returns:
-            y [L, d_model], final conv [C, K], final ssm [Hv', dk, dv],
-            emitted conv [len(emit_at), C, K], emitted ssm [len(emit_at), Hv', dk, dv].
-        """
+    def prefill_packed(
+        self, x: torch.Tensor, parts: Sequence[PackedPart]
+    ) -> tuple[torch.Tensor, list[PartStates]]:
+        """Several sequences' new tokens x [T, d_model] (packed, see `packed`): the
+        projections, gates, norm and out_proj once over all rows, the conv and the
+        chunked delta rule per part from its states. Returns y [T, d_model] and per part
+        its final states (conv [C, K], ssm [Hv', dk, dv]) and those at its `emit_at`."""
         qkv, z, b, a = self._project(x)
         k = self.kernels
-        mixed, conv_f, conv_e = k.causal_conv1d(
-            qkv.t()[None],
-            self.conv_weight[:, 0],
-            None,
-            initial_state=None if conv is None else conv[None],
-            activation="silu",
-            emit_at=emit_at,
+        mixed, convs = packed_conv(
+            k.causal_conv1d, qkv, self.conv_weight[:, 0], None, parts, "silu"
         )
-        q, kk, v = self._heads(mixed[0].t())
+        q, kk, v = self._heads(mixed)
         g, beta = self._gates(b, a)
-        o, ssm_f, ssm_e = k.gated_delta_chunk(
-            q[None],
-            kk[None],
-            v[None],
-            g[None],
-            beta[None],
-            chunk_size=self._chunk(x.shape[0]),
-            initial_state=None if ssm is None else ssm[None],
-            emit_at=emit_at,
-            use_qk_l2norm=True,
-        )
-        return self._output(o[0], z), conv_f[0], ssm_f[0], conv_e[:, 0], ssm_e[:, 0]
+
+        def scan(p: PackedPart) -> tuple[torch.Tensor, Pair]:
+            r = p.rows
+            o, final, emitted = k.gated_delta_chunk(
+                q[r][None],
+                kk[r][None],
+                v[r][None],
+                g[r][None],
+                beta[r][None],
+                chunk_size=self._chunk(p.length),
+                initial_state=None if p.ssm is None else p.ssm[None],
+                emit_at=p.emit_at,
+                use_qk_l2norm=True,
+            )
+            return o[0], (final[0], emitted[:, 0])
+
+        o, ssms = each_part(parts, scan)
+        return self._output(o, z), part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """One token per sequence. x [B, d_model]; conv [B, C, K] and ssm [B, Hv', dk, dv]

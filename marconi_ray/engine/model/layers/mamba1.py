@@ -18,13 +18,23 @@ from torch import nn
 from marconi_kernels import KernelSet
 from marconi_ray.engine.model.layers.linear import column, row
 from marconi_ray.engine.model.layers.norm import rms_norm
+from marconi_ray.engine.model.layers.packed import (
+    PackedMixer,
+    PackedPart,
+    Pair,
+    PartStates,
+    each_part,
+    packed_conv,
+    part_states,
+)
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import Mamba1Config
 from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
-class Mamba1Mixer(nn.Module):
-    """One Mamba-1 layer's shard; weights under the HF sub-module `prefix` (`mamba`)."""
+class Mamba1Mixer(PackedMixer, nn.Module):
+    """One Mamba-1 layer's shard; weights under the HF sub-module `prefix` (`mamba`).
+    `prefill` (one sequence) is `prefill_packed` of one part."""
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
         "causal_conv1d",
@@ -88,40 +98,39 @@ class Mamba1Mixer(nn.Module):
             )
         return dt @ self.dt_proj.weight.t(), b, c
 
-    def prefill(
-        self,
-        x: torch.Tensor,
-        conv: torch.Tensor | None,
-        ssm: torch.Tensor | None,
-        emit_at: Sequence[int] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Same contract as `Mamba2Mixer.prefill`; ssm states are [d_inner_local, N]."""
+    def prefill_packed(
+        self, x: torch.Tensor, parts: Sequence[PackedPart]
+    ) -> tuple[torch.Tensor, list[PartStates]]:
+        """Same contract as `Mamba2Mixer.prefill_packed`; ssm states are
+        [d_inner_local, N]. in_proj, x_proj / dt_proj and out_proj run once over all rows;
+        the conv and the selective scan per part."""
         xs, gate = self.in_proj(x).chunk(2, dim=-1)
         k = self.kernels
-        xc, conv_f, conv_e = k.causal_conv1d(
-            xs.t()[None],
-            self.conv_weight[:, 0],
-            self.conv_bias,
-            initial_state=None if conv is None else conv[None],
-            activation="silu",
-            emit_at=emit_at,
+        xc, convs = packed_conv(
+            k.causal_conv1d, xs, self.conv_weight[:, 0], self.conv_bias, parts, "silu"
         )
-        xc = xc[0].t()
         delta, b, c = self._ssm_inputs(xc)
-        y, ssm_f, ssm_e = k.selective_scan(
-            xc.t()[None],
-            delta.t()[None],
-            -torch.exp(self.A_log.float()),
-            b.t()[None],
-            c.t()[None],
-            D=self.D,
-            z=gate.t()[None],
-            delta_bias=self.dt_proj.bias,
-            delta_softplus=True,
-            initial_state=None if ssm is None else ssm[None],
-            emit_at=emit_at,
-        )
-        return self.out_proj(y[0].t()), conv_f[0], ssm_f[0], conv_e[:, 0], ssm_e[:, 0]
+        a = -torch.exp(self.A_log.float())
+
+        def scan(p: PackedPart) -> tuple[torch.Tensor, Pair]:
+            r = p.rows
+            y, final, emitted = k.selective_scan(
+                xc[r].t()[None],
+                delta[r].t()[None],
+                a,
+                b[r].t()[None],
+                c[r].t()[None],
+                D=self.D,
+                z=gate[r].t()[None],
+                delta_bias=self.dt_proj.bias,
+                delta_softplus=True,
+                initial_state=None if p.ssm is None else p.ssm[None],
+                emit_at=p.emit_at,
+            )
+            return y[0].t(), (final[0], emitted[:, 0])
+
+        y, ssms = each_part(parts, scan)
+        return self.out_proj(y), part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """x [B, d_model]; conv [B, C, K] and ssm [B, D, N] updated in place."""

@@ -20,13 +20,24 @@ from torch.nn import functional as F
 from marconi_kernels import KernelSet
 from marconi_ray.engine.model.layers.linear import column, row
 from marconi_ray.engine.model.layers.norm import GatedGroupRMSNorm
+from marconi_ray.engine.model.layers.packed import (
+    PackedMixer,
+    PackedPart,
+    Pair,
+    PartStates,
+    each_part,
+    packed_conv,
+    part_states,
+)
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import Mamba2Config
 from marconi_ray.engine.model.parallel import Segment, TPGroup, local_size
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(PackedMixer, nn.Module):
     """One Mamba-2 layer's shard. `prefix` is the HF sub-module (`mixer` or `mamba`).
+    `prefill` (one sequence: y, final conv [C, K] and ssm [H, P, N], emitted ones) is
+    `prefill_packed` of one part.
     With `reduce=False` out_proj leaves its all-reduce to the caller (see
     `ParallelLinear`)."""
 
@@ -150,50 +161,42 @@ class Mamba2Mixer(nn.Module):
         return conv, ssm
 
     # ------------------------------------------------------------------ forward
-    def prefill(
-        self,
-        x: torch.Tensor,
-        conv: torch.Tensor | None,
-        ssm: torch.Tensor | None,
-        emit_at: Sequence[int] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run L new tokens from the given states.
-
-        Args:
-            x: [L, d_model]. conv, ssm: the states before these tokens, or None (zeros).
-            emit_at: positions p in 1..L (relative) whose states to return.
-        Returns:
-            y [L, d_model], final conv [C, K], final ssm [H, P, N],
-            emitted conv [len(emit_at), C, K], emitted ssm [len(emit_at), H, P, N].
-        """
-        seq = x.shape[0]
+    def prefill_packed(
+        self, x: torch.Tensor, parts: Sequence[PackedPart]
+    ) -> tuple[torch.Tensor, list[PartStates]]:
+        """Several sequences' new tokens x [T, d_model] (packed, see `packed`): in_proj,
+        the gate and out_proj once over all rows, the conv and the SSD scan per part from
+        its states. Returns y [T, d_model] and per part its final states (conv [C, K],
+        ssm [H, P, N]) and those emitted at its `emit_at`."""
         z, xbc, dt = self._split(self.in_proj(x))
         k = self.kernels
-        xbc, conv_f, conv_e = k.causal_conv1d(
-            xbc.t()[None],
-            self.conv_weight[:, 0],
-            self.conv_bias,
-            initial_state=None if conv is None else conv[None],
-            activation="silu",
-            emit_at=emit_at,
+        xbc, convs = packed_conv(
+            k.causal_conv1d, xbc, self.conv_weight[:, 0], self.conv_bias, parts, "silu"
         )
-        xs, b, c = self._bc(xbc[0].t())
-        y, ssm_f, ssm_e = k.ssd_chunk_scan(
-            xs.reshape(1, seq, self.heads, self.cfg.head_dim),
-            dt[None],
-            -torch.exp(self.A_log.float()),
-            b[None],
-            c[None],
-            chunk_size=self.cfg.chunk_size,
-            D=self.D,
-            dt_bias=self.dt_bias,
-            dt_softplus=True,
-            dt_limit=self.dt_limit,
-            initial_state=None if ssm is None else ssm[None],
-            emit_at=emit_at,
-        )
-        out = self.out_proj(self._gate(y.reshape(seq, self.d_inner), z))
-        return out, conv_f[0], ssm_f[0], conv_e[:, 0], ssm_e[:, 0]
+        xs, b, c = self._bc(xbc)
+        a = -torch.exp(self.A_log.float())
+
+        def scan(p: PackedPart) -> tuple[torch.Tensor, Pair]:
+            r = p.rows
+            y, final, emitted = k.ssd_chunk_scan(
+                xs[r].reshape(1, p.length, self.heads, self.cfg.head_dim),
+                dt[r][None],
+                a,
+                b[r][None],
+                c[r][None],
+                chunk_size=self.cfg.chunk_size,
+                D=self.D,
+                dt_bias=self.dt_bias,
+                dt_softplus=True,
+                dt_limit=self.dt_limit,
+                initial_state=None if p.ssm is None else p.ssm[None],
+                emit_at=p.emit_at,
+            )
+            return y.reshape(p.length, self.d_inner), (final[0], emitted[:, 0])
+
+        y, ssms = each_part(parts, scan)
+        out = self.out_proj(self._gate(y, z))
+        return out, part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """One token per sequence. x [B, d_model]; conv [B, C, K] and ssm [B, H, P, N]

@@ -21,15 +21,23 @@ from torch import nn
 
 from marconi_kernels import KernelSet
 from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.packed import (
+    PackedMixer,
+    PackedPart,
+    PartStates,
+    packed_conv,
+    part_states,
+)
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import ShortConvConfig
 from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
-class ShortConvMixer(nn.Module):
+class ShortConvMixer(PackedMixer, nn.Module):
     """One short-conv layer's shard. `prefix` is the HF sub-module (`layers.{i}.conv`),
     holding `in_proj` (rows [B | C | x], D each), `conv` (weight [D, 1, K]) and
-    `out_proj`, all with biases when `cfg.bias`."""
+    `out_proj`, all with biases when `cfg.bias`. `prefill` (one sequence: final ssm [0],
+    emitted ssm [E, 0]) is `prefill_packed` of one part."""
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = ("causal_conv1d", "causal_conv1d_update")
     """The `KernelSet` ops this mixer calls (prefill and decode)."""
@@ -73,36 +81,20 @@ class ShortConvMixer(nn.Module):
         )
         return conv, torch.zeros(0, dtype=torch.float32, device=device)
 
-    def prefill(
-        self,
-        x: torch.Tensor,
-        conv: torch.Tensor | None,
-        ssm: torch.Tensor | None,
-        emit_at: Sequence[int] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run L new tokens from the given conv state.
-
-        Args:
-            x: [L, d_model]. conv: the state before these tokens [D_local, K], or None
-                (zeros). ssm: ignored (the layer has none).
-            emit_at: positions p in 1..L (relative) whose states to return.
-        Returns:
-            y [L, d_model], final conv [D_local, K], final ssm [0],
-            emitted conv [len(emit_at), D_local, K], emitted ssm [len(emit_at), 0].
-        """
+    def prefill_packed(
+        self, x: torch.Tensor, parts: Sequence[PackedPart]
+    ) -> tuple[torch.Tensor, list[PartStates]]:
+        """Several sequences' new tokens x [T, d_model] (packed, see `packed`): in_proj,
+        the gate and out_proj once over all rows, the conv per part from its conv state
+        ([D_local, K]; the ssm state is empty, [0], and ignored). Returns y [T, d_model]
+        and per part its final states and those at its `emit_at`."""
         u, gate = self._gates(x)
-        y, conv_f, conv_e = self.kernels.causal_conv1d(
-            u.t()[None],
-            self.conv_weight[:, 0],
-            self.conv_bias,
-            initial_state=None if conv is None else conv[None],
-            activation=None,
-            emit_at=emit_at,
+        y, convs = packed_conv(
+            self.kernels.causal_conv1d, u, self.conv_weight[:, 0], self.conv_bias, parts, None
         )
-        out = self.out_proj(gate * y[0].t())
-        ssm_f = torch.zeros(0, dtype=torch.float32, device=x.device)
-        ssm_e = torch.zeros(len(emit_at), 0, dtype=torch.float32, device=x.device)
-        return out, conv_f[0], ssm_f, conv_e[:, 0], ssm_e
+        empty = torch.zeros(0, dtype=torch.float32, device=x.device)
+        ssms = [(empty, empty.new_zeros(len(p.emit_at), 0)) for p in parts]
+        return self.out_proj(gate * y), part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """One token per sequence. x [B, d_model]; conv [B, D_local, K] is updated in

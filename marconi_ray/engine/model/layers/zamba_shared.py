@@ -28,14 +28,14 @@ import torch
 from torch import nn
 
 from marconi_ray.engine.model.kv_buffer import KVBuffer
-from marconi_ray.engine.model.layers.attention import causal_attention
+from marconi_ray.engine.model.layers.attention import PrefillKV, prefill_attention
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column, row
 from marconi_ray.engine.model.layers.mlp import activation
 from marconi_ray.engine.model.layers.norm import RMSNorm
 from marconi_ray.engine.model.layers.rope import Rope
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import AttentionConfig, SharedBlockConfig
-from marconi_ray.engine.model.paged_kv import DecodeKV, PagedPrefill
+from marconi_ray.engine.model.paged_kv import DecodeKV
 from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
@@ -135,7 +135,7 @@ class SharedBlock(nn.Module):
     `empty_cache`.
     """
 
-    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("paged_decode_attention",)
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("paged_decode_attention", "paged_prefill_attention")
 
     def __init__(
         self,
@@ -205,13 +205,12 @@ class SharedBlock(nn.Module):
         x: torch.Tensor,
         emb: torch.Tensor,
         positions: torch.Tensor,
-        kv: KVBuffer | PagedPrefill,
+        kv: PrefillKV,
     ) -> torch.Tensor:
-        """x, emb [L, D] at absolute `positions` [L]; extends `kv`; returns [L, D]."""
+        """x, emb [L, D] at absolute `positions` [L] (packed: every sequence's tokens in
+        order); extends `kv`; returns [L, D]."""
         q, k, v = self._qkv(w, x, emb, positions)
-        keys, values = kv.extend(k, v)
-        out = causal_attention(q, keys, values, self.cfg.scale)
-        return self._out(w, out.transpose(0, 1).reshape(q.shape[1], -1))
+        return self._out(w, prefill_attention(q, k, v, kv, self.cfg.scale))
 
     def decode(
         self,

@@ -1,0 +1,129 @@
+"""Several sequences' prefills through one SSM mixer call: their tokens packed one sequence
+after another (rows [T, D]), as `HybridModel.prefill_many` runs them.
+
+A mixer's row-wise work (projections, gates, norms, out_proj) runs once over all T rows;
+what carries state along a sequence (the causal conv, the scan) runs per sequence from its
+own states, emitting at its own depths. `PackedPart` is one sequence's share; `PartStates`
+what the mixer hands back for it; `packed_conv` and `each_part` are the per-sequence steps
+every mixer shares (`packed_conv` is the one place a varlen conv kernel would replace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+Out = TypeVar("Out")
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+"""(final state, states emitted at the part's depths) of one part."""
+
+
+@dataclass(frozen=True)
+class PackedPart:
+    """One sequence's rows [start, stop) of a packed prefill, with its states before them
+    (None: zeros) and the positions p in 1..stop - start (relative, sorted) to emit."""
+
+    start: int
+    stop: int
+    conv: torch.Tensor | None = None
+    ssm: torch.Tensor | None = None
+    emit_at: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.start, self.stop)
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class PartStates:
+    """A part's states after its rows (conv [C, K], ssm: the mixer's shape) and at its
+    emit depths (stacked: [len(emit_at), ...])."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    conv_emitted: torch.Tensor
+    ssm_emitted: torch.Tensor
+
+
+def each_part(
+    parts: Sequence[PackedPart], fn: Callable[[PackedPart], tuple[torch.Tensor, Out]]
+) -> tuple[torch.Tensor, list[Out]]:
+    """Run fn over each part (its output rows [n, ...] and whatever else it returns);
+    returns the rows concatenated in part order [T, ...] and the rest per part."""
+    rows, rest = [], []
+    for p in parts:
+        y, other = fn(p)
+        rows.append(y)
+        rest.append(other)
+    return (rows[0] if len(rows) == 1 else torch.cat(rows)), rest
+
+
+ConvFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""The kernel set's `causal_conv1d` (see `causal_conv1d_ref`)."""
+
+
+def packed_conv(
+    conv: ConvFn,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    parts: Sequence[PackedPart],
+    activation: str | None,
+) -> tuple[torch.Tensor, list[Pair]]:
+    """The causal conv of every part from its own conv state: x [T, C] packed, weight
+    [C, K]; returns y [T, C] and per part (final state [C, K], emitted [E, C, K])."""
+
+    def one(p: PackedPart) -> tuple[torch.Tensor, Pair]:
+        y, final, emitted = conv(
+            x[p.rows].t()[None],
+            weight,
+            bias,
+            initial_state=None if p.conv is None else p.conv[None],
+            activation=activation,
+            emit_at=p.emit_at,
+        )
+        return y[0].t(), (final[0], emitted[:, 0])
+
+    return each_part(parts, one)
+
+
+class PackedMixer:
+    """`prefill` of one sequence as a packed prefill of one part, for mixers that define
+    `prefill_packed(x [T, D], parts) -> (y [T, D], [PartStates per part])`."""
+
+    def prefill_packed(
+        self, x: torch.Tensor, parts: Sequence[PackedPart]
+    ) -> tuple[torch.Tensor, list[PartStates]]:
+        raise NotImplementedError
+
+    def prefill(
+        self,
+        x: torch.Tensor,
+        conv: torch.Tensor | None,
+        ssm: torch.Tensor | None,
+        emit_at: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run L new tokens from the given states.
+
+        Args:
+            x: [L, d_model]. conv, ssm: the states before these tokens, or None (zeros).
+            emit_at: positions p in 1..L (relative) whose states to return.
+        Returns:
+            y [L, d_model], final conv [C, K], final ssm (the mixer's shape),
+            emitted conv [len(emit_at), C, K], emitted ssm [len(emit_at), ...].
+        """
+        y, (out,) = self.prefill_packed(x, [PackedPart(0, x.shape[0], conv, ssm, tuple(emit_at))])
+        return y, out.conv, out.ssm, out.conv_emitted, out.ssm_emitted
+
+
+def part_states(convs: Sequence[Pair], ssms: Sequence[Pair]) -> list[PartStates]:
+    """Each part's `PartStates` from its conv and ssm (final, emitted) pairs."""
+    return [PartStates(c[0], s[0], c[1], s[1]) for c, s in zip(convs, ssms, strict=True)]
