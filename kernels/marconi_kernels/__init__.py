@@ -26,6 +26,7 @@ _EXPORTS = {
     "triton_unavailable": "marconi_kernels.dispatch",
     "causal_conv1d_ref": "marconi_kernels.conv",
     "causal_conv1d_update_ref": "marconi_kernels.conv",
+    "causal_conv1d_varlen_ref": "marconi_kernels.conv",
     "gated_delta_chunk_ref": "marconi_kernels.gated_delta",
     "gated_delta_recurrent_ref": "marconi_kernels.gated_delta",
     "gated_delta_step_ref": "marconi_kernels.gated_delta",

@@ -8,6 +8,7 @@ built by mamba-ssm / transformers. States hold raw inputs, so they keep the inpu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -108,3 +109,116 @@ def causal_conv1d_update_ref(
     if bias is not None:
         y = y + bias.to(cdt)
     return _activate(y, activation).to(x.dtype)
+
+
+def check_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cu_seqlens: Sequence[int],
+    initial_states: torch.Tensor | None,
+    emit_at: Sequence[Sequence[int]],
+) -> list[list[int]]:
+    """Validate a varlen conv's arguments (see `causal_conv1d_varlen_ref`); ValueError
+    naming the first bad one. Returns each sequence's emit positions as lists."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [C, T], got shape {tuple(x.shape)}")
+    ch, total = x.shape
+    if weight.dim() != 2 or weight.shape[0] != ch or weight.shape[1] < 1:
+        raise ValueError(f"weight must be [C, K] with C = {ch}, got {tuple(weight.shape)}")
+    cu = [int(c) for c in cu_seqlens]
+    if (
+        len(cu) < 2
+        or cu[0] != 0
+        or cu[-1] != total
+        or any(a > b for a, b in itertools.pairwise(cu))
+    ):
+        raise ValueError(f"cu_seqlens must rise from 0 to T = {total}, got {cu}")
+    n_seq = len(cu) - 1
+    shape = (n_seq, ch, weight.shape[1])
+    if initial_states is not None and initial_states.shape != shape:
+        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
+    if len(emit_at) != n_seq:
+        raise ValueError(f"emit_at needs one list per sequence ({n_seq}), got {len(emit_at)}")
+    return [check_emit_at(e, cu[s + 1] - cu[s]) for s, e in enumerate(emit_at)]
+
+
+def varlen_states(
+    x: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    cu_seqlens: Sequence[int],
+    K: int,
+    depths: Sequence[tuple[int, int]],
+) -> torch.Tensor:
+    """The conv states of packed sequences: for each (s, r) in `depths`, the last K
+    columns of concat(initial_states[s], x[:, cu[s] : cu[s] + r]) (zeros without
+    initial states). x [C, T]; returns [len(depths), C, K] in x's dtype, gathered with
+    one index (built on the host from host ints: no sync)."""
+    ch, total = x.shape
+    n_seq = len(cu_seqlens) - 1
+    init = x.new_zeros(n_seq, ch, K) if initial_states is None else initial_states.to(x.dtype)
+    source = torch.cat([x, init.permute(1, 0, 2).reshape(ch, n_seq * K)], dim=1)
+    index = [
+        cu_seqlens[s] + r - K + j if r - K + j >= 0 else total + s * K + r + j
+        for s, r in depths
+        for j in range(K)
+    ]
+    picked = source[:, torch.tensor(index, dtype=torch.long, device=x.device)]
+    return picked.reshape(ch, len(depths), K).permute(1, 0, 2).contiguous()
+
+
+def causal_conv1d_varlen_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    cu_seqlens: Sequence[int],
+    initial_states: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    emit_at: Sequence[Sequence[int]] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`causal_conv1d_ref` of S sequences packed one after another, in one call.
+
+    Args:
+        x: [C, T] the sequences' inputs, sequence s at columns cu_seqlens[s]:cu_seqlens[s+1].
+        weight: [C, K]; bias: [C] or None; activation: "silu" or None.
+        cu_seqlens: S + 1 host ints rising from 0 to T (a sequence may be empty).
+        initial_states: [S, C, K] each sequence's last K inputs before it, or None (zeros).
+        emit_at: S lists (or none at all: nothing emitted) of sorted positions p,
+            1 <= p <= L_s: the state after the first p tokens of sequence s.
+
+    Returns:
+        y: [C, T] in x.dtype; final_states: [S, C, K]; emitted: [E, C, K], sequence by
+        sequence in emit order, in x.dtype. A sequence's outputs never see another's
+        inputs: each starts from its own state.
+
+    Builds each sequence's history concat(state, inputs) into one packed row and runs one
+    depthwise conv1d over it, keeping the outputs at the sequences' tokens.
+    """
+    cu = [int(c) for c in cu_seqlens]
+    n_seq = len(cu) - 1
+    emits = check_varlen(x, weight, cu, initial_states, emit_at or [()] * n_seq)
+    ch, total = x.shape
+    K = weight.shape[1]
+    lengths = [cu[s + 1] - cu[s] for s in range(n_seq)]
+    dev = x.device
+    seqs = torch.arange(n_seq, device=dev)
+    seq_of = torch.repeat_interleave(seqs, torch.tensor(lengths, device=dev), output_size=total)
+    token_idx = torch.arange(total, device=dev) + K * (seq_of + 1)
+    starts = torch.tensor(cu[:-1], device=dev) + K * seqs
+    state_idx = (starts[:, None] + torch.arange(K, device=dev)).reshape(-1)
+    init = x.new_zeros(n_seq, ch, K) if initial_states is None else initial_states.to(x.dtype)
+    history = x.new_empty(ch, total + n_seq * K)
+    history[:, token_idx] = x
+    history[:, state_idx] = init.permute(1, 0, 2).reshape(ch, n_seq * K)
+    cdt = compute_dtype(x, weight)
+    y = F.conv1d(
+        history[None, :, 1:].to(cdt),
+        weight.to(cdt).unsqueeze(1),
+        None if bias is None else bias.to(cdt),
+        groups=ch,
+    )[0]
+    y = _activate(y[:, token_idx - K], activation).to(x.dtype)
+    final = varlen_states(x, initial_states, cu, K, [(s, lengths[s]) for s in range(n_seq)])
+    depths = [(s, r) for s in range(n_seq) for r in emits[s]]
+    emitted = varlen_states(x, initial_states, cu, K, depths) if depths else x.new_empty(0, ch, K)
+    return y, final, emitted

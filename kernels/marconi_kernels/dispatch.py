@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .choices import KERNEL_CHOICES
-from .conv import causal_conv1d_ref, causal_conv1d_update_ref
+from .conv import causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_varlen_ref
 from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
 from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
@@ -40,6 +40,7 @@ OPS = (
     "mamba1_state_update",
     "causal_conv1d",
     "causal_conv1d_update",
+    "causal_conv1d_varlen",
     "selective_scan",
     "gated_delta_chunk",
     "gated_delta_step",
@@ -62,6 +63,8 @@ class KernelSet:
     mamba1_state_update: see ``mamba1_state_update_ref`` (state [b, Dm, N] in place).
     causal_conv1d: see ``causal_conv1d_ref`` (x [b, C, L] -> y, state, emitted).
     causal_conv1d_update: see ``causal_conv1d_update_ref`` (state [b, C, K] in place).
+    causal_conv1d_varlen: see ``causal_conv1d_varlen_ref`` (S sequences packed in x
+        [C, T] -> y, states [S, C, K], emitted).
     selective_scan: see ``selective_scan_ref`` (u [b, Dm, L] -> y, state, emitted).
     gated_delta_chunk: see ``gated_delta_chunk_ref`` (q, k [b, L, H, K], v [b, L, H, V]
         -> o, state [b, H, K, V], emitted).
@@ -81,6 +84,7 @@ class KernelSet:
     mamba1_state_update: Callable[..., torch.Tensor]
     causal_conv1d: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     causal_conv1d_update: Callable[..., torch.Tensor]
+    causal_conv1d_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     selective_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_step: Callable[..., torch.Tensor]
@@ -104,6 +108,7 @@ def _build_ref() -> KernelSet:
         mamba1_state_update=mamba1_state_update_ref,
         causal_conv1d=causal_conv1d_ref,
         causal_conv1d_update=causal_conv1d_update_ref,
+        causal_conv1d_varlen=causal_conv1d_varlen_ref,
         selective_scan=selective_scan_ref,
         gated_delta_chunk=gated_delta_chunk_ref,
         gated_delta_step=gated_delta_step_ref,
@@ -122,7 +127,11 @@ def _triton_set() -> KernelSet | str:
     try:
         from . import mamba_ssm_ops
         from .mamba_ssm_import import mamba_ssm_version
-        from .triton_conv import causal_conv1d_triton, causal_conv1d_update_triton
+        from .triton_conv import (
+            causal_conv1d_triton,
+            causal_conv1d_update_triton,
+            causal_conv1d_varlen_triton,
+        )
         from .triton_gated_delta import gated_delta_chunk_triton, gated_delta_step_triton
         from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_paged_attention import paged_decode_attention_triton
@@ -139,6 +148,7 @@ def _triton_set() -> KernelSet | str:
         mamba1_state_update=mamba.mamba1_state_update,
         causal_conv1d=causal_conv1d_triton,
         causal_conv1d_update=causal_conv1d_update_triton,
+        causal_conv1d_varlen=causal_conv1d_varlen_triton,
         selective_scan=selective_scan_triton,
         gated_delta_chunk=gated_delta_chunk_triton,
         gated_delta_step=gated_delta_step_triton,
@@ -152,6 +162,7 @@ def _triton_set() -> KernelSet | str:
             "mamba1_state_update": upstream,
             "causal_conv1d": "triton:marconi",
             "causal_conv1d_update": "triton:marconi",
+            "causal_conv1d_varlen": "triton:marconi",
             "selective_scan": "triton:marconi",
             "gated_delta_chunk": "triton:marconi",
             "gated_delta_step": "triton:marconi",

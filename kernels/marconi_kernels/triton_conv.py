@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ._util import check_emit_at
+from .conv import check_varlen, varlen_states
 from .triton_runtime import device_guard
 
 _TILE = 2048  # target outputs per prefill program (BLOCK_C * BLOCK_L)
@@ -88,6 +89,47 @@ def _conv_fwd_kernel(  # type: ignore[no-untyped-def]
         acc = acc * tl.sigmoid(acc)
     y_ptrs = y_ptr + pid_b * syb + offs_c[:, None] * syc + offs_l[None, :] * syl
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_l[None, :])
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _conv_varlen_kernel(  # type: ignore[no-untyped-def]
+    x_ptr, w_ptr, bias_ptr, state_ptr, seq_ptr, start_ptr, y_ptr,
+    C, T,
+    sxc, sxt, swc, swk, sss, ssc, ssk, syc, syt,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, SILU: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_t = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
+    mask_c = offs_c < C
+    mask_t = offs_t < T
+    seq = tl.load(seq_ptr + offs_t, mask=mask_t, other=0).to(tl.int64)
+    start = tl.load(start_ptr + offs_t, mask=mask_t, other=0)
+    acc = tl.zeros((BLOCK_C, BLOCK_L), dtype=tl.float32)
+    for k in tl.static_range(K):
+        src = offs_t - (K - 1 - k)  # source token of tap k; before its sequence: the state
+        in_x = mask_t & (src >= start)
+        vals = tl.load(
+            x_ptr + offs_c[:, None] * sxc + tl.where(in_x, src, 0)[None, :] * sxt,
+            mask=mask_c[:, None] & in_x[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if HAS_STATE:
+            in_s = mask_t & (src < start)
+            col = tl.where(in_s, src - start + K, 0)
+            vals += tl.load(
+                state_ptr + seq[None, :] * sss + offs_c[:, None] * ssc + col[None, :] * ssk,
+                mask=mask_c[:, None] & in_s[None, :],
+                other=0.0,
+            ).to(tl.float32)
+        w = tl.load(w_ptr + offs_c * swc + k * swk, mask=mask_c, other=0.0).to(tl.float32)
+        acc += vals * w[:, None]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[:, None]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    y_ptrs = y_ptr + offs_c[:, None] * syc + offs_t[None, :] * syt
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_t[None, :])
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -192,6 +234,53 @@ def causal_conv1d_triton(
     else:
         emitted = x.new_empty((0, b, ch, K))
     return y, final_state, emitted
+
+
+def causal_conv1d_varlen_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    cu_seqlens: Sequence[int],
+    initial_states: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    emit_at: Sequence[Sequence[int]] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`causal_conv1d_varlen_ref`: S sequences packed in x [C, T]
+    in one launch. Each token reads its K - 1 predecessors, or, before its sequence's
+    first token, its sequence's state (the token's sequence and start are two [T]
+    tensors built on the device); the states are gathered as the reference gathers them."""
+    cu = [int(c) for c in cu_seqlens]
+    n_seq = len(cu) - 1
+    emits = check_varlen(x, weight, cu, initial_states, emit_at or [()] * n_seq)
+    ch, total = x.shape
+    K = weight.shape[1]
+    silu = _silu_flag(activation)
+    bias_c = _check_bias(bias, ch)
+    init = None if initial_states is None else initial_states.to(x.dtype)
+    lengths = [cu[s + 1] - cu[s] for s in range(n_seq)]
+    y = torch.empty((ch, total), dtype=x.dtype, device=x.device)
+    if ch > 0 and total > 0:
+        dev = x.device
+        seqs = torch.arange(n_seq, device=dev)
+        seq = torch.repeat_interleave(seqs, torch.tensor(lengths, device=dev), output_size=total)
+        start = torch.tensor(cu[:-1], device=dev)[seq]
+        block_l = min(_MAX_BLOCK_L, max(16, triton.next_power_of_2(total)))
+        block_c = min(_TILE // block_l, max(2, triton.next_power_of_2(ch)))
+        grid = (triton.cdiv(ch, block_c), triton.cdiv(total, block_l))
+        state_arg = x.new_empty(1, 1, 1) if init is None else init
+        with device_guard(x):
+            _conv_varlen_kernel[grid](
+                x, weight, x if bias_c is None else bias_c, state_arg, seq, start, y,
+                ch, total,
+                *x.stride(), *weight.stride(), *state_arg.stride(), *y.stride(),
+                K=K, HAS_BIAS=bias_c is not None, HAS_STATE=init is not None, SILU=silu,
+                BLOCK_C=block_c, BLOCK_L=block_l,
+            )  # fmt: skip
+    final = varlen_states(x, init, cu, K, [(s, lengths[s]) for s in range(n_seq)])
+    depths = [(s, r) for s in range(n_seq) for r in emits[s]]
+    emitted = varlen_states(x, init, cu, K, depths) if depths else x.new_empty(0, ch, K)
+    return y, final, emitted
 
 
 def causal_conv1d_update_triton(

@@ -21,7 +21,7 @@ from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.model.layers.moe import MoE
 from marconi_ray.engine.presets.family_report import family_report, kernel_ops
 
-CONV = ("causal_conv1d", "causal_conv1d_update")
+CONV = ("causal_conv1d", "causal_conv1d_update", "causal_conv1d_varlen")
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LOGIT_TOL = 2e-2 if DEVICE == "cuda" else 1e-4  # TF32 dots on GPU; exact fp32 in the interpreter
-CONV = {"causal_conv1d", "causal_conv1d_update"}
+CONV = {"causal_conv1d", "causal_conv1d_update", "causal_conv1d_varlen"}
 FAMILY_OPS = {
     "nemotron_h": {"ssd_chunk_scan", "mamba2_state_update", *CONV},
     "jamba": {"selective_scan", "mamba1_state_update", *CONV},
@@ -104,6 +104,12 @@ def test_resume_from_every_checkpoint_equals_reference(interp_dirs, family):
         if ck.depth < len(ids):
             fast.prefill(tensor[ck.depth :], resumed)
         assert fast.greedy(resumed, 4) == scratch, ck.depth
+    # two depths resumed in one forward: the packed conv, and each part's scan from its state
+    pair = [SeqState.resumed(ck, state) for ck in ckpts[:2]]
+    fast.prefill_many(
+        [PrefillPart(tensor[ck.depth :], r) for ck, r in zip(ckpts[:2], pair, strict=True)]
+    )
+    assert [fast.greedy(r, 4) for r in pair] == [scratch, scratch]
     assert set(calls) == FAMILY_OPS[family], calls
     declared = {op for i in fast.ssm_blocks for op in type(fast.ssm(i)).KERNEL_OPS}
     assert declared == set(calls)  # what `marconi-ray models` reports is what runs
@@ -168,8 +174,8 @@ def test_packed_prefill_on_the_pool_equals_reference(interp_dirs):
 def test_warm_up_runs_every_kernel_of_the_model(interp_dirs):
     """Warm-up prefills every length the Triton conv's block sizes need and decodes, then
     prefills two sequences in one forward and decodes once on a pool, so every op a model
-    declares runs (LFM2: the conv and its step, and attention's paged decode and packed
-    prefill; the warm-up does not depend on the
+    declares runs (LFM2: the conv, its step and its packed form, and attention's paged
+    decode and packed prefill; the warm-up does not depend on the
     mixers, and each prefill of a Mamba layer costs seconds here)."""
     calls: Counter[str] = Counter()
     model = load_model(
@@ -177,6 +183,7 @@ def test_warm_up_runs_every_kernel_of_the_model(interp_dirs):
     )
     assert model.warm_up() > 0
     assert set(calls) == {*FAMILY_OPS["lfm2"], "paged_decode_attention", "paged_prefill_attention"}
-    assert calls["causal_conv1d"] == (len(WARM_UP_LENGTHS) + 2) * len(model.ssm_blocks)
+    assert calls["causal_conv1d"] == len(WARM_UP_LENGTHS) * len(model.ssm_blocks)
+    assert calls["causal_conv1d_varlen"] == len(model.ssm_blocks)
     assert calls["paged_decode_attention"] == len(model.attn_blocks)
     assert calls["paged_prefill_attention"] == len(model.attn_blocks)

@@ -59,6 +59,7 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
         "causal_conv1d",
         "causal_conv1d_update",
+        "causal_conv1d_varlen",
         "gated_delta_chunk",
         "gated_delta_step",
     )
@@ -186,9 +187,7 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         its final states (conv [C, K], ssm [Hv', dk, dv]) and those at its `emit_at`."""
         qkv, z, b, a = self._project(x)
         k = self.kernels
-        mixed, convs = packed_conv(
-            k.causal_conv1d, qkv, self.conv_weight[:, 0], None, parts, "silu"
-        )
+        mixed, convs = packed_conv(k, qkv, self.conv_weight[:, 0], None, parts, "silu")
         q, kk, v = self._heads(mixed)
         g, beta = self._gates(b, a)
 

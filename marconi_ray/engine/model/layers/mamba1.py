@@ -39,6 +39,7 @@ class Mamba1Mixer(PackedMixer, nn.Module):
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
         "causal_conv1d",
         "causal_conv1d_update",
+        "causal_conv1d_varlen",
         "selective_scan",
         "mamba1_state_update",
     )
@@ -106,9 +107,7 @@ class Mamba1Mixer(PackedMixer, nn.Module):
         the conv and the selective scan per part."""
         xs, gate = self.in_proj(x).chunk(2, dim=-1)
         k = self.kernels
-        xc, convs = packed_conv(
-            k.causal_conv1d, xs, self.conv_weight[:, 0], self.conv_bias, parts, "silu"
-        )
+        xc, convs = packed_conv(k, xs, self.conv_weight[:, 0], self.conv_bias, parts, "silu")
         delta, b, c = self._ssm_inputs(xc)
         a = -torch.exp(self.A_log.float())
 

@@ -44,6 +44,7 @@ class Mamba2Mixer(PackedMixer, nn.Module):
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
         "causal_conv1d",
         "causal_conv1d_update",
+        "causal_conv1d_varlen",
         "ssd_chunk_scan",
         "mamba2_state_update",
     )
@@ -170,9 +171,7 @@ class Mamba2Mixer(PackedMixer, nn.Module):
         ssm [H, P, N]) and those emitted at its `emit_at`."""
         z, xbc, dt = self._split(self.in_proj(x))
         k = self.kernels
-        xbc, convs = packed_conv(
-            k.causal_conv1d, xbc, self.conv_weight[:, 0], self.conv_bias, parts, "silu"
-        )
+        xbc, convs = packed_conv(k, xbc, self.conv_weight[:, 0], self.conv_bias, parts, "silu")
         xs, b, c = self._bc(xbc)
         a = -torch.exp(self.A_log.float())
 

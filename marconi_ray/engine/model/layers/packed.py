@@ -4,8 +4,8 @@ after another (rows [T, D]), as `HybridModel.prefill_many` runs them.
 A mixer's row-wise work (projections, gates, norms, out_proj) runs once over all T rows;
 what carries state along a sequence (the causal conv, the scan) runs per sequence from its
 own states, emitting at its own depths. `PackedPart` is one sequence's share; `PartStates`
-what the mixer hands back for it; `packed_conv` and `each_part` are the per-sequence steps
-every mixer shares (`packed_conv` is the one place a varlen conv kernel would replace).
+what the mixer hands back for it; `packed_conv` (one varlen conv call for all the parts)
+and `each_part` (a scan per part) are the steps every mixer shares.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+
+from marconi_kernels import KernelSet
 
 Out = TypeVar("Out")
 
@@ -66,12 +68,8 @@ def each_part(
     return (rows[0] if len(rows) == 1 else torch.cat(rows)), rest
 
 
-ConvFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-"""The kernel set's `causal_conv1d` (see `causal_conv1d_ref`)."""
-
-
 def packed_conv(
-    conv: ConvFn,
+    kernels: KernelSet,
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -79,20 +77,40 @@ def packed_conv(
     activation: str | None,
 ) -> tuple[torch.Tensor, list[Pair]]:
     """The causal conv of every part from its own conv state: x [T, C] packed, weight
-    [C, K]; returns y [T, C] and per part (final state [C, K], emitted [E, C, K])."""
+    [C, K]; returns y [T, C] and per part (final state [C, K], emitted [E, C, K]).
 
-    def one(p: PackedPart) -> tuple[torch.Tensor, Pair]:
-        y, final, emitted = conv(
-            x[p.rows].t()[None],
+    One part runs `causal_conv1d`; several, one `causal_conv1d_varlen` call for all of
+    them (a part without a state starts from zeros)."""
+    if len(parts) == 1:
+        (p,) = parts
+        y, final, emitted = kernels.causal_conv1d(
+            x.t()[None],
             weight,
             bias,
             initial_state=None if p.conv is None else p.conv[None],
             activation=activation,
             emit_at=p.emit_at,
         )
-        return y[0].t(), (final[0], emitted[:, 0])
-
-    return each_part(parts, one)
+        return y[0].t(), [(final[0], emitted[:, 0])]
+    states = None
+    if any(p.conv is not None for p in parts):
+        zeros = x.new_zeros(weight.shape)
+        states = torch.stack([zeros if p.conv is None else p.conv.to(x.dtype) for p in parts])
+    y, finals, emitted = kernels.causal_conv1d_varlen(
+        x.t(),
+        weight,
+        bias,
+        cu_seqlens=[parts[0].start, *(p.stop for p in parts)],
+        initial_states=states,
+        activation=activation,
+        emit_at=[p.emit_at for p in parts],
+    )
+    out: list[Pair] = []
+    e = 0
+    for k, p in enumerate(parts):
+        out.append((finals[k], emitted[e : e + len(p.emit_at)]))
+        e += len(p.emit_at)
+    return y.t(), out
 
 
 class PackedMixer:

@@ -39,7 +39,11 @@ class ShortConvMixer(PackedMixer, nn.Module):
     `out_proj`, all with biases when `cfg.bias`. `prefill` (one sequence: final ssm [0],
     emitted ssm [E, 0]) is `prefill_packed` of one part."""
 
-    KERNEL_OPS: ClassVar[tuple[str, ...]] = ("causal_conv1d", "causal_conv1d_update")
+    KERNEL_OPS: ClassVar[tuple[str, ...]] = (
+        "causal_conv1d",
+        "causal_conv1d_update",
+        "causal_conv1d_varlen",
+    )
     """The `KernelSet` ops this mixer calls (prefill and decode)."""
 
     def __init__(
@@ -89,9 +93,7 @@ class ShortConvMixer(PackedMixer, nn.Module):
         ([D_local, K]; the ssm state is empty, [0], and ignored). Returns y [T, d_model]
         and per part its final states and those at its `emit_at`."""
         u, gate = self._gates(x)
-        y, convs = packed_conv(
-            self.kernels.causal_conv1d, u, self.conv_weight[:, 0], self.conv_bias, parts, None
-        )
+        y, convs = packed_conv(self.kernels, u, self.conv_weight[:, 0], self.conv_bias, parts, None)
         empty = torch.zeros(0, dtype=torch.float32, device=x.device)
         ssms = [(empty, empty.new_zeros(len(p.emit_at), 0)) for p in parts]
         return self.out_proj(gate * y), part_states(convs, ssms)
