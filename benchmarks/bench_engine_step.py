@@ -9,7 +9,8 @@ timings are the median over the reps (counts do not vary). Reports, per revision
 - decode tokens/s at each batch (`small` preset, NemotronH), and after / before;
 - TTFT p50 and max of `--ttft-requests` prompts of `--ttft-len` tokens arriving together
   (each through `Engine.add_request`), and the same prompts started by one
-  `Worker.advance` (the serving path): its model forwards and seconds;
+  `Worker.advance` (the serving path): its model forwards, seconds, torch ops and host
+  syncs;
 - bytes made while a cached hit starts, and their slope per cached token (what is copied
   per token of KV);
 - a burst of long prompts: the peak KV rows and count of running requests, the sized
@@ -122,6 +123,9 @@ def table(before: dict[str, Any], after: dict[str, Any], batches: list[int]) -> 
         sb["forwards"], sa["forwards"])  # fmt: skip
     row(f"{k} prompts started in one step: seconds (their TTFT)",
         sb["seconds"], sa["seconds"], "{:.3f}")  # fmt: skip
+    if "ops" in sb and "ops" in sa:
+        row(f"{k} prompts started in one step: torch ops", sb["ops"], sa["ops"])
+        row(f"{k} prompts started in one step: host syncs", sb["syncs"], sa["syncs"])
     per_token = "bytes_per_cached_token"
     row("bytes made when a hit starts, per cached token",
         before["hit"][per_token], after["hit"][per_token])  # fmt: skip

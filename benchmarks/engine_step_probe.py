@@ -15,7 +15,8 @@ request whose prompt is cached but for its last token.
 Starts in one step: `--ttft-requests` prompts of `--ttft-len` tokens planned and started
 by one `Worker.advance` (the serving path: their first tokens leave with that step): the
 model forwards it runs (embedding calls: prefills plus the step's decode) and its
-seconds, every request's TTFT there.
+seconds, every request's TTFT there; and, in a second engine, the torch ops and host
+syncs of the same step.
 A burst: `--burst-requests` prompts of `--burst-len` tokens submitted together. Where the
 revision can size its KV pool from a budget (`protocol.kv_memory`), the budget holds two
 of them at a time; the peak KV rows running requests hold (the sum of their lengths),
@@ -156,8 +157,10 @@ def hit_start_bytes(model_dir: str, lengths: list[int]) -> dict[str, float]:
     return out
 
 
-def step_starts(model_dir: str, n: int, prompt_len: int) -> dict[str, float]:
-    """The starts-in-one-step measure of the module docstring."""
+def _start_together(model_dir: str, n: int, prompt_len: int, counted: bool) -> dict[str, Any]:
+    """Plan `n` prompts and start them in one `Worker.advance`: its model forwards and
+    seconds, or (counted) its torch ops and host syncs (timed and counted apart: the
+    counting mode slows every op)."""
     import numpy as np
 
     from marconi_ray.protocol.orders import StepInput
@@ -176,16 +179,27 @@ def step_starts(model_dir: str, n: int, prompt_len: int) -> dict[str, float]:
     embed = model._embed
     calls = [0]
 
-    def counted(ids: Any) -> Any:
+    def forward(ids: Any) -> Any:
         calls[0] += 1
         return embed(ids)
 
-    model._embed = counted
+    model._embed = forward
+    step = StepInput(start=tuple(orders))
+    if counted:
+        with counting(engine) as counts:
+            engine.worker.advance(step)
+        return {"ops": counts["ops"], "syncs": counts["syncs"]}
     t0 = time.perf_counter()
-    out = engine.worker.advance(StepInput(start=tuple(orders)))
+    out = engine.worker.advance(step)
     elapsed = time.perf_counter() - t0
     firsts = {e.request_id for e in out.events}
     return {"forwards": calls[0], "seconds": elapsed, "first_tokens": len(firsts)}
+
+
+def step_starts(model_dir: str, n: int, prompt_len: int) -> dict[str, Any]:
+    """The starts-in-one-step measure of the module docstring."""
+    timed = _start_together(model_dir, n, prompt_len, counted=False)
+    return {**timed, **_start_together(model_dir, n, prompt_len, counted=True)}
 
 
 def burst(model_dir: str, n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ _EXPORTS = {
     "gated_delta_recurrent_ref": "marconi_kernels.gated_delta",
     "gated_delta_step_ref": "marconi_kernels.gated_delta",
     "selective_scan_ref": "marconi_kernels.selective_scan",
+    "selective_scan_varlen_ref": "marconi_kernels.selective_scan",
     "ssd_chunk_scan_ref": "marconi_kernels.ssd",
     "ssd_naive_ref": "marconi_kernels.ssd",
     "mamba1_state_update_ref": "marconi_kernels.state_update",

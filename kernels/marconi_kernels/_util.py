@@ -55,3 +55,25 @@ def check_emit_at(emit_at: Sequence[int], length: int) -> list[int]:
     if any(a > b for a, b in itertools.pairwise(positions)):
         raise ValueError(f"emit_at must be sorted ascending, got {positions}")
     return positions
+
+
+def check_varlen(
+    cu_seqlens: Sequence[int], total: int, emit_at: Sequence[Sequence[int]]
+) -> tuple[list[int], list[list[int]]]:
+    """Validate the packing of a varlen op: S + 1 host ints rising from 0 to `total` (a
+    sequence may be empty) and, per sequence, sorted emit positions in [1, its length]
+    (`emit_at` empty: none anywhere). Returns (cu_seqlens, emit positions per sequence);
+    ValueError naming the first bad value."""
+    cu = [int(c) for c in cu_seqlens]
+    if (
+        len(cu) < 2
+        or cu[0] != 0
+        or cu[-1] != total
+        or any(a > b for a, b in itertools.pairwise(cu))
+    ):
+        raise ValueError(f"cu_seqlens must rise from 0 to T = {total}, got {cu}")
+    n_seq = len(cu) - 1
+    emits = emit_at or [()] * n_seq
+    if len(emits) != n_seq:
+        raise ValueError(f"emit_at needs one list per sequence ({n_seq}), got {len(emits)}")
+    return cu, [check_emit_at(e, cu[s + 1] - cu[s]) for s, e in enumerate(emits)]

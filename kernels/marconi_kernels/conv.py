@@ -8,13 +8,12 @@ built by mamba-ssm / transformers. States hold raw inputs, so they keep the inpu
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ._util import check_emit_at, compute_dtype
+from ._util import check_emit_at, check_varlen, compute_dtype
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -111,35 +110,25 @@ def causal_conv1d_update_ref(
     return _activate(y, activation).to(x.dtype)
 
 
-def check_varlen(
+def check_conv_varlen(
     x: torch.Tensor,
     weight: torch.Tensor,
     cu_seqlens: Sequence[int],
     initial_states: torch.Tensor | None,
     emit_at: Sequence[Sequence[int]],
-) -> list[list[int]]:
+) -> tuple[list[int], list[list[int]]]:
     """Validate a varlen conv's arguments (see `causal_conv1d_varlen_ref`); ValueError
-    naming the first bad one. Returns each sequence's emit positions as lists."""
+    naming the first bad one. Returns (cu_seqlens, each sequence's emit positions)."""
     if x.dim() != 2:
         raise ValueError(f"x must be [C, T], got shape {tuple(x.shape)}")
     ch, total = x.shape
     if weight.dim() != 2 or weight.shape[0] != ch or weight.shape[1] < 1:
         raise ValueError(f"weight must be [C, K] with C = {ch}, got {tuple(weight.shape)}")
-    cu = [int(c) for c in cu_seqlens]
-    if (
-        len(cu) < 2
-        or cu[0] != 0
-        or cu[-1] != total
-        or any(a > b for a, b in itertools.pairwise(cu))
-    ):
-        raise ValueError(f"cu_seqlens must rise from 0 to T = {total}, got {cu}")
-    n_seq = len(cu) - 1
-    shape = (n_seq, ch, weight.shape[1])
+    cu, emits = check_varlen(cu_seqlens, total, emit_at)
+    shape = (len(cu) - 1, ch, weight.shape[1])
     if initial_states is not None and initial_states.shape != shape:
         raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
-    if len(emit_at) != n_seq:
-        raise ValueError(f"emit_at needs one list per sequence ({n_seq}), got {len(emit_at)}")
-    return [check_emit_at(e, cu[s + 1] - cu[s]) for s, e in enumerate(emit_at)]
+    return cu, emits
 
 
 def varlen_states(
@@ -194,9 +183,8 @@ def causal_conv1d_varlen_ref(
     Builds each sequence's history concat(state, inputs) into one packed row and runs one
     depthwise conv1d over it, keeping the outputs at the sequences' tokens.
     """
-    cu = [int(c) for c in cu_seqlens]
+    cu, emits = check_conv_varlen(x, weight, cu_seqlens, initial_states, emit_at)
     n_seq = len(cu) - 1
-    emits = check_varlen(x, weight, cu, initial_states, emit_at or [()] * n_seq)
     ch, total = x.shape
     K = weight.shape[1]
     lengths = [cu[s + 1] - cu[s] for s in range(n_seq)]

@@ -27,7 +27,7 @@ from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
 from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
-from .selective_scan import selective_scan_ref
+from .selective_scan import selective_scan_ref, selective_scan_varlen_ref
 from .ssd import ssd_chunk_scan_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
 from .triton_runtime import can_launch_on
@@ -42,6 +42,7 @@ OPS = (
     "causal_conv1d_update",
     "causal_conv1d_varlen",
     "selective_scan",
+    "selective_scan_varlen",
     "gated_delta_chunk",
     "gated_delta_step",
     "paged_decode_attention",
@@ -66,6 +67,8 @@ class KernelSet:
     causal_conv1d_varlen: see ``causal_conv1d_varlen_ref`` (S sequences packed in x
         [C, T] -> y, states [S, C, K], emitted).
     selective_scan: see ``selective_scan_ref`` (u [b, Dm, L] -> y, state, emitted).
+    selective_scan_varlen: see ``selective_scan_varlen_ref`` (S sequences packed in u
+        [Dm, T], each from its own state -> y, states [S, Dm, N], emitted).
     gated_delta_chunk: see ``gated_delta_chunk_ref`` (q, k [b, L, H, K], v [b, L, H, V]
         -> o, state [b, H, K, V], emitted).
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
@@ -86,6 +89,7 @@ class KernelSet:
     causal_conv1d_update: Callable[..., torch.Tensor]
     causal_conv1d_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     selective_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    selective_scan_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_step: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
@@ -110,6 +114,7 @@ def _build_ref() -> KernelSet:
         causal_conv1d_update=causal_conv1d_update_ref,
         causal_conv1d_varlen=causal_conv1d_varlen_ref,
         selective_scan=selective_scan_ref,
+        selective_scan_varlen=selective_scan_varlen_ref,
         gated_delta_chunk=gated_delta_chunk_ref,
         gated_delta_step=gated_delta_step_ref,
         paged_decode_attention=paged_decode_attention_ref,
@@ -136,7 +141,7 @@ def _triton_set() -> KernelSet | str:
         from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
-        from .triton_selective_scan import selective_scan_triton
+        from .triton_selective_scan import selective_scan_triton, selective_scan_varlen_triton
 
         mamba = mamba_ssm_ops.load()
     except ImportError as exc:
@@ -150,6 +155,7 @@ def _triton_set() -> KernelSet | str:
         causal_conv1d_update=causal_conv1d_update_triton,
         causal_conv1d_varlen=causal_conv1d_varlen_triton,
         selective_scan=selective_scan_triton,
+        selective_scan_varlen=selective_scan_varlen_triton,
         gated_delta_chunk=gated_delta_chunk_triton,
         gated_delta_step=gated_delta_step_triton,
         paged_decode_attention=paged_decode_attention_triton,
@@ -164,6 +170,7 @@ def _triton_set() -> KernelSet | str:
             "causal_conv1d_update": "triton:marconi",
             "causal_conv1d_varlen": "triton:marconi",
             "selective_scan": "triton:marconi",
+            "selective_scan_varlen": "triton:marconi",
             "gated_delta_chunk": "triton:marconi",
             "gated_delta_step": "triton:marconi",
             "paged_decode_attention": "triton:marconi",

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import check_emit_at, compute_dtype, process_dt
+from ._util import check_emit_at, check_varlen, compute_dtype, process_dt
 
 _BLOCK = 256  # tokens whose [T, b, Dm, N] terms are materialised at once
 
@@ -97,3 +97,79 @@ def selective_scan_ref(
         y = y * F.silu(z.to(cdt))
     emitted_t = torch.stack(emitted) if emitted else h.new_empty((0, b, Dm, N))
     return y.to(u.dtype), h, emitted_t
+
+
+def check_scan_varlen(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    z: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    cu_seqlens: Sequence[int],
+    emit_at: Sequence[Sequence[int]],
+) -> tuple[int, int, list[int], list[list[int]]]:
+    """Validate a varlen selective scan's arguments (see `selective_scan_varlen_ref`);
+    returns (Dm, N, cu_seqlens, each sequence's emit positions)."""
+    if u.dim() != 2 or delta.shape != u.shape:
+        raise ValueError(f"u and delta must be [Dm, T], got {tuple(u.shape)}, {tuple(delta.shape)}")
+    Dm, total = u.shape
+    if A.dim() != 2 or A.shape[0] != Dm:
+        raise ValueError(f"A must be [Dm, N] with Dm = {Dm}, got {tuple(A.shape)}")
+    N = A.shape[1]
+    if B.shape != (N, total) or C.shape != (N, total):
+        raise ValueError(f"B, C must be {(N, total)}, got {tuple(B.shape)}, {tuple(C.shape)}")
+    if z is not None and z.shape != u.shape:
+        raise ValueError(f"z must be {(Dm, total)}, got {tuple(z.shape)}")
+    cu, emits = check_varlen(cu_seqlens, total, emit_at)
+    shape = (len(cu) - 1, Dm, N)
+    if initial_states is not None and initial_states.shape != shape:
+        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
+    return Dm, N, cu, emits
+
+
+def selective_scan_varlen_ref(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    cu_seqlens: Sequence[int],
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = True,
+    initial_states: torch.Tensor | None = None,
+    emit_at: Sequence[Sequence[int]] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`selective_scan_ref` of S sequences packed one after another.
+
+    Args:
+        u, delta, z: [Dm, T]; B, C: [N, T]; sequence s at columns cu_seqlens[s]:[s + 1]
+            (S + 1 host ints rising from 0 to T). A, D, delta_bias, delta_softplus: as
+            `selective_scan_ref`.
+        initial_states: [S, Dm, N] each sequence's state before it, or None (zeros).
+        emit_at: S lists of sorted positions p, 1 <= p <= L_s (or none at all).
+
+    Returns:
+        y: [Dm, T] in u.dtype; final_states: [S, Dm, N]; emitted: [E, Dm, N], sequence
+        by sequence in emit order. Each sequence is scanned alone from its state (the
+        reference: a loop over the sequences).
+    """
+    _, _, cu, emits = check_scan_varlen(u, delta, A, B, C, z, initial_states, cu_seqlens, emit_at)
+    ys, finals, emitted = [], [], []
+    for s, e in enumerate(emits):
+        cols = slice(cu[s], cu[s + 1])
+        y, final, out = selective_scan_ref(
+            u[None, :, cols], delta[None, :, cols], A, B[None, :, cols], C[None, :, cols],
+            D=D, z=None if z is None else z[None, :, cols], delta_bias=delta_bias,
+            delta_softplus=delta_softplus,
+            initial_state=None if initial_states is None else initial_states[s : s + 1],
+            emit_at=e,
+        )  # fmt: skip
+        ys.append(y[0])
+        finals.append(final[0])
+        emitted.append(out[:, 0])
+    return torch.cat(ys, dim=-1), torch.stack(finals), torch.cat(emitted)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ._util import check_emit_at
-from .conv import check_varlen, varlen_states
+from .conv import check_conv_varlen, varlen_states
 from .triton_runtime import device_guard
 
 _TILE = 2048  # target outputs per prefill program (BLOCK_C * BLOCK_L)
@@ -250,9 +250,8 @@ def causal_conv1d_varlen_triton(
     in one launch. Each token reads its K - 1 predecessors, or, before its sequence's
     first token, its sequence's state (the token's sequence and start are two [T]
     tensors built on the device); the states are gathered as the reference gathers them."""
-    cu = [int(c) for c in cu_seqlens]
+    cu, emits = check_conv_varlen(x, weight, cu_seqlens, initial_states, emit_at)
     n_seq = len(cu) - 1
-    emits = check_varlen(x, weight, cu, initial_states, emit_at or [()] * n_seq)
     ch, total = x.shape
     K = weight.shape[1]
     silu = _silu_flag(activation)

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ._util import check_emit_at
+from .selective_scan import check_scan_varlen
 from .triton_runtime import device_guard
 
 _BLOCK_D = 32  # channels per program
@@ -52,6 +53,8 @@ def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
     hT_ptr,
     emit_ptr,
     slot_ptr,  # [b, Dm, N], [b, Dm, L], .., [E, b, Dm, N], [Lp]
+    start_ptr,
+    len_ptr,  # varlen: each sequence's first token and length [S] (int64)
     Dm,
     N,
     L,
@@ -70,7 +73,11 @@ def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
     s_cb,
     s_cn,
     s_ct,
-    s_emit,  # elements between consecutive emitted states (b * Dm * N)
+    s_yb,
+    s_yd,
+    s_emit,  # elements between consecutive emitted states (b * Dm * N; varlen Dm * N)
+    s_emit_b,  # elements between batch rows of one emitted state (Dm * N; varlen 0)
+    VARLEN: tl.constexpr,
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -90,8 +97,14 @@ def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
     hmask = dmask[:, None] & nmask[None, :]
     d64 = offs_d.to(tl.int64)
     n64 = offs_n.to(tl.int64)
-    # [b, Dm, N] row-major offsets of this program's state tile (also used for y's batch base).
-    h_offs = pid_b * Dm * N + d64[:, None] * N + n64[None, :]
+    # [b, Dm, N] row-major offsets of this program's state tile
+    tile = d64[:, None] * N + n64[None, :]
+    h_offs = pid_b * Dm * N + tile
+    if VARLEN:  # pid_b is a sequence of the packed tokens: its own start and length
+        tok0 = tl.load(start_ptr + pid_b)
+        L = tl.load(len_ptr + pid_b)
+    else:
+        tok0 = 0
 
     A = tl.load(a_ptr + d64[:, None] * N + n64[None, :], mask=hmask, other=0.0).to(tl.float32)
     if HAS_H0:
@@ -103,12 +116,12 @@ def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_d, mask=dmask, other=0.0).to(tl.float32)
 
-    u_rows = u_ptr + pid_b * s_ub + d64 * s_ud
-    dt_rows = dt_ptr + pid_b * s_db + d64 * s_dd
-    z_rows = z_ptr + pid_b * s_zb + d64 * s_zd
-    b_rows = b_ptr + pid_b * s_bb + n64 * s_bn
-    c_rows = c_ptr + pid_b * s_cb + n64 * s_cn
-    y_rows = y_ptr + pid_b * Dm * L + d64 * L
+    u_rows = u_ptr + pid_b * s_ub + d64 * s_ud + tok0 * s_ut
+    dt_rows = dt_ptr + pid_b * s_db + d64 * s_dd + tok0 * s_dt
+    z_rows = z_ptr + pid_b * s_zb + d64 * s_zd + tok0 * s_zt
+    b_rows = b_ptr + pid_b * s_bb + n64 * s_bn + tok0 * s_bt
+    c_rows = c_ptr + pid_b * s_cb + n64 * s_cn + tok0 * s_ct
+    y_rows = y_ptr + pid_b * s_yb + d64 * s_yd + tok0
 
     for c0 in range(0, L, CHUNK):
         offs_t = c0 + offs_c
@@ -139,9 +152,10 @@ def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
             h = tl.exp(dt_i[:, None] * A) * h + du_i[:, None] * b_i[None, :]
             y_i = tl.sum(h * c_i[None, :], axis=1)
             y = tl.where(sel[None, :], y_i[:, None], y)
-            slot = tl.load(slot_ptr + c0 + i)
-            if slot >= 0:
-                tl.store(emit_ptr + slot.to(tl.int64) * s_emit + h_offs, h, mask=hmask)
+            slot = tl.load(slot_ptr + tok0 + c0 + i)
+            if (slot >= 0) & (c0 + i < L):  # past L: another sequence's token (varlen)
+                e_offs = slot.to(tl.int64) * s_emit + pid_b * s_emit_b + tile
+                tl.store(emit_ptr + e_offs, h, mask=hmask)
         if HAS_D:
             y = y + Dv[:, None] * u
         if HAS_Z:
@@ -237,6 +251,8 @@ def selective_scan_triton(
             final,
             emitted,
             slot,
+            slot,
+            slot,
             Dm,
             N,
             L,
@@ -245,7 +261,11 @@ def selective_scan_triton(
             *zz.stride(),
             *B.stride(),
             *C.stride(),
+            Dm * L,
+            L,
             b * Dm * N,
+            Dm * N,
+            VARLEN=False,
             HAS_D=D is not None,
             HAS_Z=z is not None,
             HAS_BIAS=delta_bias is not None,
@@ -259,4 +279,69 @@ def selective_scan_triton(
         slot_of = {p: i for i, p in enumerate(uniq)}
         index = torch.tensor([slot_of[p] for p in positions], device=dev)
         emitted = emitted.index_select(0, index)
+    return y, final, emitted
+
+
+def selective_scan_varlen_triton(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    cu_seqlens: Sequence[int],
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = True,
+    initial_states: torch.Tensor | None = None,
+    emit_at: Sequence[Sequence[int]] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`selective_scan_varlen_ref`, in one launch: the grid's
+    second axis is the sequence, each program reading its sequence's first token and
+    length and starting from its own state; emitted states land in their (sequence,
+    depth) slots, a per-token map over the packed tokens."""
+    Dm, N, cu, emits = check_scan_varlen(u, delta, A, B, C, z, initial_states, cu_seqlens, emit_at)
+    total = u.shape[1]
+    n_seq = len(cu) - 1
+    dev = u.device
+    h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()
+    uniq = [sorted(set(e)) for e in emits]
+    flat = [(s, p) for s in range(n_seq) for p in uniq[s]]
+    slot = torch.full((total + _CHUNK,), -1, dtype=torch.int32)
+    if flat:
+        tokens = torch.tensor([cu[s] + p - 1 for s, p in flat])
+        slot[tokens] = torch.arange(len(flat), dtype=torch.int32)
+    slot = slot.to(dev)
+    y = torch.empty(Dm, total, dtype=u.dtype, device=dev)
+    final = torch.empty(n_seq, Dm, N, dtype=torch.float32, device=dev)
+    emitted = torch.empty(len(flat), Dm, N, dtype=torch.float32, device=dev)
+    starts = torch.tensor(cu[:-1], dtype=torch.int64, device=dev)
+    lengths = torch.tensor([cu[s + 1] - cu[s] for s in range(n_seq)], dtype=torch.int64, device=dev)
+    zz = u if z is None else z
+    if Dm > 0 and n_seq > 0:
+        grid = (triton.cdiv(Dm, _BLOCK_D), n_seq)
+        with device_guard(u):
+            _scan_kernel[grid](
+                u, delta, zz, B, C, A.contiguous(),
+                u if D is None else D.contiguous(),
+                u if delta_bias is None else delta_bias.contiguous(),
+                final if h0 is None else h0, y, final, emitted, slot, starts, lengths,
+                Dm, N, total,
+                0, *u.stride(), 0, *delta.stride(), 0, *zz.stride(), 0, *B.stride(),
+                0, *C.stride(),
+                0, total, Dm * N, 0,
+                VARLEN=True,
+                HAS_D=D is not None,
+                HAS_Z=z is not None,
+                HAS_BIAS=delta_bias is not None,
+                HAS_H0=h0 is not None,
+                SOFTPLUS=bool(delta_softplus),
+                BLOCK_D=_BLOCK_D,
+                NP=triton.next_power_of_2(max(N, 1)),
+                CHUNK=_CHUNK,
+            )  # fmt: skip
+    index = [flat.index((s, p)) for s in range(n_seq) for p in emits[s]]
+    if index != list(range(len(flat))):  # duplicated positions
+        emitted = emitted.index_select(0, torch.tensor(index, dtype=torch.long, device=dev))
     return y, final, emitted

@@ -53,7 +53,12 @@ def test_json_names_each_mixers_kernels_and_backends(listing: dict[str, Any]) ->
     assert mamba2["kernels"] == dict.fromkeys(
         ("ssd_chunk_scan", "mamba2_state_update", *CONV), "ref"
     )
-    assert set(by["jamba"]["mamba1"]["kernels"]) == {"mamba1_state_update", "selective_scan", *CONV}
+    assert set(by["jamba"]["mamba1"]["kernels"]) == {
+        "mamba1_state_update",
+        "selective_scan",
+        "selective_scan_varlen",
+        *CONV,
+    }
     assert set(by["qwen3_5"]["gdn"]["kernels"]) == {"gated_delta_chunk", "gated_delta_step", *CONV}
     assert by["nemotron_h"]["attention"]["kernels"] == dict.fromkeys(
         ("paged_decode_attention", "paged_prefill_attention"), "ref"
@@ -62,7 +67,12 @@ def test_json_names_each_mixers_kernels_and_backends(listing: dict[str, Any]) ->
 
 def test_kernel_ops_are_read_from_the_mixer_sources() -> None:
     assert kernel_ops(Mamba2Mixer) == ("ssd_chunk_scan", "mamba2_state_update", *CONV)
-    assert kernel_ops(Mamba1Mixer) == ("mamba1_state_update", *CONV, "selective_scan")
+    assert kernel_ops(Mamba1Mixer) == (
+        "mamba1_state_update",
+        *CONV,
+        "selective_scan",
+        "selective_scan_varlen",
+    )
     assert kernel_ops(GatedDeltaNetMixer) == (*CONV, "gated_delta_chunk", "gated_delta_step")
     assert kernel_ops(Attention) == ("paged_decode_attention", "paged_prefill_attention")
     assert kernel_ops(MoE) == ("grouped_matmul",)

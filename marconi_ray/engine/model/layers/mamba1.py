@@ -21,11 +21,12 @@ from marconi_ray.engine.model.layers.norm import rms_norm
 from marconi_ray.engine.model.layers.packed import (
     PackedMixer,
     PackedPart,
-    Pair,
     PartStates,
-    each_part,
+    cu_seqlens,
     packed_conv,
     part_states,
+    split_states,
+    stacked_states,
 )
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import Mamba1Config
@@ -41,6 +42,7 @@ class Mamba1Mixer(PackedMixer, nn.Module):
         "causal_conv1d_update",
         "causal_conv1d_varlen",
         "selective_scan",
+        "selective_scan_varlen",
         "mamba1_state_update",
     )
     """The `KernelSet` ops this mixer calls (prefill and decode)."""
@@ -104,31 +106,30 @@ class Mamba1Mixer(PackedMixer, nn.Module):
     ) -> tuple[torch.Tensor, list[PartStates]]:
         """Same contract as `Mamba2Mixer.prefill_packed`; ssm states are
         [d_inner_local, N]. in_proj, x_proj / dt_proj and out_proj run once over all rows;
-        the conv and the selective scan per part."""
+        the conv and the selective scan once for all parts (`selective_scan_varlen`, each
+        part from its own state)."""
         xs, gate = self.in_proj(x).chunk(2, dim=-1)
         k = self.kernels
         xc, convs = packed_conv(k, xs, self.conv_weight[:, 0], self.conv_bias, parts, "silu")
         delta, b, c = self._ssm_inputs(xc)
         a = -torch.exp(self.A_log.float())
-
-        def scan(p: PackedPart) -> tuple[torch.Tensor, Pair]:
-            r = p.rows
+        scan = {"D": self.D, "delta_bias": self.dt_proj.bias, "delta_softplus": True}
+        if len(parts) == 1:
+            (p,) = parts
             y, final, emitted = k.selective_scan(
-                xc[r].t()[None],
-                delta[r].t()[None],
-                a,
-                b[r].t()[None],
-                c[r].t()[None],
-                D=self.D,
-                z=gate[r].t()[None],
-                delta_bias=self.dt_proj.bias,
-                delta_softplus=True,
-                initial_state=None if p.ssm is None else p.ssm[None],
-                emit_at=p.emit_at,
-            )
-            return y[0].t(), (final[0], emitted[:, 0])
-
-        y, ssms = each_part(parts, scan)
+                xc.t()[None], delta.t()[None], a, b.t()[None], c.t()[None], z=gate.t()[None],
+                initial_state=None if p.ssm is None else p.ssm[None], emit_at=p.emit_at, **scan,
+            )  # fmt: skip
+            ssms = [(final[0], emitted[:, 0])]
+            y = y[0].t()
+        else:
+            y, finals, emitted = k.selective_scan_varlen(
+                xc.t(), delta.t(), a, b.t(), c.t(), z=gate.t(), cu_seqlens=cu_seqlens(parts),
+                initial_states=stacked_states(parts, self.empty_state(x.device)[1]),
+                emit_at=[p.emit_at for p in parts], **scan,
+            )  # fmt: skip
+            ssms = split_states(parts, finals, emitted)
+            y = y.t()
         return self.out_proj(y), part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:

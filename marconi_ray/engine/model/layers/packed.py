@@ -92,25 +92,49 @@ def packed_conv(
             emit_at=p.emit_at,
         )
         return y[0].t(), [(final[0], emitted[:, 0])]
-    states = None
-    if any(p.conv is not None for p in parts):
-        zeros = x.new_zeros(weight.shape)
-        states = torch.stack([zeros if p.conv is None else p.conv.to(x.dtype) for p in parts])
+    zeros = x.new_zeros(weight.shape)
+    convs = [PackedPart(p.start, p.stop, p.conv) for p in parts]
     y, finals, emitted = kernels.causal_conv1d_varlen(
         x.t(),
         weight,
         bias,
-        cu_seqlens=[parts[0].start, *(p.stop for p in parts)],
-        initial_states=states,
+        cu_seqlens=cu_seqlens(parts),
+        initial_states=stacked_states(convs, zeros, lambda p: p.conv),
         activation=activation,
         emit_at=[p.emit_at for p in parts],
     )
+    return y.t(), split_states(parts, finals, emitted)
+
+
+def cu_seqlens(parts: Sequence[PackedPart]) -> list[int]:
+    """The parts' row offsets, [0, stop_0, stop_1, ...] (a varlen kernel's cu_seqlens)."""
+    return [parts[0].start, *(p.stop for p in parts)]
+
+
+def stacked_states(
+    parts: Sequence[PackedPart],
+    zeros: torch.Tensor,
+    of: Callable[[PackedPart], torch.Tensor | None] = lambda p: p.ssm,
+) -> torch.Tensor | None:
+    """The parts' states (`of(part)`: its ssm state by default) stacked [S, ...] for a
+    varlen kernel, `zeros` for a part that has none; None when no part has one."""
+    states = [of(p) for p in parts]
+    if all(s is None for s in states):
+        return None
+    return torch.stack([zeros if s is None else s.to(zeros.dtype) for s in states])
+
+
+def split_states(
+    parts: Sequence[PackedPart], finals: torch.Tensor, emitted: torch.Tensor
+) -> list[Pair]:
+    """A varlen kernel's final states [S, ...] and emitted ones [E, ...] (part by part,
+    in emit order) as each part's (final, emitted [len(emit_at), ...])."""
     out: list[Pair] = []
     e = 0
     for k, p in enumerate(parts):
         out.append((finals[k], emitted[e : e + len(p.emit_at)]))
         e += len(p.emit_at)
-    return y.t(), out
+    return out
 
 
 class PackedMixer:
