@@ -28,6 +28,7 @@ _EXPORTS = {
     "causal_conv1d_update_ref": "marconi_kernels.conv",
     "causal_conv1d_varlen_ref": "marconi_kernels.conv",
     "gated_delta_chunk_ref": "marconi_kernels.gated_delta",
+    "gated_delta_chunk_varlen_ref": "marconi_kernels.gated_delta",
     "gated_delta_recurrent_ref": "marconi_kernels.gated_delta",
     "gated_delta_step_ref": "marconi_kernels.gated_delta",
     "selective_scan_ref": "marconi_kernels.selective_scan",

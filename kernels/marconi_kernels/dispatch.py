@@ -23,7 +23,11 @@ import torch
 
 from .choices import KERNEL_CHOICES
 from .conv import causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_varlen_ref
-from .gated_delta import gated_delta_chunk_ref, gated_delta_step_ref
+from .gated_delta import (
+    gated_delta_chunk_ref,
+    gated_delta_chunk_varlen_ref,
+    gated_delta_step_ref,
+)
 from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
@@ -44,6 +48,7 @@ OPS = (
     "selective_scan",
     "selective_scan_varlen",
     "gated_delta_chunk",
+    "gated_delta_chunk_varlen",
     "gated_delta_step",
     "paged_decode_attention",
     "paged_prefill_attention",
@@ -71,6 +76,8 @@ class KernelSet:
         [Dm, T], each from its own state -> y, states [S, Dm, N], emitted).
     gated_delta_chunk: see ``gated_delta_chunk_ref`` (q, k [b, L, H, K], v [b, L, H, V]
         -> o, state [b, H, K, V], emitted).
+    gated_delta_chunk_varlen: see ``gated_delta_chunk_varlen_ref`` (S sequences packed
+        in q, k [T, H, K], each from its own state -> o, states [S, H, K, V], emitted).
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
     paged_decode_attention: see ``paged_decode_attention_ref`` (q [B, H, hd] over pool
         rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]).
@@ -91,6 +98,7 @@ class KernelSet:
     selective_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     selective_scan_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    gated_delta_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     gated_delta_step: Callable[..., torch.Tensor]
     paged_decode_attention: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
@@ -116,6 +124,7 @@ def _build_ref() -> KernelSet:
         selective_scan=selective_scan_ref,
         selective_scan_varlen=selective_scan_varlen_ref,
         gated_delta_chunk=gated_delta_chunk_ref,
+        gated_delta_chunk_varlen=gated_delta_chunk_varlen_ref,
         gated_delta_step=gated_delta_step_ref,
         paged_decode_attention=paged_decode_attention_ref,
         paged_prefill_attention=paged_prefill_attention_ref,
@@ -137,7 +146,11 @@ def _triton_set() -> KernelSet | str:
             causal_conv1d_update_triton,
             causal_conv1d_varlen_triton,
         )
-        from .triton_gated_delta import gated_delta_chunk_triton, gated_delta_step_triton
+        from .triton_gated_delta import (
+            gated_delta_chunk_triton,
+            gated_delta_chunk_varlen_triton,
+            gated_delta_step_triton,
+        )
         from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
@@ -157,6 +170,7 @@ def _triton_set() -> KernelSet | str:
         selective_scan=selective_scan_triton,
         selective_scan_varlen=selective_scan_varlen_triton,
         gated_delta_chunk=gated_delta_chunk_triton,
+        gated_delta_chunk_varlen=gated_delta_chunk_varlen_triton,
         gated_delta_step=gated_delta_step_triton,
         paged_decode_attention=paged_decode_attention_triton,
         paged_prefill_attention=paged_prefill_attention_triton,
@@ -172,6 +186,7 @@ def _triton_set() -> KernelSet | str:
             "selective_scan": "triton:marconi",
             "selective_scan_varlen": "triton:marconi",
             "gated_delta_chunk": "triton:marconi",
+            "gated_delta_chunk_varlen": "triton:marconi",
             "gated_delta_step": "triton:marconi",
             "paged_decode_attention": "triton:marconi",
             "paged_prefill_attention": "triton:marconi",

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import check_emit_at, compute_dtype
+from ._util import check_emit_at, check_varlen, compute_dtype
 
 L2_EPS = 1e-6  # ``x * rsqrt(sum(x * x) + eps)``, like fla and transformers
 
@@ -307,3 +307,72 @@ def gated_delta_recurrent_ref(
     o = torch.stack(outs, dim=1) if outs else q.new_empty((b, 0, H, V))
     emitted_t = torch.stack(emitted) if emitted else state.new_empty((0, b, H, K, V))
     return o, state, emitted_t
+
+
+def check_delta_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    cu_seqlens: Sequence[int],
+    emit_at: Sequence[Sequence[int]],
+) -> tuple[int, int, int, list[int], list[list[int]]]:
+    """Validate a varlen prefill's arguments (see `gated_delta_chunk_varlen_ref`); returns
+    (H, K, V, cu_seqlens, each sequence's emit positions)."""
+    if q.dim() != 3 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [T, H, K], got {tuple(q.shape)}, {tuple(k.shape)}")
+    _, L, H, K, V = check_gated_delta_shapes(
+        q[None], k[None], v[None], g[None], beta[None], None
+    )  # the shapes of one batch row of T tokens
+    cu, emits = check_varlen(cu_seqlens, L, emit_at)
+    for s, e in enumerate(emits):
+        check_positions(e, cu[s + 1] - cu[s])  # distinct, too
+    shape = (len(cu) - 1, H, K, V)
+    if initial_states is not None and initial_states.shape != shape:
+        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
+    return H, K, V, cu, emits
+
+
+def gated_delta_chunk_varlen_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: Sequence[int],
+    chunk_size: int = 64,
+    initial_states: torch.Tensor | None = None,
+    emit_at: Sequence[Sequence[int]] = (),
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`gated_delta_chunk_ref` of S sequences packed one after another.
+
+    Args:
+        q, k: [T, H, K]; v: [T, H, V]; g, beta: [T, H]; sequence s at rows
+            cu_seqlens[s]:cu_seqlens[s + 1] (S + 1 host ints rising from 0 to T).
+        chunk_size, use_qk_l2norm: as `gated_delta_chunk_ref`.
+        initial_states: [S, H, K, V] each sequence's state before it, or None (zeros).
+        emit_at: S lists of sorted, distinct positions p, 1 <= p <= L_s (or none at all).
+
+    Returns:
+        o: [T, H, V] in q.dtype; final_states: [S, H, K, V]; emitted: [E, H, K, V],
+        sequence by sequence in emit order. Each sequence runs alone from its state (the
+        reference: a loop over the sequences).
+    """
+    _, _, _, cu, emits = check_delta_varlen(q, k, v, g, beta, initial_states, cu_seqlens, emit_at)
+    outs, finals, emitted = [], [], []
+    for s, e in enumerate(emits):
+        rows = slice(cu[s], cu[s + 1])
+        o, final, out = gated_delta_chunk_ref(
+            q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows],
+            chunk_size=chunk_size,
+            initial_state=None if initial_states is None else initial_states[s : s + 1],
+            emit_at=e, use_qk_l2norm=use_qk_l2norm,
+        )  # fmt: skip
+        outs.append(o[0])
+        finals.append(final[0])
+        emitted.append(out[:, 0])
+    return torch.cat(outs), torch.stack(finals), torch.cat(emitted)

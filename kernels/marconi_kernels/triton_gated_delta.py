@@ -38,7 +38,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .gated_delta import L2_EPS, check_gated_delta_shapes, check_positions, check_step_shapes
+from .gated_delta import (
+    L2_EPS,
+    check_delta_varlen,
+    check_gated_delta_shapes,
+    check_positions,
+    check_step_shapes,
+)
 from .triton_runtime import device_guard
 
 _BV = 32  # value columns per program (prefill state pass, WY value blocks, decode step)
@@ -64,19 +70,25 @@ def _l2norm_rows(x, EPS: tl.constexpr):  # type: ignore[no-untyped-def]
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _wy_kernel(  # type: ignore[no-untyped-def]
-    k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr,
+    k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, cstart_ptr, clen_ptr,
     L, H, K, V, Lp,
     skb, skt, skh, skk, svb, svt, svh, svv, sgb, sgt, sgh, sbb, sbt, sbh,
     USE_L2: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     i_b = pid_bh // H
     i_h = pid_bh % H
     rows = tl.arange(0, BT)
-    offs_t = pid_c * BT + rows
-    tmask = offs_t < L
+    if VARLEN:  # chunk pid_c of the packed sequences: its first token and length
+        tok0 = tl.load(cstart_ptr + pid_c)
+        n = tl.load(clen_ptr + pid_c)
+    else:
+        tok0 = pid_c * BT
+        n = L - tok0
+    offs_t = tok0 + rows
+    tmask = rows < n
     offs_k = tl.arange(0, KP)
     kmask = offs_k < K
 
@@ -100,9 +112,9 @@ def _wy_kernel(  # type: ignore[no-untyped-def]
         t_i = tl.where(rows == i, 1.0, 0.0) - tl.sum(a_i[:, None] * T, axis=0)
         T = tl.where(rows[:, None] == i, t_i[None, :], T)
 
-    base = pid_bh * Lp
+    base = pid_bh * Lp + pid_c * BT  # the scratch row of the chunk's first token
     w = tl.dot(T, kb * tl.exp(gam)[:, None], input_precision=PRECISION)
-    w_ptrs = w_ptr + (base + offs_t[:, None]) * K + offs_k[None, :]
+    w_ptrs = w_ptr + (base + rows[:, None]) * K + offs_k[None, :]
     tl.store(w_ptrs, w, mask=kmask[None, :])
     v_rows = v_ptr + i_b * svb + i_h * svh
     for v0 in range(0, V, BV):
@@ -110,21 +122,32 @@ def _wy_kernel(  # type: ignore[no-untyped-def]
         vmask = offs_v < V
         vt = _load_rows(v_rows, offs_t, tmask, offs_v, vmask, svt, svv)
         u = tl.dot(T, vt * beta[:, None], input_precision=PRECISION)
-        tl.store(u_ptr + (base + offs_t[:, None]) * V + offs_v[None, :], u, mask=vmask[None, :])
+        tl.store(u_ptr + (base + rows[:, None]) * V + offs_v[None, :], u, mask=vmask[None, :])
 
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _state_kernel(  # type: ignore[no-untyped-def]
     q_ptr, k_ptr, g_ptr, w_ptr, u_ptr, h0_ptr, o_ptr, hT_ptr, emit_ptr, epos_ptr, erange_ptr,
+    cstart_ptr, clen_ptr, crange_ptr,
     L, H, K, V, Lp, scale,
-    sqb, sqt, sqh, sqk, skb, skt, skh, skk, sgb, sgt, sgh, s_emit,
+    sqb, sqt, sqh, sqk, skb, skt, skh, skk, sgb, sgt, sgh, s_ob, s_emit,
     USE_L2: tl.constexpr, EPS: tl.constexpr, HAS_H0: tl.constexpr, BT: tl.constexpr,
-    KP: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+    KP: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
-    i_b = pid_bh // H
+    i_b = pid_bh // H  # varlen: the sequence
     i_h = pid_bh % H
+    if VARLEN:  # the sequence's chunks and the scratch rows of its head
+        c_lo = tl.load(crange_ptr + i_b)
+        c_hi = tl.load(crange_ptr + i_b + 1)
+        scratch = i_h * Lp
+        e_head = i_h
+    else:
+        c_lo = 0
+        c_hi = tl.cdiv(L, BT)
+        scratch = pid_bh * Lp
+        e_head = pid_bh
     rows = tl.arange(0, BT)
     offs_k = tl.arange(0, KP)
     kmask = offs_k < K
@@ -142,10 +165,16 @@ def _state_kernel(  # type: ignore[no-untyped-def]
     q_rows = q_ptr + i_b * sqb + i_h * sqh
     k_rows = k_ptr + i_b * skb + i_h * skh
     g_rows = g_ptr + i_b * sgb + i_h * sgh
-    o_rows = o_ptr + i_b * L * H * V + i_h * V
-    for c in range(0, tl.cdiv(L, BT)):
-        offs_t = c * BT + rows
-        tmask = offs_t < L
+    o_rows = o_ptr + i_b * s_ob + i_h * V
+    for c in range(c_lo, c_hi):
+        if VARLEN:
+            tok0 = tl.load(cstart_ptr + c)
+            n = tl.load(clen_ptr + c)
+        else:
+            tok0 = c * BT
+            n = L - tok0
+        offs_t = tok0 + rows
+        tmask = rows < n
         q = _load_rows(q_rows, offs_t, tmask, offs_k, kmask, sqt, sqk)
         k = _load_rows(k_rows, offs_t, tmask, offs_k, kmask, skt, skk)
         if USE_L2:
@@ -154,12 +183,12 @@ def _state_kernel(  # type: ignore[no-untyped-def]
         q = q * scale
         gam = tl.cumsum(tl.load(g_rows + offs_t * sgt, mask=tmask, other=0.0).to(tl.float32), 0)
         w = tl.load(
-            w_ptr + (pid_bh * Lp + offs_t[:, None]) * K + offs_k[None, :],
+            w_ptr + (scratch + c * BT + rows[:, None]) * K + offs_k[None, :],
             mask=kmask[None, :],
             other=0.0,
         )
         u = tl.load(
-            u_ptr + (pid_bh * Lp + offs_t[:, None]) * V + offs_v[None, :],
+            u_ptr + (scratch + c * BT + rows[:, None]) * V + offs_v[None, :],
             mask=vmask[None, :],
             other=0.0,
         )
@@ -178,14 +207,15 @@ def _state_kernel(  # type: ignore[no-untyped-def]
         e_lo = tl.load(erange_ptr + c)
         e_hi = tl.load(erange_ptr + c + 1)
         for e in range(e_lo, e_hi):
-            m = tl.load(epos_ptr + e) - 1 - c * BT  # local index of the emit's last token
+            m = tl.load(epos_ptr + e) - 1  # local index of the emit's last token
             g_m = tl.sum(tl.where(rows == m, gam, 0.0))
             upto = rows <= m
             coef = tl.where(upto, tl.exp(tl.where(upto, g_m - gam, 0.0)), 0.0)
             S_m = tl.exp(g_m) * S + tl.dot(
                 tl.trans(k * coef[:, None]), u, input_precision=PRECISION
             )
-            tl.store(emit_ptr + e * s_emit + s_offs, S_m, mask=smask)  # e is int64
+            e_offs = e * s_emit + e_head * K * V + offs_k[:, None] * V + offs_v[None, :]
+            tl.store(emit_ptr + e_offs, S_m, mask=smask)  # e is int64
 
         g_last = tl.sum(tl.where(rows == BT - 1, gam, 0.0))
         k_end = k * tl.exp(g_last - gam)[:, None]
@@ -288,23 +318,25 @@ def gated_delta_chunk_triton(
     emitted = torch.empty(len(positions), b, H, K, V, dtype=torch.float32, device=dev)
     chunk_of = [(p - 1) // BT for p in positions]
     erange = [bisect.bisect_left(chunk_of, c) for c in range(nc + 1)]
-    epos = torch.tensor(positions or [0], dtype=torch.int32, device=dev)
+    local = [p - c * BT for p, c in zip(positions, chunk_of, strict=True)]
+    epos = torch.tensor(local or [0], dtype=torch.int32, device=dev)
     erange_t = torch.tensor(erange, dtype=torch.int64, device=dev)  # int64 loop index
     # [BT, KP] q/k/w tiles and the [KP, BV] state: more warps for wide heads (fewer spills).
     warps = 4 if KP * BT <= 4096 else 8
     common = {"USE_L2": bool(use_qk_l2norm), "EPS": L2_EPS, "BT": BT, "KP": KP, "BV": _BV,
-              "PRECISION": "ieee", "num_warps": warps}  # fmt: skip
+              "PRECISION": "ieee", "num_warps": warps, "VARLEN": False}  # fmt: skip
     with device_guard(q):
         _wy_kernel[(nc, b * H)](
-            k, v, g, beta, w, u,
+            k, v, g, beta, w, u, epos, epos,
             L, H, K, V, Lp,
             *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
             **common,
         )  # fmt: skip
         _state_kernel[(triton.cdiv(V, _BV), b * H)](
             q, k, g, w, u, final if h0 is None else h0, o, final, emitted, epos, erange_t,
+            epos, epos, epos,
             L, H, K, V, Lp, K**-0.5,
-            *q.stride(), *k.stride(), *g.stride(), b * H * K * V,
+            *q.stride(), *k.stride(), *g.stride(), L * H * V, b * H * K * V,
             HAS_H0=h0 is not None, **common,
         )  # fmt: skip
     return o, final, emitted
@@ -343,3 +375,79 @@ def gated_delta_step_triton(
             USE_L2=bool(use_qk_l2norm), EPS=L2_EPS, KP=_block_k(K), BV=_BV,
         )  # fmt: skip
     return o
+
+
+def gated_delta_chunk_varlen_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: Sequence[int],
+    chunk_size: int = 64,
+    initial_states: torch.Tensor | None = None,
+    emit_at: Sequence[Sequence[int]] = (),
+    use_qk_l2norm: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`gated_delta_chunk_varlen_ref`, in the same two launches as
+    one sequence: the sequences are cut into chunks of their own (a chunk never spans
+    two), the WY pass runs every chunk of every sequence in parallel, and the state pass
+    has one program row per (sequence, head) walking its sequence's chunks from its own
+    state. The host lists each chunk's first token and length, each sequence's chunk
+    range, and each chunk's emit positions (local to the chunk)."""
+    H, K, V, cu, emits = check_delta_varlen(q, k, v, g, beta, initial_states, cu_seqlens, emit_at)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n_seq, total = len(cu) - 1, q.shape[0]
+    dev = q.device
+    BT = max(_MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
+    KP = _block_k(K)
+    starts, lengths, crange = [], [], [0]
+    epos, echunk = [], []
+    for s in range(n_seq):
+        first = len(starts)
+        for c0 in range(0, cu[s + 1] - cu[s], BT):
+            starts.append(cu[s] + c0)
+            lengths.append(min(BT, cu[s + 1] - cu[s] - c0))
+        crange.append(len(starts))
+        for p in emits[s]:
+            c = (p - 1) // BT
+            echunk.append(first + c)
+            epos.append(p - c * BT)
+    nc = len(starts)
+    erange = [bisect.bisect_left(echunk, c) for c in range(nc + 1)]
+    h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()
+    o = torch.zeros(total, H, V, dtype=q.dtype, device=dev)
+    final = torch.empty(n_seq, H, K, V, dtype=torch.float32, device=dev)
+    emitted = torch.empty(len(epos), H, K, V, dtype=torch.float32, device=dev)
+    if n_seq == 0 or H * K * V == 0:
+        return o, torch.zeros_like(final) if h0 is None else h0.clone(), emitted.zero_()
+    Lp = max(nc, 1) * BT
+    w = torch.empty(H, Lp, K, dtype=torch.float32, device=dev)
+    u = torch.empty(H, Lp, V, dtype=torch.float32, device=dev)
+
+    def ints(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values or [0], dtype=dtype, device=dev)
+
+    cstart, clen, crange_t = ints(starts), ints(lengths), ints(crange)
+    epos_t, erange_t = ints(epos, torch.int32), ints(erange)
+    warps = 4 if KP * BT <= 4096 else 8
+    common = {"USE_L2": bool(use_qk_l2norm), "EPS": L2_EPS, "BT": BT, "KP": KP, "BV": _BV,
+              "PRECISION": "ieee", "num_warps": warps, "VARLEN": True}  # fmt: skip
+    with device_guard(q):
+        if nc:
+            _wy_kernel[(nc, H)](
+                k, v, g, beta, w, u, cstart, clen,
+                total, H, K, V, Lp,
+                0, *k.stride(), 0, *v.stride(), 0, *g.stride(), 0, *beta.stride(),
+                **common,
+            )  # fmt: skip
+        _state_kernel[(triton.cdiv(V, _BV), n_seq * H)](
+            q, k, g, w, u, final if h0 is None else h0, o, final, emitted, epos_t, erange_t,
+            cstart, clen, crange_t,
+            total, H, K, V, Lp, K**-0.5,
+            0, *q.stride(), 0, *k.stride(), 0, *g.stride(), 0, H * K * V,
+            HAS_H0=h0 is not None, **common,
+        )  # fmt: skip
+    return o, final, emitted

@@ -59,7 +59,12 @@ def test_json_names_each_mixers_kernels_and_backends(listing: dict[str, Any]) ->
         "selective_scan_varlen",
         *CONV,
     }
-    assert set(by["qwen3_5"]["gdn"]["kernels"]) == {"gated_delta_chunk", "gated_delta_step", *CONV}
+    assert set(by["qwen3_5"]["gdn"]["kernels"]) == {
+        "gated_delta_chunk",
+        "gated_delta_chunk_varlen",
+        "gated_delta_step",
+        *CONV,
+    }
     assert by["nemotron_h"]["attention"]["kernels"] == dict.fromkeys(
         ("paged_decode_attention", "paged_prefill_attention"), "ref"
     )
@@ -73,7 +78,12 @@ def test_kernel_ops_are_read_from_the_mixer_sources() -> None:
         "selective_scan",
         "selective_scan_varlen",
     )
-    assert kernel_ops(GatedDeltaNetMixer) == (*CONV, "gated_delta_chunk", "gated_delta_step")
+    assert kernel_ops(GatedDeltaNetMixer) == (
+        *CONV,
+        "gated_delta_chunk",
+        "gated_delta_chunk_varlen",
+        "gated_delta_step",
+    )
     assert kernel_ops(Attention) == ("paged_decode_attention", "paged_prefill_attention")
     assert kernel_ops(MoE) == ("grouped_matmul",)
 

@@ -29,7 +29,7 @@ CONV = {"causal_conv1d", "causal_conv1d_update", "causal_conv1d_varlen"}
 FAMILY_OPS = {
     "nemotron_h": {"ssd_chunk_scan", "mamba2_state_update", *CONV},
     "jamba": {"selective_scan", "selective_scan_varlen", "mamba1_state_update", *CONV},
-    "qwen3_next": {"gated_delta_chunk", "gated_delta_step", *CONV},
+    "qwen3_next": {"gated_delta_chunk", "gated_delta_chunk_varlen", "gated_delta_step", *CONV},
     "lfm2": CONV,  # the short conv is the causal conv alone (no activation)
 }
 RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2")

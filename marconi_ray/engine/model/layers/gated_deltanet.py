@@ -26,11 +26,12 @@ from marconi_ray.engine.model.layers.norm import HeadGatedRMSNorm
 from marconi_ray.engine.model.layers.packed import (
     PackedMixer,
     PackedPart,
-    Pair,
     PartStates,
-    each_part,
+    cu_seqlens,
     packed_conv,
     part_states,
+    split_states,
+    stacked_states,
 )
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import GatedDeltaNetConfig
@@ -61,6 +62,7 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         "causal_conv1d_update",
         "causal_conv1d_varlen",
         "gated_delta_chunk",
+        "gated_delta_chunk_varlen",
         "gated_delta_step",
     )
     """The `KernelSet` ops this mixer calls (prefill and decode)."""
@@ -183,7 +185,8 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
     ) -> tuple[torch.Tensor, list[PartStates]]:
         """Several sequences' new tokens x [T, d_model] (packed, see `packed`): the
         projections, gates, norm and out_proj once over all rows, the conv and the
-        chunked delta rule per part from its states. Returns y [T, d_model] and per part
+        chunked delta rule once for all parts (`gated_delta_chunk_varlen`, each part
+        from its own state). Returns y [T, d_model] and per part
         its final states (conv [C, K], ssm [Hv', dk, dv]) and those at its `emit_at`."""
         qkv, z, b, a = self._project(x)
         k = self.kernels
@@ -191,22 +194,23 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         q, kk, v = self._heads(mixed)
         g, beta = self._gates(b, a)
 
-        def scan(p: PackedPart) -> tuple[torch.Tensor, Pair]:
-            r = p.rows
+        if len(parts) == 1:
+            (p,) = parts
             o, final, emitted = k.gated_delta_chunk(
-                q[r][None],
-                kk[r][None],
-                v[r][None],
-                g[r][None],
-                beta[r][None],
+                q[None], kk[None], v[None], g[None], beta[None],
                 chunk_size=self._chunk(p.length),
                 initial_state=None if p.ssm is None else p.ssm[None],
-                emit_at=p.emit_at,
-                use_qk_l2norm=True,
-            )
-            return o[0], (final[0], emitted[:, 0])
-
-        o, ssms = each_part(parts, scan)
+                emit_at=p.emit_at, use_qk_l2norm=True,
+            )  # fmt: skip
+            o, ssms = o[0], [(final[0], emitted[:, 0])]
+        else:
+            o, finals, emitted = k.gated_delta_chunk_varlen(
+                q, kk, v, g, beta, cu_seqlens=cu_seqlens(parts),
+                chunk_size=self._chunk(max(p.length for p in parts)),
+                initial_states=stacked_states(parts, self.empty_state(x.device)[1]),
+                emit_at=[p.emit_at for p in parts], use_qk_l2norm=True,
+            )  # fmt: skip
+            ssms = split_states(parts, finals, emitted)
         return self._output(o, z), part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
