@@ -34,6 +34,7 @@ _EXPORTS = {
     "selective_scan_ref": "marconi_kernels.selective_scan",
     "selective_scan_varlen_ref": "marconi_kernels.selective_scan",
     "ssd_chunk_scan_ref": "marconi_kernels.ssd",
+    "ssd_chunk_scan_varlen_ref": "marconi_kernels.ssd",
     "ssd_naive_ref": "marconi_kernels.ssd",
     "mamba1_state_update_ref": "marconi_kernels.state_update",
     "paged_decode_attention_ref": "marconi_kernels.paged_attention",

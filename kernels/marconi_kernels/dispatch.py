@@ -3,7 +3,8 @@
 ``get_kernels(device, prefer)`` returns a frozen :class:`KernelSet`; callers never import
 mamba_ssm or triton themselves. The "triton" set combines mamba-ssm's Triton kernels (the
 Mamba-2 chunked scan and the single-step state updates) with our own (the causal conv1d
-and its step, the Mamba-1 selective scan, the gated delta rule's prefill and step). It runs
+and its step, the Mamba-1 selective scan, the gated delta rule's prefill and step, and
+the varlen forms of the conv and every scan that several requests' prefills share). It runs
 on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``),
 which is how CI tests it.
 
@@ -32,7 +33,7 @@ from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
 from .selective_scan import selective_scan_ref, selective_scan_varlen_ref
-from .ssd import ssd_chunk_scan_ref
+from .ssd import ssd_chunk_scan_ref, ssd_chunk_scan_varlen_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
 from .triton_runtime import can_launch_on
 
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 OPS = (
     "ssd_chunk_scan",
+    "ssd_chunk_scan_varlen",
     "mamba2_state_update",
     "mamba1_state_update",
     "causal_conv1d",
@@ -65,6 +67,8 @@ class KernelSet:
     """The kernels one engine uses; every op has the signature of its ``_ref`` twin.
 
     ssd_chunk_scan: see ``ssd_chunk_scan_ref`` (x [b, L, H, P] -> y, state, emitted).
+    ssd_chunk_scan_varlen: see ``ssd_chunk_scan_varlen_ref`` (S sequences packed in x
+        [T, H, P], each from its own state -> y, states [S, H, P, N], emitted).
     mamba2_state_update: see ``mamba2_state_update_ref`` (state [b, H, P, N] in place).
     mamba1_state_update: see ``mamba1_state_update_ref`` (state [b, Dm, N] in place).
     causal_conv1d: see ``causal_conv1d_ref`` (x [b, C, L] -> y, state, emitted).
@@ -90,6 +94,7 @@ class KernelSet:
     """
 
     ssd_chunk_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ssd_chunk_scan_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     mamba2_state_update: Callable[..., torch.Tensor]
     mamba1_state_update: Callable[..., torch.Tensor]
     causal_conv1d: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -116,6 +121,7 @@ def _build_ref() -> KernelSet:
     """Pure-torch kernels: any device, float32 compute."""
     return KernelSet(
         ssd_chunk_scan=ssd_chunk_scan_ref,
+        ssd_chunk_scan_varlen=ssd_chunk_scan_varlen_ref,
         mamba2_state_update=mamba2_state_update_ref,
         mamba1_state_update=mamba1_state_update_ref,
         causal_conv1d=causal_conv1d_ref,
@@ -155,6 +161,7 @@ def _triton_set() -> KernelSet | str:
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_selective_scan import selective_scan_triton, selective_scan_varlen_triton
+        from .triton_ssd_varlen import ssd_chunk_scan_varlen_triton
 
         mamba = mamba_ssm_ops.load()
     except ImportError as exc:
@@ -162,6 +169,7 @@ def _triton_set() -> KernelSet | str:
     upstream = f"triton:mamba-ssm {mamba_ssm_version()}"
     return KernelSet(
         ssd_chunk_scan=mamba.ssd_chunk_scan,
+        ssd_chunk_scan_varlen=ssd_chunk_scan_varlen_triton,
         mamba2_state_update=mamba.mamba2_state_update,
         mamba1_state_update=mamba.mamba1_state_update,
         causal_conv1d=causal_conv1d_triton,
@@ -178,6 +186,7 @@ def _triton_set() -> KernelSet | str:
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
+            "ssd_chunk_scan_varlen": "triton:marconi",
             "mamba2_state_update": upstream,
             "mamba1_state_update": upstream,
             "causal_conv1d": "triton:marconi",

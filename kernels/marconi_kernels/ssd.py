@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._util import check_emit_at, compute_dtype, process_dt
+from ._util import check_emit_at, check_varlen, compute_dtype, process_dt
 
 _INF = float("inf")
 
@@ -244,3 +244,73 @@ def ssd_naive_ref(
     y = torch.stack(ys, dim=1) if ys else xf.clone()
     emitted_t = torch.stack(emitted) if emitted else h.new_empty((0, b, H, P, N))
     return y.to(x.dtype), h, emitted_t
+
+
+def check_ssd_varlen(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    initial_states: torch.Tensor | None,
+    cu_seqlens: Sequence[int],
+    emit_at: Sequence[Sequence[int]],
+) -> tuple[int, int, int, int, list[int], list[list[int]]]:
+    """Validate a varlen SSD scan's arguments (see `ssd_chunk_scan_varlen_ref`); returns
+    (H, P, G, N, cu_seqlens, each sequence's emit positions)."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be [T, H, P], got shape {tuple(x.shape)}")
+    _, total, H, P, G, N = _check_ssd_shapes(x[None], dt[None], A, B[None], C[None], D, None)
+    cu, emits = check_varlen(cu_seqlens, total, emit_at)
+    shape = (len(cu) - 1, H, P, N)
+    if initial_states is not None and initial_states.shape != shape:
+        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
+    return H, P, G, N, cu, emits
+
+
+def ssd_chunk_scan_varlen_ref(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    cu_seqlens: Sequence[int],
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+    dt_limit: tuple[float, float] = (0.0, _INF),
+    initial_states: torch.Tensor | None = None,
+    emit_at: Sequence[Sequence[int]] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`ssd_chunk_scan_ref` of S sequences packed one after another.
+
+    Args:
+        x: [T, H, P]; dt: [T, H]; B, C: [T, G, N]; sequence s at rows
+            cu_seqlens[s]:cu_seqlens[s + 1] (S + 1 host ints rising from 0 to T). A,
+            chunk_size, D, dt_bias, dt_softplus, dt_limit: as `ssd_chunk_scan_ref`.
+        initial_states: [S, H, P, N] each sequence's state before it, or None (zeros).
+        emit_at: S lists of sorted positions p, 1 <= p <= L_s (or none at all).
+
+    Returns:
+        y: [T, H, P] in x.dtype; final_states: [S, H, P, N]; emitted: [E, H, P, N],
+        sequence by sequence in emit order. Each sequence is scanned alone from its state
+        (the reference: a loop over the sequences).
+    """
+    *_, cu, emits = check_ssd_varlen(x, dt, A, B, C, D, initial_states, cu_seqlens, emit_at)
+    ys, finals, emitted = [], [], []
+    for s, e in enumerate(emits):
+        rows = slice(cu[s], cu[s + 1])
+        y, final, out = ssd_chunk_scan_ref(
+            x[None, rows], dt[None, rows], A, B[None, rows], C[None, rows],
+            chunk_size=chunk_size, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+            dt_limit=dt_limit,
+            initial_state=None if initial_states is None else initial_states[s : s + 1],
+            emit_at=e,
+        )  # fmt: skip
+        ys.append(y[0])
+        finals.append(final[0])
+        emitted.append(out[:, 0])
+    return torch.cat(ys), torch.stack(finals), torch.cat(emitted)

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_table import ChunkTable
 from .gated_delta import (
     L2_EPS,
     check_delta_varlen,
@@ -403,35 +404,19 @@ def gated_delta_chunk_varlen_triton(
     dev = q.device
     BT = max(_MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
     KP = _block_k(K)
-    starts, lengths, crange = [], [], [0]
-    epos, echunk = [], []
-    for s in range(n_seq):
-        first = len(starts)
-        for c0 in range(0, cu[s + 1] - cu[s], BT):
-            starts.append(cu[s] + c0)
-            lengths.append(min(BT, cu[s + 1] - cu[s] - c0))
-        crange.append(len(starts))
-        for p in emits[s]:
-            c = (p - 1) // BT
-            echunk.append(first + c)
-            epos.append(p - c * BT)
-    nc = len(starts)
-    erange = [bisect.bisect_left(echunk, c) for c in range(nc + 1)]
+    table = ChunkTable.of(cu, emits, BT)
+    nc = len(table.starts)
     h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()
     o = torch.zeros(total, H, V, dtype=q.dtype, device=dev)
     final = torch.empty(n_seq, H, K, V, dtype=torch.float32, device=dev)
-    emitted = torch.empty(len(epos), H, K, V, dtype=torch.float32, device=dev)
+    emitted = torch.empty(len(table.epos), H, K, V, dtype=torch.float32, device=dev)
     if n_seq == 0 or H * K * V == 0:
         return o, torch.zeros_like(final) if h0 is None else h0.clone(), emitted.zero_()
     Lp = max(nc, 1) * BT
     w = torch.empty(H, Lp, K, dtype=torch.float32, device=dev)
     u = torch.empty(H, Lp, V, dtype=torch.float32, device=dev)
 
-    def ints(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(values or [0], dtype=dtype, device=dev)
-
-    cstart, clen, crange_t = ints(starts), ints(lengths), ints(crange)
-    epos_t, erange_t = ints(epos, torch.int32), ints(erange)
+    cstart, clen, crange_t, erange_t, epos_t = table.tensors(dev)
     warps = 4 if KP * BT <= 4096 else 8
     common = {"USE_L2": bool(use_qk_l2norm), "EPS": L2_EPS, "BT": BT, "KP": KP, "BV": _BV,
               "PRECISION": "ieee", "num_warps": warps, "VARLEN": True}  # fmt: skip

@@ -51,7 +51,7 @@ def test_json_names_each_mixers_kernels_and_backends(listing: dict[str, Any]) ->
     mamba2 = by["bamba"]["mamba2"]
     assert mamba2["engine_class"] == "Mamba2Mixer"
     assert mamba2["kernels"] == dict.fromkeys(
-        ("ssd_chunk_scan", "mamba2_state_update", *CONV), "ref"
+        ("ssd_chunk_scan", "ssd_chunk_scan_varlen", "mamba2_state_update", *CONV), "ref"
     )
     assert set(by["jamba"]["mamba1"]["kernels"]) == {
         "mamba1_state_update",
@@ -71,7 +71,12 @@ def test_json_names_each_mixers_kernels_and_backends(listing: dict[str, Any]) ->
 
 
 def test_kernel_ops_are_read_from_the_mixer_sources() -> None:
-    assert kernel_ops(Mamba2Mixer) == ("ssd_chunk_scan", "mamba2_state_update", *CONV)
+    assert kernel_ops(Mamba2Mixer) == (
+        "ssd_chunk_scan",
+        "ssd_chunk_scan_varlen",
+        "mamba2_state_update",
+        *CONV,
+    )
     assert kernel_ops(Mamba1Mixer) == (
         "mamba1_state_update",
         *CONV,

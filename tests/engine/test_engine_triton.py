@@ -27,7 +27,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LOGIT_TOL = 2e-2 if DEVICE == "cuda" else 1e-4  # TF32 dots on GPU; exact fp32 in the interpreter
 CONV = {"causal_conv1d", "causal_conv1d_update", "causal_conv1d_varlen"}
 FAMILY_OPS = {
-    "nemotron_h": {"ssd_chunk_scan", "mamba2_state_update", *CONV},
+    "nemotron_h": {"ssd_chunk_scan", "ssd_chunk_scan_varlen", "mamba2_state_update", *CONV},
     "jamba": {"selective_scan", "selective_scan_varlen", "mamba1_state_update", *CONV},
     "qwen3_next": {"gated_delta_chunk", "gated_delta_chunk_varlen", "gated_delta_step", *CONV},
     "lfm2": CONV,  # the short conv is the causal conv alone (no activation)

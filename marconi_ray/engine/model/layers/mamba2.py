@@ -23,11 +23,12 @@ from marconi_ray.engine.model.layers.norm import GatedGroupRMSNorm
 from marconi_ray.engine.model.layers.packed import (
     PackedMixer,
     PackedPart,
-    Pair,
     PartStates,
-    each_part,
+    cu_seqlens,
     packed_conv,
     part_states,
+    split_states,
+    stacked_states,
 )
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import Mamba2Config
@@ -42,6 +43,7 @@ class Mamba2Mixer(PackedMixer, nn.Module):
     `ParallelLinear`)."""
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
+        "ssd_chunk_scan_varlen",
         "causal_conv1d",
         "causal_conv1d_update",
         "causal_conv1d_varlen",
@@ -166,34 +168,36 @@ class Mamba2Mixer(PackedMixer, nn.Module):
         self, x: torch.Tensor, parts: Sequence[PackedPart]
     ) -> tuple[torch.Tensor, list[PartStates]]:
         """Several sequences' new tokens x [T, d_model] (packed, see `packed`): in_proj,
-        the gate and out_proj once over all rows, the conv and the SSD scan per part from
-        its states. Returns y [T, d_model] and per part its final states (conv [C, K],
-        ssm [H, P, N]) and those emitted at its `emit_at`."""
+        the gate and out_proj once over all rows, the conv and the SSD scan once for all
+        parts (`ssd_chunk_scan_varlen`, each part from its own states). Returns y
+        [T, d_model] and per part its final states (conv [C, K], ssm [H, P, N]) and those
+        emitted at its `emit_at`."""
         z, xbc, dt = self._split(self.in_proj(x))
         k = self.kernels
         xbc, convs = packed_conv(k, xbc, self.conv_weight[:, 0], self.conv_bias, parts, "silu")
         xs, b, c = self._bc(xbc)
         a = -torch.exp(self.A_log.float())
 
-        def scan(p: PackedPart) -> tuple[torch.Tensor, Pair]:
-            r = p.rows
+        scan = {
+            "chunk_size": self.cfg.chunk_size, "D": self.D, "dt_bias": self.dt_bias,
+            "dt_softplus": True, "dt_limit": self.dt_limit,
+        }  # fmt: skip
+        heads = (self.heads, self.cfg.head_dim)
+        if len(parts) == 1:
+            (p,) = parts
             y, final, emitted = k.ssd_chunk_scan(
-                xs[r].reshape(1, p.length, self.heads, self.cfg.head_dim),
-                dt[r][None],
-                a,
-                b[r][None],
-                c[r][None],
-                chunk_size=self.cfg.chunk_size,
-                D=self.D,
-                dt_bias=self.dt_bias,
-                dt_softplus=True,
-                dt_limit=self.dt_limit,
-                initial_state=None if p.ssm is None else p.ssm[None],
-                emit_at=p.emit_at,
-            )
-            return y.reshape(p.length, self.d_inner), (final[0], emitted[:, 0])
-
-        y, ssms = each_part(parts, scan)
+                xs.reshape(1, p.length, *heads), dt[None], a, b[None], c[None],
+                initial_state=None if p.ssm is None else p.ssm[None], emit_at=p.emit_at, **scan,
+            )  # fmt: skip
+            ssms = [(final[0], emitted[:, 0])]
+        else:
+            y, finals, emitted = k.ssd_chunk_scan_varlen(
+                xs.reshape(x.shape[0], *heads), dt, a, b, c, cu_seqlens=cu_seqlens(parts),
+                initial_states=stacked_states(parts, self.empty_state(x.device)[1]),
+                emit_at=[p.emit_at for p in parts], **scan,
+            )  # fmt: skip
+            ssms = split_states(parts, finals, emitted)
+        y = y.reshape(x.shape[0], self.d_inner)
         out = self.out_proj(self._gate(y, z))
         return out, part_states(convs, ssms)
 
