@@ -8,6 +8,10 @@ Sections, each recorded even when another fails (its error is kept in the JSON):
             those of the reference kernels;
   prefill   the `paper-7b-shape` model in bf16: prefill tokens/s of a 4k-token prompt,
             ours (triton) vs transformers' implementation of the same weights;
+            With it, `packed`: 8 prompts of 256 tokens (`--packed-len`) on the KV pool in one
+            forward (`prefill_many`: one attention and one varlen conv and scan call per
+            layer for all of them) vs one forward each: seconds of each, and the largest
+            logit difference between them;
   ttft      time to first token of a turn whose 90% prefix is cached vs a cold prompt;
   decode    decode tokens/s at batch 1, 16 and 64 (model steps, and the engine end to end);
   tiers     the state store's host tier on the `small` preset: `--tier-mb` MB of KV slots
@@ -43,6 +47,8 @@ from marconi_kernels import OPS, get_kernels
 from marconi_kernels.mamba_ssm_import import mamba_ssm_version
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.paged_kv import ScratchKV
+from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.engine.presets.factory import build_model, make_model
 from marconi_ray.engine.store.state_store import StateStore
@@ -58,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="torch device (cpu: a dry run)")
     p.add_argument("--preset", default="paper-7b-shape", help="model of prefill/ttft/decode")
     p.add_argument("--prompt-len", type=int, default=4096, help="prefill prompt tokens")
+    p.add_argument(
+        "--packed-len", type=int, default=256, help="tokens of each of the 8 packed prompts"
+    )
     p.add_argument("--batches", default="1,16,64", help="decode batch sizes")
     p.add_argument("--quick", action="store_true", help="small kernel shapes (CPU dry run)")
     p.add_argument(
@@ -109,7 +118,77 @@ def kernel_cases(dev: torch.device, dtype: torch.dtype, quick: bool) -> dict[str
     B = 3 if quick else 64
     emit = [1, cs, L // 2 + 3, L]
     f32 = torch.float32
+    S, n = 8, L // 8  # the varlen ops: 8 requests of L / 8 tokens packed
+    cu = [s * n for s in range(S + 1)]
+    emits = [[1, n // 2, n]] * S
+    T, KV, hd = S * n, 2 if quick else 8, 16 if quick else 128
     return {
+        "ssd_chunk_scan_varlen": (
+            (
+                rnd(T, H, P),
+                rnd(T, H),
+                -torch.rand(H, generator=g).to(dev) - 0.5,
+                rnd(T, G, N),
+                rnd(T, G, N),
+            ),
+            {
+                "cu_seqlens": cu,
+                "chunk_size": cs,
+                "D": rnd(H, dt=f32),
+                "dt_bias": rnd(H, dt=f32),
+                "dt_limit": (0.001, 100.0),
+                "initial_states": rnd(S, H, P, N, dt=f32),
+                "emit_at": emits,
+            },
+        ),
+        "causal_conv1d_varlen": (
+            (rnd(C, T), rnd(C, 4), rnd(C)),
+            {"cu_seqlens": cu, "initial_states": rnd(S, C, 4), "emit_at": emits},
+        ),
+        "selective_scan_varlen": (
+            (
+                rnd(Dm, T),
+                rnd(Dm, T),
+                -torch.rand(Dm, N1, generator=g).to(dev) - 0.5,
+                rnd(N1, T),
+                rnd(N1, T),
+            ),
+            {
+                "cu_seqlens": cu,
+                "D": rnd(Dm, dt=f32),
+                "z": rnd(Dm, T),
+                "delta_bias": rnd(Dm, dt=f32),
+                "initial_states": rnd(S, Dm, N1, dt=f32),
+                "emit_at": emits,
+            },
+        ),
+        "gated_delta_chunk_varlen": (
+            (
+                rnd(T, H, hd),
+                rnd(T, H, hd),
+                rnd(T, H, hd),
+                -torch.rand(T, H, generator=g).to(dev),
+                torch.rand(T, H, generator=g).to(dev, dtype),
+            ),
+            {
+                "cu_seqlens": cu,
+                "chunk_size": 64,
+                "initial_states": rnd(S, H, hd, hd, dt=f32, scale=0.1),
+                "emit_at": emits,
+            },
+        ),
+        "paged_prefill_attention": (
+            (
+                rnd(T, 4 * KV, hd),
+                rnd(KV, T + 16, hd),
+                rnd(KV, T + 16, hd),
+                torch.randperm(T + 16, generator=g)[:T].view(S, n).to(dev),
+                torch.tensor(cu, device=dev),
+                torch.full((S,), n, device=dev),
+                n,
+            ),
+            {},
+        ),
         "ssd_chunk_scan": (
             (
                 rnd(1, L, H, P),
@@ -409,6 +488,8 @@ def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str
                 "max_abs_logit_diff": float((logits - hf_logits).abs().max()),
             }
             print(f"  prefill: {out['prefill']}", flush=True)
+            out["packed"] = packed_prefill(ours, dev, 8, args.packed_len)
+            print(f"  packed: {out['packed']}", flush=True)
             del ours
         except Exception:
             out["prefill"] = {"error": traceback.format_exc()}
@@ -439,6 +520,31 @@ def run_engine_sections(args: argparse.Namespace, dev: torch.device) -> dict[str
         except Exception:
             out["decode"] = {"error": traceback.format_exc()}
     return out
+
+
+def packed_prefill(model: Any, dev: torch.device, n: int, length: int) -> dict[str, Any]:
+    """`n` prompts of `length` tokens prefilled on a scratch KV pool in one forward vs
+    one forward each (the section `packed` of the module docstring)."""
+    vocab = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, vocab, (length,), generator=g).to(dev) for _ in range(n)]
+    pool = ScratchKV(model.kv_shapes(), n * length, model.dtype, dev)
+    rows = torch.arange(n * length, device=dev).view(n, length)
+
+    def parts() -> list[PrefillPart]:
+        return [PrefillPart(p, SeqState(rows=r)) for p, r in zip(prompts, rows, strict=True)]
+
+    t_one, together = timed(lambda: model.prefill_many(parts(), pool), dev)
+    t_each, alone = timed(lambda: [model.prefill_many([p], pool)[0] for p in parts()], dev)
+    diff = max(float((a[1] - b[1]).abs().max()) for a, b in zip(together, alone, strict=True))
+    return {
+        "prompts": n,
+        "prompt_tokens": length,
+        "one_forward_s": round(t_one, 4),
+        "one_forward_each_s": round(t_each, 4),
+        "speedup": round(t_each / t_one, 2),
+        "max_abs_logit_diff": diff,
+    }
 
 
 def ttft(engine: Engine, prompt: list[int], n: int) -> dict[str, Any]:
@@ -497,7 +603,16 @@ def decode(engine: Engine, batches: list[int], dev: torch.device) -> dict[str, A
 
 def summary(result: dict[str, Any]) -> str:
     lines = ["# GPU check", "", f"device: {result['env'].get('device_name')}", ""]
-    for section in ("kernels", "exactness", "tiers", "graphs", "prefill", "ttft", "decode"):
+    for section in (
+        "kernels",
+        "exactness",
+        "tiers",
+        "graphs",
+        "prefill",
+        "packed",
+        "ttft",
+        "decode",
+    ):
         value = result.get(section)
         if value is None:
             continue

@@ -2,23 +2,21 @@
 after another (rows [T, D]), as `HybridModel.prefill_many` runs them.
 
 A mixer's row-wise work (projections, gates, norms, out_proj) runs once over all T rows;
-what carries state along a sequence (the causal conv, the scan) runs per sequence from its
-own states, emitting at its own depths. `PackedPart` is one sequence's share; `PartStates`
-what the mixer hands back for it; `packed_conv` (one varlen conv call for all the parts)
-and `each_part` (a scan per part) are the steps every mixer shares.
+what carries state along a sequence (the causal conv, the scan) runs as one varlen kernel
+call for all the sequences, each from its own states, emitting at its own depths (one
+sequence keeps the one-sequence kernels). `PackedPart` is one sequence's share;
+`PartStates` what the mixer hands back for it; `packed_conv`, `cu_seqlens`,
+`stacked_states` and `split_states` are the steps every mixer shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
 from marconi_kernels import KernelSet
-
-Out = TypeVar("Out")
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 """(final state, states emitted at the part's depths) of one part."""
@@ -53,19 +51,6 @@ class PartStates:
     ssm: torch.Tensor
     conv_emitted: torch.Tensor
     ssm_emitted: torch.Tensor
-
-
-def each_part(
-    parts: Sequence[PackedPart], fn: Callable[[PackedPart], tuple[torch.Tensor, Out]]
-) -> tuple[torch.Tensor, list[Out]]:
-    """Run fn over each part (its output rows [n, ...] and whatever else it returns);
-    returns the rows concatenated in part order [T, ...] and the rest per part."""
-    rows, rest = [], []
-    for p in parts:
-        y, other = fn(p)
-        rows.append(y)
-        rest.append(other)
-    return (rows[0] if len(rows) == 1 else torch.cat(rows)), rest
 
 
 def packed_conv(
