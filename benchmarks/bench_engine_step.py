@@ -9,8 +9,8 @@ timings are the median over the reps (counts do not vary). Reports, per revision
 - decode tokens/s at each batch (`small` preset, NemotronH), and after / before;
 - TTFT p50 and max of `--ttft-requests` prompts of `--ttft-len` tokens arriving together
   (each through `Engine.add_request`), and the same prompts started by one
-  `Worker.advance` (the serving path): its model forwards, seconds, torch ops and host
-  syncs;
+  `Worker.advance` (the serving path): its model forwards, seconds, torch ops, host
+  syncs and attention / mixer kernel calls (kernel-set ops and SDPA, by op);
 - bytes made while a cached hit starts, and their slope per cached token (what is copied
   per token of KV);
 - a burst of long prompts: the peak KV rows and count of running requests, the sized
@@ -126,6 +126,12 @@ def table(before: dict[str, Any], after: dict[str, Any], batches: list[int]) -> 
     if "ops" in sb and "ops" in sa:
         row(f"{k} prompts started in one step: torch ops", sb["ops"], sa["ops"])
         row(f"{k} prompts started in one step: host syncs", sb["syncs"], sa["syncs"])
+    if "kernel_calls" in sb and "kernel_calls" in sa:
+        kb, ka = sb["kernel_calls"], sa["kernel_calls"]
+        row(f"{k} prompts started in one step: attention / mixer kernel calls",
+            sum(kb.values()), sum(ka.values()))  # fmt: skip
+        for op in sorted(set(kb) | set(ka)):
+            row(f"... of which {op}", kb.get(op, 0), ka.get(op, 0))
     per_token = "bytes_per_cached_token"
     row("bytes made when a hit starts, per cached token",
         before["hit"][per_token], after["hit"][per_token])  # fmt: skip

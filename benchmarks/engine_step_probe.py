@@ -15,8 +15,9 @@ request whose prompt is cached but for its last token.
 Starts in one step: `--ttft-requests` prompts of `--ttft-len` tokens planned and started
 by one `Worker.advance` (the serving path: their first tokens leave with that step): the
 model forwards it runs (embedding calls: prefills plus the step's decode) and its
-seconds, every request's TTFT there; and, in a second engine, the torch ops and host
-syncs of the same step.
+seconds, every request's TTFT there; and, in a second engine, the torch ops, host syncs
+and attention / mixer kernel calls (kernel-set ops and SDPA: each at least one launch on
+a GPU) of the same step.
 A burst: `--burst-requests` prompts of `--burst-len` tokens submitted together. Where the
 revision can size its KV pool from a budget (`protocol.kv_memory`), the budget holds two
 of them at a time; the peak KV rows running requests hold (the sum of their lengths),
@@ -27,6 +28,7 @@ with the tokens of an unbounded engine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 from host_syncs import HostReads, SyncOps
+from torch.overrides import TorchFunctionMode
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.protocol.sampling import SamplingParams
@@ -77,6 +80,55 @@ def counting(engine: Engine) -> Iterator[dict[str, int]]:
         broadcasts=calls["broadcast"],
         bytes_made=ops.bytes_made,
     )
+
+
+class _SDPACalls(TorchFunctionMode):
+    """Counts `scaled_dot_product_attention` calls made outside a kernel-set op (`inside`
+    > 0 while one runs: a reference op's own SDPA is that op's call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.inside = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", "") == "scaled_dot_product_attention" and not self.inside:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def kernel_calls(model: Any) -> Iterator[Counter[str]]:
+    """Counts, inside the block, the calls of every kernel-set op the model's layers make
+    (each is at least one launch on a GPU) and of SDPA (key "sdpa"): the model and every
+    module holding a `kernels` set get a counting copy, restored after."""
+    calls: Counter[str] = Counter()
+    holders = [m for m in model.modules() if dataclasses.is_dataclass(getattr(m, "kernels", None))]
+    saved = [m.kernels for m in holders]
+    sdpa = _SDPACalls()
+
+    def counted(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            sdpa.inside += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sdpa.inside -= 1
+
+        return run
+
+    for m, ks in zip(holders, saved, strict=True):
+        ops = {f.name: counted(f.name, getattr(ks, f.name)) for f in dataclasses.fields(ks)
+               if callable(getattr(ks, f.name))}  # fmt: skip
+        m.kernels = dataclasses.replace(ks, **ops)
+    try:
+        with sdpa:
+            yield calls
+    finally:
+        for m, ks in zip(holders, saved, strict=True):
+            m.kernels = ks
+        calls["sdpa"] += sdpa.calls
 
 
 def _prompt(seed: int, n: int, vocab: int) -> list[int]:
@@ -186,9 +238,9 @@ def _start_together(model_dir: str, n: int, prompt_len: int, counted: bool) -> d
     model._embed = forward
     step = StepInput(start=tuple(orders))
     if counted:
-        with counting(engine) as counts:
+        with counting(engine) as counts, kernel_calls(model) as kernels:
             engine.worker.advance(step)
-        return {"ops": counts["ops"], "syncs": counts["syncs"]}
+        return {"ops": counts["ops"], "syncs": counts["syncs"], "kernel_calls": dict(kernels)}
     t0 = time.perf_counter()
     out = engine.worker.advance(step)
     elapsed = time.perf_counter() - t0
