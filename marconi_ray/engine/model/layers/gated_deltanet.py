@@ -207,7 +207,9 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
             o, finals, emitted = k.gated_delta_chunk_varlen(
                 q, kk, v, g, beta, cu_seqlens=cu_seqlens(parts),
                 chunk_size=self._chunk(max(p.length for p in parts)),
-                initial_states=stacked_states(parts, self.empty_state(x.device)[1]),
+                initial_states=stacked_states(
+                    [p.ssm for p in parts], lambda: self.empty_state(x.device)[1]
+                ),
                 emit_at=[p.emit_at for p in parts], use_qk_l2norm=True,
             )  # fmt: skip
             ssms = split_states(parts, finals, emitted)

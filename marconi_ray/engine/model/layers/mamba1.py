@@ -125,7 +125,9 @@ class Mamba1Mixer(PackedMixer, nn.Module):
         else:
             y, finals, emitted = k.selective_scan_varlen(
                 xc.t(), delta.t(), a, b.t(), c.t(), z=gate.t(), cu_seqlens=cu_seqlens(parts),
-                initial_states=stacked_states(parts, self.empty_state(x.device)[1]),
+                initial_states=stacked_states(
+                    [p.ssm for p in parts], lambda: self.empty_state(x.device)[1]
+                ),
                 emit_at=[p.emit_at for p in parts], **scan,
             )  # fmt: skip
             ssms = split_states(parts, finals, emitted)

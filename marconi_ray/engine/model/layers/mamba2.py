@@ -193,7 +193,9 @@ class Mamba2Mixer(PackedMixer, nn.Module):
         else:
             y, finals, emitted = k.ssd_chunk_scan_varlen(
                 xs.reshape(x.shape[0], *heads), dt, a, b, c, cu_seqlens=cu_seqlens(parts),
-                initial_states=stacked_states(parts, self.empty_state(x.device)[1]),
+                initial_states=stacked_states(
+                    [p.ssm for p in parts], lambda: self.empty_state(x.device)[1]
+                ),
                 emit_at=[p.emit_at for p in parts], **scan,
             )  # fmt: skip
             ssms = split_states(parts, finals, emitted)

@@ -77,14 +77,12 @@ def packed_conv(
             emit_at=p.emit_at,
         )
         return y[0].t(), [(final[0], emitted[:, 0])]
-    zeros = x.new_zeros(weight.shape)
-    convs = [PackedPart(p.start, p.stop, p.conv) for p in parts]
     y, finals, emitted = kernels.causal_conv1d_varlen(
         x.t(),
         weight,
         bias,
         cu_seqlens=cu_seqlens(parts),
-        initial_states=stacked_states(convs, zeros, lambda p: p.conv),
+        initial_states=stacked_states([p.conv for p in parts], lambda: x.new_zeros(weight.shape)),
         activation=activation,
         emit_at=[p.emit_at for p in parts],
     )
@@ -97,16 +95,19 @@ def cu_seqlens(parts: Sequence[PackedPart]) -> list[int]:
 
 
 def stacked_states(
-    parts: Sequence[PackedPart],
-    zeros: torch.Tensor,
-    of: Callable[[PackedPart], torch.Tensor | None] = lambda p: p.ssm,
+    states: Sequence[torch.Tensor | None], empty: Callable[[], torch.Tensor]
 ) -> torch.Tensor | None:
-    """The parts' states (`of(part)`: its ssm state by default) stacked [S, ...] for a
-    varlen kernel, `zeros` for a part that has none; None when no part has one."""
-    states = [of(p) for p in parts]
-    if all(s is None for s in states):
+    """The parts' states stacked [S, ...] for a varlen kernel (in the first one's dtype),
+    `empty()` (the zero state, made only when needed) for a part that has none; None when
+    no part has one (the kernel then starts every part from zeros)."""
+    present = [s for s in states if s is not None]
+    if not present:
         return None
-    return torch.stack([zeros if s is None else s.to(zeros.dtype) for s in states])
+    dtype = present[0].dtype
+    if len(present) == len(states):
+        return torch.stack([s.to(dtype) for s in present])
+    zero = empty().to(dtype)
+    return torch.stack([zero if s is None else s.to(dtype) for s in states])
 
 
 def split_states(
