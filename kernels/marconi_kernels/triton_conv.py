@@ -51,6 +51,16 @@ def _silu_flag(activation: str | None) -> bool:
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _bias_act(acc, bias_ptr, offs_c, mask_c, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):  # type: ignore[no-untyped-def]
+    """A [BLOCK_C, BLOCK_L] tile of conv sums plus the channels' bias, through the silu."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[:, None]
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _conv_fwd_kernel(  # type: ignore[no-untyped-def]
     x_ptr, w_ptr, bias_ptr, state_ptr, y_ptr,
     C, L,
@@ -83,10 +93,7 @@ def _conv_fwd_kernel(  # type: ignore[no-untyped-def]
             ).to(tl.float32)
         w = tl.load(w_ptr + offs_c * swc + k * swk, mask=mask_c, other=0.0).to(tl.float32)
         acc += vals * w[:, None]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[:, None]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
+    acc = _bias_act(acc, bias_ptr, offs_c, mask_c, HAS_BIAS, SILU)
     y_ptrs = y_ptr + pid_b * syb + offs_c[:, None] * syc + offs_l[None, :] * syl
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_l[None, :])
 
@@ -124,10 +131,7 @@ def _conv_varlen_kernel(  # type: ignore[no-untyped-def]
             ).to(tl.float32)
         w = tl.load(w_ptr + offs_c * swc + k * swk, mask=mask_c, other=0.0).to(tl.float32)
         acc += vals * w[:, None]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[:, None]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
+    acc = _bias_act(acc, bias_ptr, offs_c, mask_c, HAS_BIAS, SILU)
     y_ptrs = y_ptr + offs_c[:, None] * syc + offs_t[None, :] * syt
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_t[None, :])
 

@@ -166,6 +166,22 @@ def _scan_kernel(  # type: ignore[no-untyped-def]  # Triton reads annotations
     tl.store(hT_ptr + h_offs, h, mask=hmask)
 
 
+def _flags(
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    delta_bias: torch.Tensor | None,
+    h0: torch.Tensor | None,
+    softplus: bool,
+    N: int,
+) -> dict[str, object]:
+    """The scan kernel's compile-time options for these inputs."""
+    return {
+        "HAS_D": D is not None, "HAS_Z": z is not None, "HAS_BIAS": delta_bias is not None,
+        "HAS_H0": h0 is not None, "SOFTPLUS": bool(softplus), "BLOCK_D": _BLOCK_D,
+        "NP": triton.next_power_of_2(max(N, 1)), "CHUNK": _CHUNK,
+    }  # fmt: skip
+
+
 def selective_scan_triton(
     u: torch.Tensor,
     delta: torch.Tensor,
@@ -266,14 +282,7 @@ def selective_scan_triton(
             b * Dm * N,
             Dm * N,
             VARLEN=False,
-            HAS_D=D is not None,
-            HAS_Z=z is not None,
-            HAS_BIAS=delta_bias is not None,
-            HAS_H0=h0 is not None,
-            SOFTPLUS=bool(delta_softplus),
-            BLOCK_D=_BLOCK_D,
-            NP=triton.next_power_of_2(max(N, 1)),
-            CHUNK=_CHUNK,
+            **_flags(D, z, delta_bias, h0, delta_softplus, N),
         )
     if len(uniq) != len(positions):  # expand duplicated positions
         slot_of = {p: i for i, p in enumerate(uniq)}
@@ -331,15 +340,7 @@ def selective_scan_varlen_triton(
                 0, *u.stride(), 0, *delta.stride(), 0, *zz.stride(), 0, *B.stride(),
                 0, *C.stride(),
                 0, total, Dm * N, 0,
-                VARLEN=True,
-                HAS_D=D is not None,
-                HAS_Z=z is not None,
-                HAS_BIAS=delta_bias is not None,
-                HAS_H0=h0 is not None,
-                SOFTPLUS=bool(delta_softplus),
-                BLOCK_D=_BLOCK_D,
-                NP=triton.next_power_of_2(max(N, 1)),
-                CHUNK=_CHUNK,
+                VARLEN=True, **_flags(D, z, delta_bias, h0, delta_softplus, N),
             )  # fmt: skip
     index = [flat.index((s, p)) for s in range(n_seq) for p in emits[s]]
     if index != list(range(len(flat))):  # duplicated positions
