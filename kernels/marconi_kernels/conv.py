@@ -188,6 +188,9 @@ def causal_conv1d_varlen_ref(
     ch, total = x.shape
     K = weight.shape[1]
     lengths = [cu[s + 1] - cu[s] for s in range(n_seq)]
+    final = varlen_states(x, initial_states, cu, K, [(s, lengths[s]) for s in range(n_seq)])
+    if total == 0:  # no tokens (so no emits): the states pass through
+        return x.clone(), final, x.new_empty(0, ch, K)
     dev = x.device
     seqs = torch.arange(n_seq, device=dev)
     seq_of = torch.repeat_interleave(seqs, torch.tensor(lengths, device=dev), output_size=total)
@@ -206,7 +209,6 @@ def causal_conv1d_varlen_ref(
         groups=ch,
     )[0]
     y = _activate(y[:, token_idx - K], activation).to(x.dtype)
-    final = varlen_states(x, initial_states, cu, K, [(s, lengths[s]) for s in range(n_seq)])
     depths = [(s, r) for s in range(n_seq) for r in emits[s]]
     emitted = varlen_states(x, initial_states, cu, K, depths) if depths else x.new_empty(0, ch, K)
     return y, final, emitted

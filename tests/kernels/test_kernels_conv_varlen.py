@@ -34,7 +34,7 @@ def _emits(lengths: list[int], K: int) -> list[list[int]]:
     return [sorted({p for p in (1, K - 1, K, n // 2, n) if 1 <= p <= n}) for n in lengths]
 
 
-LENGTHS = [[5, 0, 1, 9, 2], [17], [3, 40, 2, 33]]
+LENGTHS = [[5, 0, 1, 9, 2], [17], [3, 40, 2, 33], [0, 0]]
 
 
 @pytest.mark.parametrize("lengths", LENGTHS)
