@@ -29,7 +29,12 @@ Sections (`--sections`, default all three):
   `--ray-replicas` replicas: `--callers` concurrent callers, plans through the ingress's
   `PlanBatcher` (`plan_many` batches), commits coalesced per replica into `commit_many`
   as a replica's step sends them. Reports pairs/s, p50/p99 per pair and the CPU ms per
-  pair of the coordinator actor's process and of the driver (the callers).
+  pair of the coordinator actor's process and of the driver (the callers). With
+  `--coordinators 1,2` it also runs the indexed coordinator as K actors, each owning
+  every K-th replica, each prompt sent to the one `cluster_load.group_of` picks (a hash
+  of its first `--group-key-tokens` tokens): one record per K in `ray.runs` (pairs/s,
+  p50/p99, the CPU per pair of all coordinator processes and of the driver, the share
+  of the plans the busiest coordinator took).
 - `node_loss`: `node_loss.run_node_loss` with its defaults (about 80 s; a head and two
   worker raylets on this machine, the full HTTP service on a Redis journal, closed-loop
   clients, one worker's raylet killed): requests ok / clean errors / broken during the
@@ -60,7 +65,15 @@ from typing import Any
 import numpy as np
 import run_info
 from bench_serve import FakeWorker, pct
-from cluster_load import KV_BYTES, STATE_BYTES, VARIANTS, Sessions, replica_ids, settings_for
+from cluster_load import (
+    KV_BYTES,
+    STATE_BYTES,
+    VARIANTS,
+    Sessions,
+    group_of,
+    replica_ids,
+    settings_for,
+)
 from cluster_report import plot, table, verdicts
 from tqdm import tqdm
 
@@ -130,8 +143,10 @@ def scaling(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict
     return {str(r): {n: runs[r, n].figures() for n in names} for r in args.replicas}
 
 
-def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[str, Any]:
-    """One variant of the `ray` section: a coordinator actor, warm-up, timed callers."""
+def ray_variant(args: argparse.Namespace, model_dir: Path, name: str, k: int = 1) -> dict[str, Any]:
+    """One run of the `ray` section: `k` coordinator actors of `name`, each owning every
+    k-th replica (a coordinator group's partition; each prompt goes to the coordinator
+    `group_of` picks), warm-up, timed callers."""
     import ray
 
     from marconi_ray.serve.ingress.coalescer import Coalescer
@@ -139,36 +154,51 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
 
     r = args.ray_replicas
     worker, work = FakeWorker(), Sessions(args, r, args.sessions * r)
-    coord = ray.remote(VARIANTS[name]).options(num_cpus=0).remote(settings_for(model_dir))
-    ray.get(
-        [
-            coord.register_replica.remote(rid, KV_BYTES, STATE_BYTES)
-            for rid in replica_ids(work.replicas)
-        ]
-    )
+    actor = ray.remote(VARIANTS[name]).options(num_cpus=0)
+    coords = [actor.remote(settings_for(model_dir)) for _ in range(k)]
+    rids = replica_ids(work.replicas)
+    owner = {rid: coords[i % k] for i, rid in enumerate(rids)}
+    ray.get([owner[rid].register_replica.remote(rid, KV_BYTES, STATE_BYTES) for rid in rids])
+
+    def group(prompt: np.ndarray) -> int:
+        return group_of(prompt, k, args.group_key_tokens)
 
     def plans(ps: list[np.ndarray]) -> list[Dispatch]:
-        got = ray.get(coord.plan_many.remote([(p, work.params, 0.0) for p in ps]))
-        assert all(isinstance(d, Dispatch) for d in got), got
-        return list(got)
+        """Each prompt planned by its group's coordinator (one `plan_many` per group)."""
+        by: dict[int, list[int]] = {}
+        for i, p in enumerate(ps):
+            by.setdefault(group(p), []).append(i)
+        calls = {
+            g: coords[g].plan_many.remote([(ps[i], work.params, 0.0) for i in idx])
+            for g, idx in by.items()
+        }
+        out: list[Any] = [None] * len(ps)
+        for g, idx in by.items():
+            for i, d in zip(idx, ray.get(calls[g]), strict=True):
+                out[i] = d
+        assert all(isinstance(d, Dispatch) for d in out), out
+        return out
 
-    commit = lambda d, done: ray.get(coord.commit.remote(d.replica_id, done, d.needs))  # noqa: E731
-    work.warm(plans, commit, worker, f"warm ray {name}")
-    prompts, pairs, batcher = work.timed(args.ray_pairs), [], PlanBatcher(coord)
+    def commit(d: Dispatch, done: Any) -> Any:
+        return ray.get(owner[d.replica_id].commit.remote(d.replica_id, done, d.needs))
+
+    work.warm(plans, commit, worker, f"warm ray {name} x{k}")
+    prompts, pairs = work.timed(args.ray_pairs), []
+    batchers = [PlanBatcher(c) for c in coords]
     outputs = {id(p): work.output(p) for p in prompts}  # made now: the driver has less to do
     commits: dict[str, Coalescer[Any, None]] = {}
 
     applied: dict[str, int] = {}  # each fake replica acknowledges what it was sent
 
     async def commit_many(rid: str, done: list[Any]) -> list[None]:
-        answer = await coord.commit_many.remote(rid, done, applied.get(rid, 0))
+        answer = await owner[rid].commit_many.remote(rid, done, applied.get(rid, 0))
         applied[rid] = max(applied.get(rid, 0), answer.last)
         return [None] * len(done)
 
     async def caller(todo: Any) -> None:
         for p in todo:
             t0 = time.perf_counter()
-            d = await batcher.plan(p, work.params, time.time())
+            d = await batchers[group(p)].plan(p, work.params, time.time())
             t1 = time.perf_counter()
             done = worker.finish(d.order, outputs[id(p)])
             t2 = time.perf_counter()
@@ -182,14 +212,23 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str) -> dict[st
         await asyncio.gather(*(caller(todo) for _ in range(args.callers)))
         return time.perf_counter() - t0
 
-    pid = ray.get(coord.__ray_call__.remote(lambda _: os.getpid()))
-    before = (process_cpu(pid), time.process_time())
+    pids = ray.get([c.__ray_call__.remote(lambda _: os.getpid()) for c in coords])
+    before = ([process_cpu(pid) for pid in pids], time.process_time())
     wall = asyncio.run(run())
-    used = (process_cpu(pid) - before[0], time.process_time() - before[1])
-    ray.kill(coord)
-    out = {"pairs_s": len(pairs) / wall, "wall_s": wall, "pair": pct(pairs)}
-    out["cpu_ms_per_pair"] = {k: 1e3 * v / len(pairs) for k, v in zip(CPU, used, strict=True)}
-    return out | {"plans_per_call": batcher.planned / batcher.calls}
+    per_coord = [process_cpu(pid) - b for pid, b in zip(pids, before[0], strict=True)]
+    used = (sum(per_coord), time.process_time() - before[1])
+    for c in coords:
+        ray.kill(c)
+    n = len(pairs)
+    out = {"pairs_s": n / wall, "wall_s": wall, "pair": pct(pairs)}
+    out["cpu_ms_per_pair"] = {k_: 1e3 * v / n for k_, v in zip(CPU, used, strict=True)}
+    planned = [b.planned for b in batchers]
+    return out | {
+        "coordinators": k,
+        "plans_per_call": sum(planned) / max(1, sum(b.calls for b in batchers)),
+        "busiest_share": max(planned) / max(1, sum(planned)),
+        "coordinator_cpu_ms": [1e3 * v / n for v in per_coord],
+    }
 
 
 CPU = ("coordinator", "driver")
@@ -214,9 +253,24 @@ def ray_section(args: argparse.Namespace, model_dir: Path, names: list[str]) -> 
         address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env=env
     )
     try:
-        out = {name: ray_variant(args, model_dir, name) for name in names}
+        out: dict[str, Any] = {name: ray_variant(args, model_dir, name) for name in names}
+        groups = [out["indexed"] if k == 1 else ray_variant(args, model_dir, "indexed", k)
+                  for k in args.coordinators]  # fmt: skip
     finally:
         ray.shutdown()
+    out["runs"] = [
+        {
+            "coordinators": g["coordinators"],
+            "pairs_s": g["pairs_s"],
+            "p50_ms": g["pair"]["p50_ms"],
+            "p99_ms": g["pair"]["p99_ms"],
+            "coordinator_cpu_ms_per_pair": g["cpu_ms_per_pair"]["coordinator"],
+            "driver_cpu_ms_per_pair": g["cpu_ms_per_pair"]["driver"],
+            "busiest_share": g["busiest_share"],
+            "plans_per_call": g["plans_per_call"],
+        }
+        for g in groups
+    ]
     return out | {"replicas": args.ray_replicas, "callers": args.callers}
 
 
@@ -232,6 +286,7 @@ OPTIONS = (  # name, type, default, help
     ("rounds", int, 12, "scaling: alternating rounds the pairs are split over"),
     ("ray_replicas", int, 128, "ray: registered replicas"),
     ("ray_pairs", int, 4000, "ray: timed pairs per variant"),
+    ("group_key_tokens", int, 256, "ray: prompt tokens the coordinator group key hashes"),
     ("callers", int, 8, "ray: concurrent callers"),
 )
 
@@ -276,6 +331,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="scaling: comma-separated replica counts [%(default)s]",
     )
     p.add_argument(
+        "--coordinators",
+        default="1,2",
+        help="ray: comma-separated coordinator counts K, each run with the replicas split "
+        "among K coordinator actors by the group key [%(default)s]",
+    )
+    p.add_argument(
         "--reference-routing",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -299,6 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
     except ValueError:
         p.error(f"--replicas: comma-separated integers, got {args.replicas!r}")
+    try:
+        args.coordinators = [int(x) for x in args.coordinators.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--coordinators: comma-separated integers, got {args.coordinators!r}")
+    if not args.coordinators or min(args.coordinators) < 1:
+        p.error(f"--coordinators: counts >= 1, got {args.coordinators}")
     if not args.replicas or min(args.replicas) < 1:
         p.error(f"--replicas: counts >= 1, got {args.replicas}")
     if args.quick:

@@ -31,7 +31,6 @@ Writes OUT/bench_coordinator_groups.json and .md. Needs the shared data folder
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from typing import Any
 
 import numpy as np
 from bench_serve import FakeWorker
-from cluster_load import KV_BYTES, STATE_BYTES, replica_ids, settings_for
+from cluster_load import KV_BYTES, STATE_BYTES, group_of, replica_ids, settings_for
 from tqdm import tqdm
 
 from marconi_ray.protocol.sampling import SamplingParams
@@ -51,13 +50,6 @@ from marconi_ray.traces.registry import load_trace
 from marconi_ray.traces.trace import Trace
 
 ID_OFFSET = 7  # first id past the tiny model's special tokens
-
-
-def group_of(prompt: np.ndarray, groups: int, key_tokens: int) -> int:
-    """The coordinator group of a prompt: a stable hash of its first `key_tokens` tokens
-    (all of a shorter prompt) modulo `groups`."""
-    head = np.ascontiguousarray(prompt[:key_tokens], dtype=np.int32).tobytes()
-    return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "little") % groups
 
 
 def mapped(ids: np.ndarray, vocab: int) -> np.ndarray:

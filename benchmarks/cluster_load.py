@@ -8,6 +8,7 @@ here starts quickly.
 from __future__ import annotations
 
 import argparse
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +54,14 @@ VARIANTS: dict[str, type[CacheCoordinator]] = {
 def settings_for(model_dir: Path) -> ServeSettings:
     """A big cache (no evictions) and a long lease (fake replicas send no heartbeats)."""
     return ServeSettings(str(model_dir), "tiny", cache_bytes=10**13, lease_s=1e7)
+
+
+def group_of(prompt: np.ndarray, groups: int, key_tokens: int) -> int:
+    """The coordinator group of a prompt: a stable hash of its first `key_tokens` tokens
+    (all of a shorter prompt) modulo `groups` (the partition rule of a coordinator group
+    that keeps shared leading blocks, and so sessions, together)."""
+    head = np.ascontiguousarray(prompt[:key_tokens], dtype=np.int32).tobytes()
+    return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "little") % groups
 
 
 def replica_ids(count: int) -> list[str]:

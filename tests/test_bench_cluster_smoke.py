@@ -21,7 +21,10 @@ def test_options() -> None:
     quick = bc.parse_args(["--quick", "--sections", "scaling", "--no-reference-routing"])
     assert quick.sections == ["scaling"] and not quick.reference_routing
     assert (quick.pairs, quick.sessions, quick.ray_pairs) == (400, 4, 1000)
-    for bad in (["--sections", "node-loss"], ["--replicas", "1,x"], ["--replicas", "0"]):
+    assert args.coordinators == [1, 2] and args.group_key_tokens == 256
+    assert bc.parse_args(["--coordinators", "1,2,4"]).coordinators == [1, 2, 4]
+    bad_args = (["--sections", "node-loss"], ["--replicas", "1,x"], ["--replicas", "0"])
+    for bad in (*bad_args, ["--coordinators", "0"], ["--coordinators", "one"]):
         with pytest.raises(SystemExit):
             bc.parse_args(bad)
 

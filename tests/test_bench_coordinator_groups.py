@@ -14,6 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_coordinator_groups.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import bench_coordinator_groups as bg  # noqa: E402
+import cluster_load as cl  # noqa: E402
 
 from marconi_ray.traces.registry import load_trace  # noqa: E402
 
@@ -29,13 +30,13 @@ def test_options() -> None:
 def test_group_key_is_stable_and_keeps_a_leading_block_together() -> None:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(7, 500, 300).astype(np.int32) for _ in range(400)]
-    groups = [bg.group_of(p, 2, 64) for p in prompts]
-    assert groups == [bg.group_of(p.copy(), 2, 64) for p in prompts]  # a hash of values
+    groups = [cl.group_of(p, 2, 64) for p in prompts]
+    assert groups == [cl.group_of(p.copy(), 2, 64) for p in prompts]  # a hash of values
     assert 150 < sum(groups) < 250  # spread over both
     head = prompts[0][:64]
     tails = [np.concatenate([head, rng.integers(7, 500, 50).astype(np.int32)]) for _ in range(20)]
-    assert {bg.group_of(t, 2, 64) for t in tails} == {bg.group_of(prompts[0], 2, 64)}
-    assert bg.group_of(prompts[0], 1, 64) == 0
+    assert {cl.group_of(t, 2, 64) for t in tails} == {cl.group_of(prompts[0], 2, 64)}
+    assert cl.group_of(prompts[0], 1, 64) == 0
 
 
 def test_windows_never_hold_two_turns_of_a_session() -> None:
