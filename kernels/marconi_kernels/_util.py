@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -58,12 +58,17 @@ def check_emit_at(emit_at: Sequence[int], length: int) -> list[int]:
 
 
 def check_varlen(
-    cu_seqlens: Sequence[int], total: int, emit_at: Sequence[Sequence[int]]
+    cu_seqlens: Sequence[int],
+    total: int,
+    emit_at: Sequence[Sequence[int]],
+    initial_states: torch.Tensor | None = None,
+    state_shape: tuple[int, ...] = (),
 ) -> tuple[list[int], list[list[int]]]:
     """Validate the packing of a varlen op: S + 1 host ints rising from 0 to `total` (a
-    sequence may be empty) and, per sequence, sorted emit positions in [1, its length]
-    (`emit_at` empty: none anywhere). Returns (cu_seqlens, emit positions per sequence);
-    ValueError naming the first bad value."""
+    sequence may be empty), per sequence sorted emit positions in [1, its length]
+    (`emit_at` empty: none anywhere), and `initial_states` (None, or [S, *state_shape]).
+    Returns (cu_seqlens, emit positions per sequence); ValueError naming the first bad
+    value."""
     cu = [int(c) for c in cu_seqlens]
     if (
         len(cu) < 2
@@ -76,4 +81,35 @@ def check_varlen(
     emits = emit_at or [()] * n_seq
     if len(emits) != n_seq:
         raise ValueError(f"emit_at needs one list per sequence ({n_seq}), got {len(emits)}")
+    shape = (n_seq, *state_shape)
+    if initial_states is not None and initial_states.shape != shape:
+        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
     return cu, [check_emit_at(e, cu[s + 1] - cu[s]) for s, e in enumerate(emits)]
+
+
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""A scan's (y, final state, emitted states)."""
+
+OneSequence = Callable[[slice, torch.Tensor | None, list[int]], Outputs]
+"""A one-sequence reference on batch row 0 of rows `rows`, from `state` ([1, ...] or
+None), emitting at `emit_at`: (y [1, ...], final [1, ...], emitted [E, 1, ...])."""
+
+
+def per_sequence(
+    cu: Sequence[int],
+    emits: Sequence[list[int]],
+    initial_states: torch.Tensor | None,
+    run: OneSequence,
+    dim: int = 0,
+) -> Outputs:
+    """The varlen references' loop: `run` each packed sequence alone; returns its outputs
+    concatenated along `dim` in sequence order, the final states stacked [S, ...] and the
+    emitted ones concatenated [E, ...]."""
+    ys, finals, emitted = [], [], []
+    for s, e in enumerate(emits):
+        state = None if initial_states is None else initial_states[s : s + 1]
+        y, final, out = run(slice(cu[s], cu[s + 1]), state, e)
+        ys.append(y[0])
+        finals.append(final[0])
+        emitted.append(out[:, 0])
+    return torch.cat(ys, dim=dim), torch.stack(finals), torch.cat(emitted)

@@ -124,11 +124,7 @@ def check_conv_varlen(
     ch, total = x.shape
     if weight.dim() != 2 or weight.shape[0] != ch or weight.shape[1] < 1:
         raise ValueError(f"weight must be [C, K] with C = {ch}, got {tuple(weight.shape)}")
-    cu, emits = check_varlen(cu_seqlens, total, emit_at)
-    shape = (len(cu) - 1, ch, weight.shape[1])
-    if initial_states is not None and initial_states.shape != shape:
-        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
-    return cu, emits
+    return check_varlen(cu_seqlens, total, emit_at, initial_states, (ch, weight.shape[1]))
 
 
 def varlen_states(

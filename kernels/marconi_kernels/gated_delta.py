@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import check_emit_at, check_varlen, compute_dtype
+from ._util import Outputs, check_emit_at, check_varlen, compute_dtype, per_sequence
 
 L2_EPS = 1e-6  # ``x * rsqrt(sum(x * x) + eps)``, like fla and transformers
 
@@ -326,12 +326,9 @@ def check_delta_varlen(
     _, L, H, K, V = check_gated_delta_shapes(
         q[None], k[None], v[None], g[None], beta[None], None
     )  # the shapes of one batch row of T tokens
-    cu, emits = check_varlen(cu_seqlens, L, emit_at)
+    cu, emits = check_varlen(cu_seqlens, L, emit_at, initial_states, (H, K, V))
     for s, e in enumerate(emits):
         check_positions(e, cu[s + 1] - cu[s])  # distinct, too
-    shape = (len(cu) - 1, H, K, V)
-    if initial_states is not None and initial_states.shape != shape:
-        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
     return H, K, V, cu, emits
 
 
@@ -363,16 +360,11 @@ def gated_delta_chunk_varlen_ref(
         reference: a loop over the sequences).
     """
     _, _, _, cu, emits = check_delta_varlen(q, k, v, g, beta, initial_states, cu_seqlens, emit_at)
-    outs, finals, emitted = [], [], []
-    for s, e in enumerate(emits):
-        rows = slice(cu[s], cu[s + 1])
-        o, final, out = gated_delta_chunk_ref(
+
+    def run(rows: slice, state: torch.Tensor | None, e: list[int]) -> Outputs:
+        return gated_delta_chunk_ref(
             q[None, rows], k[None, rows], v[None, rows], g[None, rows], beta[None, rows],
-            chunk_size=chunk_size,
-            initial_state=None if initial_states is None else initial_states[s : s + 1],
-            emit_at=e, use_qk_l2norm=use_qk_l2norm,
+            chunk_size=chunk_size, initial_state=state, emit_at=e, use_qk_l2norm=use_qk_l2norm,
         )  # fmt: skip
-        outs.append(o[0])
-        finals.append(final[0])
-        emitted.append(out[:, 0])
-    return torch.cat(outs), torch.stack(finals), torch.cat(emitted)
+
+    return per_sequence(cu, emits, initial_states, run)

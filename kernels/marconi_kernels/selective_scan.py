@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import check_emit_at, check_varlen, compute_dtype, process_dt
+from ._util import Outputs, check_emit_at, check_varlen, compute_dtype, per_sequence, process_dt
 
 _BLOCK = 256  # tokens whose [T, b, Dm, N] terms are materialised at once
 
@@ -122,10 +122,7 @@ def check_scan_varlen(
         raise ValueError(f"B, C must be {(N, total)}, got {tuple(B.shape)}, {tuple(C.shape)}")
     if z is not None and z.shape != u.shape:
         raise ValueError(f"z must be {(Dm, total)}, got {tuple(z.shape)}")
-    cu, emits = check_varlen(cu_seqlens, total, emit_at)
-    shape = (len(cu) - 1, Dm, N)
-    if initial_states is not None and initial_states.shape != shape:
-        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
+    cu, emits = check_varlen(cu_seqlens, total, emit_at, initial_states, (Dm, N))
     return Dm, N, cu, emits
 
 
@@ -159,17 +156,12 @@ def selective_scan_varlen_ref(
         reference: a loop over the sequences).
     """
     _, _, cu, emits = check_scan_varlen(u, delta, A, B, C, z, initial_states, cu_seqlens, emit_at)
-    ys, finals, emitted = [], [], []
-    for s, e in enumerate(emits):
-        cols = slice(cu[s], cu[s + 1])
-        y, final, out = selective_scan_ref(
+
+    def run(cols: slice, state: torch.Tensor | None, e: list[int]) -> Outputs:
+        return selective_scan_ref(
             u[None, :, cols], delta[None, :, cols], A, B[None, :, cols], C[None, :, cols],
             D=D, z=None if z is None else z[None, :, cols], delta_bias=delta_bias,
-            delta_softplus=delta_softplus,
-            initial_state=None if initial_states is None else initial_states[s : s + 1],
-            emit_at=e,
+            delta_softplus=delta_softplus, initial_state=state, emit_at=e,
         )  # fmt: skip
-        ys.append(y[0])
-        finals.append(final[0])
-        emitted.append(out[:, 0])
-    return torch.cat(ys, dim=-1), torch.stack(finals), torch.cat(emitted)
+
+    return per_sequence(cu, emits, initial_states, run, dim=-1)

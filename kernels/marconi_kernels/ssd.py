@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._util import check_emit_at, check_varlen, compute_dtype, process_dt
+from ._util import Outputs, check_emit_at, check_varlen, compute_dtype, per_sequence, process_dt
 
 _INF = float("inf")
 
@@ -262,10 +262,7 @@ def check_ssd_varlen(
     if x.dim() != 3:
         raise ValueError(f"x must be [T, H, P], got shape {tuple(x.shape)}")
     _, total, H, P, G, N = _check_ssd_shapes(x[None], dt[None], A, B[None], C[None], D, None)
-    cu, emits = check_varlen(cu_seqlens, total, emit_at)
-    shape = (len(cu) - 1, H, P, N)
-    if initial_states is not None and initial_states.shape != shape:
-        raise ValueError(f"initial_states must be {shape}, got {tuple(initial_states.shape)}")
+    cu, emits = check_varlen(cu_seqlens, total, emit_at, initial_states, (H, P, N))
     return H, P, G, N, cu, emits
 
 
@@ -300,17 +297,12 @@ def ssd_chunk_scan_varlen_ref(
         (the reference: a loop over the sequences).
     """
     *_, cu, emits = check_ssd_varlen(x, dt, A, B, C, D, initial_states, cu_seqlens, emit_at)
-    ys, finals, emitted = [], [], []
-    for s, e in enumerate(emits):
-        rows = slice(cu[s], cu[s + 1])
-        y, final, out = ssd_chunk_scan_ref(
+
+    def run(rows: slice, state: torch.Tensor | None, e: list[int]) -> Outputs:
+        return ssd_chunk_scan_ref(
             x[None, rows], dt[None, rows], A, B[None, rows], C[None, rows],
             chunk_size=chunk_size, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
-            dt_limit=dt_limit,
-            initial_state=None if initial_states is None else initial_states[s : s + 1],
-            emit_at=e,
+            dt_limit=dt_limit, initial_state=state, emit_at=e,
         )  # fmt: skip
-        ys.append(y[0])
-        finals.append(final[0])
-        emitted.append(out[:, 0])
-    return torch.cat(ys), torch.stack(finals), torch.cat(emitted)
+
+    return per_sequence(cu, emits, initial_states, run)
