@@ -856,9 +856,10 @@ class HybridModel(nn.Module):
         mixer once over all the parts' rows; updates their states), and the per-part dicts
         the run fills with the SSM states emitted at `rels`.
 
-        Each SSM mixer runs `prefill_packed` (row-wise work once, the conv and scan per
-        part); each attention layer, on a pool, one `paged_prefill_attention` call for
-        all the parts (`PackedPrefill`), and one SDPA per part on `KVBuffer`s."""
+        Each SSM mixer runs `prefill_packed` (row-wise work once, one varlen conv and
+        scan call for all the parts); each attention layer, on a pool, one
+        `paged_prefill_attention` call for all the parts (`PackedPrefill`), and one SDPA
+        per part on `KVBuffer`s."""
         lens = [p.ids.shape[0] for p in parts]
         bounds = [(sum(lens[:k]), sum(lens[: k + 1])) for k in range(len(parts))]
         ranges = [
@@ -937,8 +938,8 @@ class HybridModel(nn.Module):
         one forward and a pooled decode step, the serving path's paged attention), so
         Triton's JIT compilation (one variant per block size the lengths select) and
         autotuning happen at set-up, before health checks and collective timeouts can
-        fire. Under tensor parallelism every rank must
-        call it. Returns the seconds it took."""
+        fire. Under tensor parallelism every rank must call it. Returns the seconds it
+        took."""
         t0 = time.perf_counter()
         lengths = sorted({min(self.cfg.max_position - 2, n) for n in WARM_UP_LENGTHS})
         for n in lengths:

@@ -43,11 +43,11 @@ class Mamba2Mixer(PackedMixer, nn.Module):
     `ParallelLinear`)."""
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
-        "ssd_chunk_scan_varlen",
         "causal_conv1d",
         "causal_conv1d_update",
         "causal_conv1d_varlen",
         "ssd_chunk_scan",
+        "ssd_chunk_scan_varlen",
         "mamba2_state_update",
     )
     """The `KernelSet` ops this mixer calls (prefill and decode)."""

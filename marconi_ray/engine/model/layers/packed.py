@@ -34,10 +34,6 @@ class PackedPart:
     emit_at: tuple[int, ...] = ()
 
     @property
-    def rows(self) -> slice:
-        return slice(self.start, self.stop)
-
-    @property
     def length(self) -> int:
         return self.stop - self.start
 

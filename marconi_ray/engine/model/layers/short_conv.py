@@ -89,9 +89,9 @@ class ShortConvMixer(PackedMixer, nn.Module):
         self, x: torch.Tensor, parts: Sequence[PackedPart]
     ) -> tuple[torch.Tensor, list[PartStates]]:
         """Several sequences' new tokens x [T, d_model] (packed, see `packed`): in_proj,
-        the gate and out_proj once over all rows, the conv per part from its conv state
-        ([D_local, K]; the ssm state is empty, [0], and ignored). Returns y [T, d_model]
-        and per part its final states and those at its `emit_at`."""
+        the gate and out_proj once over all rows, the conv once for all parts, each from
+        its conv state ([D_local, K]; the ssm state is empty, [0], and ignored). Returns
+        y [T, d_model] and per part its final states and those at its `emit_at`."""
         u, gate = self._gates(x)
         y, convs = packed_conv(self.kernels, u, self.conv_weight[:, 0], self.conv_bias, parts, None)
         empty = torch.zeros(0, dtype=torch.float32, device=x.device)
