@@ -132,23 +132,28 @@ def varlen_states(
     initial_states: torch.Tensor | None,
     cu_seqlens: Sequence[int],
     K: int,
-    depths: Sequence[tuple[int, int]],
-) -> torch.Tensor:
-    """The conv states of packed sequences: for each (s, r) in `depths`, the last K
-    columns of concat(initial_states[s], x[:, cu[s] : cu[s] + r]) (zeros without
-    initial states). x [C, T]; returns [len(depths), C, K] in x's dtype, gathered with
-    one index (built on the host from host ints: no sync)."""
+    emits: Sequence[Sequence[int]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv states of packed sequences: sequence s's state after r of its tokens is
+    the last K columns of concat(initial_states[s], x[:, cu[s] : cu[s] + r]) (zeros
+    without initial states). x [C, T]; returns (the final states [S, C, K], the states at
+    `emits[s]`, sequence by sequence [E, C, K]) in x's dtype: columns gathered from x and
+    from the states by indices built on the host from host ints (no sync, x not copied)."""
     ch, total = x.shape
     n_seq = len(cu_seqlens) - 1
+    depths = [(s, cu_seqlens[s + 1] - cu_seqlens[s]) for s in range(n_seq)]
+    depths += [(s, r) for s in range(n_seq) for r in emits[s]]
+    cols = [(s, r - K + j) for s, r in depths for j in range(K)]  # j: the state's column
+    dev = x.device
     init = x.new_zeros(n_seq, ch, K) if initial_states is None else initial_states.to(x.dtype)
-    source = torch.cat([x, init.permute(1, 0, 2).reshape(ch, n_seq * K)], dim=1)
-    index = [
-        cu_seqlens[s] + r - K + j if r - K + j >= 0 else total + s * K + r + j
-        for s, r in depths
-        for j in range(K)
-    ]
-    picked = source[:, torch.tensor(index, dtype=torch.long, device=x.device)]
-    return picked.reshape(ch, len(depths), K).permute(1, 0, 2).contiguous()
+    from_init = torch.tensor([s * K + K + c if c < 0 else 0 for s, c in cols], device=dev)
+    picked = init.permute(1, 0, 2).reshape(ch, n_seq * K)[:, from_init]
+    if total:
+        in_x = [c >= 0 for _, c in cols]
+        from_x = torch.tensor([cu_seqlens[s] + c if c >= 0 else 0 for s, c in cols], device=dev)
+        picked = torch.where(torch.tensor(in_x, device=dev), x[:, from_x], picked)
+    states = picked.reshape(ch, len(depths), K).permute(1, 0, 2).contiguous()
+    return states[:n_seq], states[n_seq:]
 
 
 def causal_conv1d_varlen_ref(
@@ -184,9 +189,9 @@ def causal_conv1d_varlen_ref(
     ch, total = x.shape
     K = weight.shape[1]
     lengths = [cu[s + 1] - cu[s] for s in range(n_seq)]
-    final = varlen_states(x, initial_states, cu, K, [(s, lengths[s]) for s in range(n_seq)])
+    final, emitted = varlen_states(x, initial_states, cu, K, emits)
     if total == 0:  # no tokens (so no emits): the states pass through
-        return x.clone(), final, x.new_empty(0, ch, K)
+        return x.clone(), final, emitted
     dev = x.device
     seqs = torch.arange(n_seq, device=dev)
     seq_of = torch.repeat_interleave(seqs, torch.tensor(lengths, device=dev), output_size=total)
@@ -205,6 +210,4 @@ def causal_conv1d_varlen_ref(
         groups=ch,
     )[0]
     y = _activate(y[:, token_idx - K], activation).to(x.dtype)
-    depths = [(s, r) for s in range(n_seq) for r in emits[s]]
-    emitted = varlen_states(x, initial_states, cu, K, depths) if depths else x.new_empty(0, ch, K)
     return y, final, emitted

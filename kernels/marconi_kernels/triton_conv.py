@@ -280,9 +280,7 @@ def causal_conv1d_varlen_triton(
                 K=K, HAS_BIAS=bias_c is not None, HAS_STATE=init is not None, SILU=silu,
                 BLOCK_C=block_c, BLOCK_L=block_l,
             )  # fmt: skip
-    final = varlen_states(x, init, cu, K, [(s, lengths[s]) for s in range(n_seq)])
-    depths = [(s, r) for s in range(n_seq) for r in emits[s]]
-    emitted = varlen_states(x, init, cu, K, depths) if depths else x.new_empty(0, ch, K)
+    final, emitted = varlen_states(x, init, cu, K, emits)
     return y, final, emitted
 
 
