@@ -107,18 +107,35 @@ class Move:
 class Release:
     """What the worker's store must do after cache mutations: first every move of
     `moves`, in order, then free `states` and `slots` (evicted, rejected or unused).
-    An id may be moved and then freed; a freed id is never moved after."""
+    An id may be moved and then freed; a freed id is never moved after.
+
+    `settled`: (request id, taken) for each plan this release closes (a commit or the
+    abort of an open plan). `taken` is True when the cache took charge of what the
+    request stored (a commit, or an abort that carried its `Finished`: what the cache
+    keeps none of is in `states` / `slots`), False when the cache never learned it (an
+    abort, an expired lease): the replica, if it still holds the request's `Finished`
+    waiting for a relayed commit, frees it itself. The store ignores it."""
 
     states: tuple[int, ...] = ()
     slots: Slots = field(default_factory=no_slots)
     moves: tuple[Move, ...] = ()
+    settled: tuple[tuple[int, bool], ...] = ()
 
     def __add__(self, other: Release) -> Release:
         return Release(
             self.states + other.states,
             np.concatenate([self.slots, other.slots]),
             self.moves + other.moves,
+            self.settled + other.settled,
         )
+
+    def settling(self, request_id: int, taken: bool) -> Release:
+        """This release, also closing the plan of `request_id` (see `settled`)."""
+        return Release(self.states, self.slots, self.moves, (*self.settled, (request_id, taken)))
+
+    def for_store(self) -> Release:
+        """The store's part: this release without `settled`."""
+        return Release(self.states, self.slots, self.moves) if self.settled else self
 
     def without(self, states: set[int], slots: set[int]) -> Release:
         """This release less the state ids in `states` and the KV slots in `slots` (what
@@ -126,7 +143,7 @@ class Release:
         kv = np.asarray(self.slots, dtype=np.int64)
         keep = ~np.isin(kv, np.fromiter(slots, dtype=np.int64, count=len(slots)))
         kept = tuple(s for s in self.states if s not in states)
-        return Release(kept, kv[keep], self.moves)
+        return Release(kept, kv[keep], self.moves, self.settled)
 
 
 @dataclass(frozen=True)

@@ -76,10 +76,17 @@ class ReleaseLog:
         return self._entries[-1].seq if self._entries else self.acked
 
     def append(self, release: Release) -> int:
-        """Log `release` (an empty one takes no seq); returns `last` after it."""
-        if release.states or len(release.slots) or release.moves:
+        """Log `release` (an empty one, settling no plan, takes no seq); returns `last`
+        after it."""
+        if release.states or len(release.slots) or release.moves or release.settled:
             self._entries.append(LogEntry(self.last + 1, release))
         return self.last
+
+    def settles(self, request_id: int) -> bool:
+        """Whether an entry the replica has not acknowledged closes `request_id`'s plan
+        (`Release.settled`): the replica will learn its outcome from the log, so nothing
+        of what the request stored may be freed directly (O(pending entries))."""
+        return any(rid == request_id for entry in self._entries for rid, _ in entry.release.settled)
 
     def ack(self, applied: int, generation: int | None = None) -> None:
         """The replica has applied every entry up to `applied` of its log of `generation`

@@ -348,6 +348,20 @@ class ServeConfig(BaseModel):
         description="Seconds between a replica's heartbeats to the coordinator (must be "
         "well under lease_s).",
     )
+    commit_relay: bool = Field(
+        default=True,
+        description="Replicas send a request's commit to the coordinator through the "
+        "ingress that runs it, in the ingress's next coordinator call with its plans (one "
+        "call carries many plans and commits); false: each replica step with finished "
+        "requests makes a commit call of its own.",
+    )
+    commit_relay_s: float = Field(
+        default=2.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds a replica waits for a relayed commit to be applied before it "
+        "commits the request itself (an ingress that died or lost its channel).",
+    )
     snapshot_every: int = Field(
         default=5_000,
         ge=1,
@@ -469,6 +483,11 @@ class ServeConfig(BaseModel):
                 f"heartbeat_s ({self.heartbeat_s}) must be at most a third of lease_s "
                 f"({self.lease_s}), or live requests lose their leases"
             )
+        if self.commit_relay_s * 2 > self.lease_s:
+            raise ValueError(
+                f"commit_relay_s ({self.commit_relay_s}) must be at most half of lease_s "
+                f"({self.lease_s}), or a commit an ingress lost waits past its lease"
+            )
         return self
 
     @field_validator("control_resource")
@@ -573,6 +592,8 @@ class ServeConfig(BaseModel):
             redis_url=self.redis_url,
             lease_s=self.lease_s,
             heartbeat_s=self.heartbeat_s,
+            commit_relay=self.commit_relay,
+            commit_relay_s=self.commit_relay_s,
             snapshot_every=self.snapshot_every,
             journal_max_backlog_bytes=self.journal_max_backlog_bytes,
             control_resource=self.control_resource,

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from marconi_ray.core.cache.prefix_cache import PrefixCache
-from marconi_ray.protocol.orders import PrefillOrder, TokenEvent
+from marconi_ray.protocol.orders import Finished, PrefillOrder, TokenEvent
 from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import SpecCounts, Timings, Usage
 
@@ -97,13 +97,31 @@ class Overloaded(RuntimeError):
 @dataclass(frozen=True)
 class Completed:
     """The last event of a request's stream: its usage, finish reason and timings, and
-    its speculative decoding counts."""
+    its speculative decoding counts.
+
+    `commit`: set when the replica relays the request's commit through the ingress
+    (`settings.commit_relay`, a multiplexed channel): what it finished with, for the
+    ingress to send to the coordinator with its next call (`RelayedCommit`) before it
+    answers the client. None when the replica committed it itself."""
 
     request_id: int
     finish_reason: str
     usage: Usage
     timings: Timings
     spec: SpecCounts = field(default_factory=SpecCounts)
+    commit: Finished | None = None
+
+
+@dataclass(frozen=True)
+class RelayedCommit:
+    """A replica's commit carried by the ingress (`CacheCoordinator.step_many`): applied
+    only while the request's plan is open on that replica of that `generation`; any
+    other is dropped, never freed from (the replica learns every plan's end from its
+    release log, `Release.settled`, and frees what the cache did not take)."""
+
+    replica_id: str
+    generation: int
+    done: Finished
 
 
 @dataclass(frozen=True)

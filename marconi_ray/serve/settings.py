@@ -105,6 +105,11 @@ class ServeSettings:
         lease_s: lease of a planned request on its hit; also how long a replica may stay
             silent before the coordinator drops it and its cache.
         heartbeat_s: seconds between a replica's heartbeats (lease renewals).
+        commit_relay: a replica relays the commits of requests it runs for an ingress's
+            channel through that ingress (`Completed.commit`), which sends them with its
+            next coordinator call; False: the replica's step commits them itself.
+        commit_relay_s: how long a relayed commit may take before the replica commits
+            the request itself (`ModelReplica._commit_overdue`).
         snapshot_every: journal records between two compact snapshots.
         journal_max_backlog_bytes: encoded bytes of journal records the coordinator
             queues in memory while Redis is unreachable; past it they are dropped and a
@@ -156,6 +161,8 @@ class ServeSettings:
     redis_url: str | None = field(default=None, repr=False)
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
+    commit_relay: bool = True
+    commit_relay_s: float = 2.0
     snapshot_every: int = 5_000
     journal_max_backlog_bytes: int = 64 << 20
     control_resource: str = "auto"

@@ -1,8 +1,10 @@
 """A model-based fuzzer of exactly once: random interleavings of plans, submissions
 (some to the wrong replica), starts and steps, client departures, channel breaks,
 abandons of unsent plans, lease expiries, heartbeats, drains, reconciles, coordinator
-stalls and coordinator restarts from the journal, across two replicas with the host tier
-on. The parts are the real ones (`replica_harness`: a real `CacheCoordinator`, real
+stalls and coordinator restarts from the journal, commits relayed through the ingress
+(`settings.commit_relay`: delivered late, twice, or lost with an ingress) and the
+replicas' own commits of overdue relays, across two replicas with the host tier on.
+The parts are the real ones (`replica_harness`: a real `CacheCoordinator`, real
 tiny-model workers, the real `ModelReplica` and `RayBackend` methods).
 
 After every event it checks each replica's store against a reference built from the
@@ -46,6 +48,7 @@ from marconi_ray.serve.messages import (
     Dispatch,
     NoReplicaAvailable,
     Overloaded,
+    RelayedCommit,
     Submissions,
     WrongReplica,
 )
@@ -65,6 +68,9 @@ WEIGHTS = {
     "expire": 1,
     "stall": 0.5,
     "restart": 0.5,
+    "relay": 4,
+    "lose": 0.5,
+    "overdue": 1,
 }
 """How often each event is drawn, relatively (faults rarer than traffic, so the caches
 fill, evict and move between tiers in between)."""
@@ -90,6 +96,10 @@ class World:
     uncached: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     checked: int = 0
+    relays: list[RelayedCommit] = field(default_factory=list)
+    """Commits the replicas relayed, not yet sent to the coordinator by the ingress."""
+    relayed: list[RelayedCommit] = field(default_factory=list)
+    """Those sent (a retry may send one again)."""
 
     def backend(self, replica: ModelReplica | None = None) -> RayBackend:
         target = replica if replica is not None else _Router(self.replicas)
@@ -118,6 +128,7 @@ def make_world(model_dir: Path, seed: int) -> World:
         host_placement="lru",
         max_batch_tokens=64,
         snapshot_every=7,
+        commit_relay_s=0.0,  # `overdue` commits every relayed request not settled yet
     )
     journal = MemoryJournal()
     coord = _coordinator(settings, journal, clock)
@@ -125,6 +136,8 @@ def make_world(model_dir: Path, seed: int) -> World:
     for rid, worker in workers.items():
         register(coord, worker, rid)
     replicas = {rid: make_replica(coord, workers[rid], rid) for rid in REPLICAS}
+    for replica in replicas.values():  # an ingress reads channel "c": commits are relayed
+        replica._outbox("c").subscribed = True
     rng = np.random.default_rng(seed)
     sessions = [rng.integers(7, 263, 20).tolist() for _ in range(4)]
     return World(model_dir, rng, clock, journal, coord, workers, replicas, sessions=sessions)
@@ -189,6 +202,24 @@ async def event(world: World, kind: str) -> None:
             world.clock.now += LEASE * (1 + LEASE_GRACE) / 4
             for rid in REPLICAS:
                 await _heartbeat(world, rid)
+    elif kind == "relay" and (world.relays or world.relayed):
+        # the ingress's next call carries a relayed commit; now and then one sent already
+        again = world.relayed and (not world.relays or rng.random() < 0.2)
+        pool = world.relayed if again else world.relays
+        commit = pool[int(rng.integers(len(pool)))]
+        if not again:
+            world.relays.remove(commit)
+            world.relayed.append(commit)
+        (applied,), _ = coord.step_many([commit], [])
+        outcome = "relay_applied" if applied else "relay_dropped"
+        world.counts[outcome] = world.counts.get(outcome, 0) + 1
+    elif kind == "lose" and world.relays:  # the ingress died holding a relayed commit
+        world.relays.pop(int(rng.integers(len(world.relays))))
+    elif kind == "overdue":  # the replica commits what its ingress has not
+        replica = world.replicas[REPLICAS[int(rng.integers(2))]]
+        waiting = len(replica._relayed)
+        await replica._commit_overdue()
+        world.counts["overdue_commits"] = world.counts.get("overdue_commits", 0) + waiting
     elif kind == "stall":
         world.clock.now += 2 * LEASE
         watch = coord.stall_watch
@@ -222,6 +253,9 @@ def _collect(world: World, replica: ModelReplica) -> None:
         del outbox._items[rid]
         tokens = [e.token for e in got if isinstance(e, TokenEvent)]
         dispatch = next((d for d in world.sent if d.order.request_id == rid), None)
+        end = got[-1]
+        if end.commit is not None and dispatch is not None:
+            world.relays.append(RelayedCommit(dispatch.replica_id, dispatch.generation, end.commit))
         if dispatch is None or got[-1].finish_reason != "length":
             continue
         prompt = dispatch.order.prompt
@@ -257,6 +291,7 @@ def check(world: World) -> None:
         if release_log.generation != replica._cursor.generation:
             continue  # reset: the replica learns of it at its next call
         pending = release_log.pending(replica._cursor.applied) + replica._release
+        pending = pending + replica._relayed.owned()  # the relayed requests' own, held
         states, slots, host_states, host_slots = held(worker)
         cache = world.coord.planners[rid].cache
         tree_states, tree_slots = cache.referenced()
@@ -283,7 +318,13 @@ async def settle_all(world: World) -> None:
     await event(world, "expire")  # plans sent to nobody expire
     for rid in REPLICAS:
         await run_until_idle(world.replicas[rid])
+        _collect(world, world.replicas[rid])
+    world.coord.step_many(world.relays, [])  # the ingress sends what it still holds
+    world.relays = []
+    for rid in REPLICAS:
+        await world.replicas[rid]._commit_overdue()
         await world.replicas[rid]._drain()
+        assert len(world.replicas[rid]._relayed) == 0, rid
 
 
 def run_case(model_dir: Path, seed: int, events: int) -> dict[str, int]:

@@ -32,7 +32,7 @@ from marconi_ray.protocol.results import Timings
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress import ray_backend, replica_channel
 from marconi_ray.serve.ingress.ray_backend import GuardedStream, RayBackend
-from marconi_ray.serve.messages import Completed, Dispatch, ReplicaFailed
+from marconi_ray.serve.messages import Completed, Dispatch, RelayedCommit, ReplicaFailed
 from marconi_ray.serve.replica import deployment
 from marconi_ray.serve.replica.deployment import ModelReplica
 from marconi_ray.serve.settings import ServeSettings
@@ -118,6 +118,7 @@ class Coordinator:
         self.abort = _Call(self._abort)
         self.report_unreachable = _Call(self._nothing)
         self.commit_many = _Call(self._commit_many)
+        self.step_many = _Call(self._step_many)
         self.drain = _Call(self._release)
         self.heartbeat = _Call(self._heartbeat)
         self.reconcile = _Call(self._reconcile)
@@ -131,6 +132,14 @@ class Coordinator:
             )
             out.append(Dispatch("r0", order))
         return out
+
+    async def _step_many(
+        self, commits: list[RelayedCommit], batch: list[tuple[Any, SamplingParams, float]]
+    ) -> tuple[list[bool], list[Dispatch]]:
+        """Relayed commits are recorded as committed (as `_commit_many` records the
+        replica's own), then the plans."""
+        self.committed += [(c.done.request_id, c.done.finish_reason) for c in commits]
+        return [True] * len(commits), await self._plan_many(batch)
 
     async def _abandon(self, dispatch: Dispatch) -> None:
         self.abandoned.append(dispatch.order.request_id)

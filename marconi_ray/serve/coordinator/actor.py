@@ -84,7 +84,13 @@ from marconi_ray.serve.coordinator.routing.choose import choose_replica
 from marconi_ray.serve.coordinator.routing.routers import make_router
 from marconi_ray.serve.coordinator.stall_watch import StallWatch
 from marconi_ray.serve.coordinator.tier_check import tier_mismatch
-from marconi_ray.serve.messages import Dispatch, NoReplicaAvailable, Overloaded, ReplicaStats
+from marconi_ray.serve.messages import (
+    Dispatch,
+    NoReplicaAvailable,
+    Overloaded,
+    RelayedCommit,
+    ReplicaStats,
+)
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -402,15 +408,50 @@ class CacheCoordinator:
         finished: list[Finished],
         applied: int = 0,
         generation: int | None = None,
+        relayed: bool = False,
     ) -> Releases:
-        """`commit` of every request one replica step finished, in one call."""
+        """`commit` of every request one replica step finished, in one call.
+
+        `relayed`: these are the replica's own commits of requests it first relayed
+        through their ingress (`ModelReplica._commit_overdue`). One whose plan's end is
+        still in the log (the relay came first, or an abort) is dropped: the replica
+        learns that end from the log and frees itself what the cache did not take, so
+        freeing it here as an orphan would free it twice."""
         direct = Release()
+        release_log = self.state.logs.get(replica_id)
         for done in finished:
             if self.state.is_planned(replica_id, done.request_id):
                 self._do(Commit(replica_id, done))
-            else:
+            elif not (relayed and release_log is not None and release_log.settles(done.request_id)):
                 direct = direct + self.state.orphan_release(replica_id, done)
         return self._releases(replica_id, applied, generation, direct)
+
+    def step_many(
+        self,
+        commits: list[RelayedCommit],
+        requests: list[tuple[npt.NDArray[np.int32], SamplingParams, float]],
+    ) -> tuple[list[bool], list[Dispatch | Exception]]:
+        """What an ingress has for the coordinator, in one call: the commits replicas
+        relayed through it (`settings.commit_relay`), applied first, so a plan in the same
+        call already finds them, then `plan_many(requests)`. Returns (per commit: whether
+        it was applied; per request: its `Dispatch` or exception)."""
+        applied = [self.relayed_commit(c) for c in commits]
+        return applied, self.plan_many(requests) if requests else []
+
+    def relayed_commit(self, commit: RelayedCommit) -> bool:
+        """Apply a relayed commit if its plan is still open on that replica generation
+        (True); otherwise drop it (False): the plan already ended (the replica's own
+        commit came first, a retry, an abort, a lease expiry or a reset) and its end is
+        the replica's to learn from the log. Never frees anything directly, so a late or
+        repeated relay can never free twice."""
+        rid, done = commit.replica_id, commit.done
+        release_log = self.state.logs.get(rid)
+        if release_log is None or release_log.generation != commit.generation:
+            return False
+        if not self.state.is_planned(rid, done.request_id):
+            return False
+        self._do(Commit(rid, done))
+        return True
 
     def abort(
         self,

@@ -187,6 +187,7 @@ class CacheState:
                 exc,
             )
             release = planner.abort(op.done.request_id, op.done)
+        release = release.settling(op.done.request_id, True)
         self.logs[op.replica].append(release)
         return release
 
@@ -198,6 +199,7 @@ class CacheState:
         planned = planner.is_planned(op.request)
         release = planner.abort(op.request, op.done)
         if planned:
+            release = release.settling(op.request, op.done is not None)
             self.logs[op.replica].append(release)
         return release
 
@@ -306,7 +308,7 @@ class CacheState:
 
 
 def _release_record(release: Release) -> list[Any]:
-    """[states, slots, moves] of a release (`core.wire` conventions)."""
+    """[states, slots, moves, settled] of a release (`core.wire` conventions)."""
     return [
         [int(x) for x in release.states],
         encode_array(release.slots, "<i8"),
@@ -314,15 +316,18 @@ def _release_record(release: Release) -> list[Any]:
             [m.to_host, [int(x) for x in m.states], encode_array(m.slots, "<i8")]
             for m in release.moves
         ],
+        [[int(rid), bool(taken)] for rid, taken in release.settled],
     ]
 
 
 def _release_from(record: list[Any], where: str) -> Release:
-    """The release of a `_release_record` list; ValueError naming `where` if malformed."""
+    """The release of a `_release_record` list (one of a snapshot written before
+    `settled` existed has three items); ValueError naming `where` if malformed."""
     try:
-        states, slots, moves = record
+        states, slots, moves, *rest = record
+        (settled,) = rest or ([],)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: expected [states, slots, moves]") from None
+        raise ValueError(f"{where}: expected [states, slots, moves, settled]") from None
     return Release(
         tuple(int(s) for s in states),
         decode_array(slots, "<i8", where),
@@ -330,4 +335,5 @@ def _release_from(record: list[Any], where: str) -> Release:
             Move(bool(to_host), tuple(int(x) for x in ids), decode_array(ms, "<i8", where))
             for to_host, ids, ms in moves
         ),
+        tuple((int(rid), bool(taken)) for rid, taken in settled),
     )

@@ -14,7 +14,7 @@ from ray.exceptions import NodeDiedError, RayActorError, RayTaskError, WorkerCra
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from marconi_ray.protocol.orders import TokenEvent
+from marconi_ray.protocol.orders import Finished, TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress.generation import EventStream
@@ -27,6 +27,7 @@ from marconi_ray.serve.messages import (
     MisroutedDispatch,
     NoReplicaAvailable,
     Overloaded,
+    RelayedCommit,
     ReplicaFailed,
     ReplicaStats,
     Settlements,
@@ -133,6 +134,9 @@ class GuardedStream:
                 self._buffered.extend(item)
                 continue
             self._done = True
+            if item.commit is not None:
+                await self._backend.relay(self._dispatch, item.commit)
+                item = dataclasses.replace(item, commit=None)
             if self.attempts > 1:
                 return self._completed(item.finish_reason, item.timings)
             return item
@@ -234,6 +238,24 @@ class RayBackend:
                     raise
             await asyncio.sleep(PLAN_POLL_S)
             waited += PLAN_POLL_S
+
+    async def relay(self, dispatch: Dispatch, done: Finished) -> None:
+        """Send the commit `dispatch`'s replica relayed through this ingress with the
+        next coordinator call, and wait until it was applied (or dropped), so the client,
+        answered after this, finds it when it sends its next turn. Never raises: a commit
+        that does not arrive is committed by the replica itself after
+        `settings.commit_relay_s` (`ModelReplica._commit_overdue`)."""
+        commit = RelayedCommit(dispatch.replica_id, dispatch.generation, done)
+        try:
+            await asyncio.shield(self.batcher.commit(commit))
+        except Exception as exc:  # the coordinator's call failed: the replica's backstop
+            log.warning(
+                "relayed commit of request %d on replica %s not applied (%s): the replica "
+                "commits it itself",
+                done.request_id,
+                dispatch.replica_id,
+                exc,
+            )
 
     async def plan_shielded(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float

@@ -48,11 +48,13 @@ under a new generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import numpy as np
 import ray
 from ray import serve
 from ray.exceptions import RayActorError
@@ -75,7 +77,8 @@ from marconi_ray.serve.messages import (
     WrongReplica,
 )
 from marconi_ray.serve.placement import model_bundle_resources
-from marconi_ray.serve.replica.outbox import Outbox
+from marconi_ray.serve.replica.outbox import Outbox, OutboxSink
+from marconi_ray.serve.replica.relayed import RelayedCommits
 from marconi_ray.serve.replica.shard_group import (
     ActorShards,
     LocalShard,
@@ -157,6 +160,11 @@ class ModelReplica:
         self._outboxes: dict[str, Outbox] = {}
         """Channel id -> the outbox of an ingress's multiplexed stream."""
         self._orders: dict[int, Dispatch] = {}
+        self._relayed = RelayedCommits()
+        """Requests whose commits went through their ingress (`replica.relayed`)."""
+        self._left: set[int] = set()
+        """Running requests stopped because their reader left (a settle, a closed
+        stream or channel): nobody reads their ends, so they commit here."""
         self._known: dict[int, float] = {}
         """Request id -> its dispatch's deadline, for every dispatch that reached
         `generate` or was settled: such an id is never started (again). Purged past the
@@ -205,6 +213,7 @@ class ModelReplica:
                 elif not outbox.rids:
                     return  # idle: its ingress closes it sooner, unless that ingress died
         finally:
+            outbox.closed = True
             self._outboxes.pop(sub.channel, None)
             self._stops.update(rid for rid in outbox.rids if rid in self._orders)
             self._wake.set()
@@ -293,8 +302,11 @@ class ModelReplica:
     def _take(self, releases: Releases) -> None:
         """Queue what `releases` brings that the store has not applied yet, for the next
         call to the shards (`ReleaseCursor.take`); a gap in the log has the loop
-        reconcile."""
-        self._release = self._release + self._cursor.take(releases)
+        reconcile. A relayed request whose plan the log says ended leaves `_relayed`;
+        what it stored is freed too when the cache never took it."""
+        release = self._cursor.take(releases)
+        freed = self._relayed.settle(release)
+        self._release = self._release + release.for_store() + freed
         if self._cursor.gap:
             log.warning("replica %s: %s: reconciling", self.replica_id, self._cursor.gap)
             self._reconcile_due = True
@@ -442,7 +454,7 @@ class ModelReplica:
                 self._wake.clear()
                 await self._drain()
                 if self._idle():
-                    await self._wake.wait()
+                    await self._wait_for_work()
             try:
                 if self._rebuild_due:
                     await self._rebuild_if_dead()
@@ -450,6 +462,7 @@ class ModelReplica:
                 if self._reconcile_due:
                     await self._reconcile()
                 await self._step()
+                await self._commit_overdue()
             except RayActorError as exc:  # an actor died: a shard, or someone else?
                 if await self.shards.alive():
                     log.exception("replica %s: step failed", self.replica_id)
@@ -492,7 +505,9 @@ class ModelReplica:
 
     def _take_stops(self) -> list[int]:
         stops, self._stops = self._stops, set()
-        return [rid for rid in stops if rid in self._orders]
+        taken = [rid for rid in stops if rid in self._orders]
+        self._left.update(taken)
+        return taken
 
     def _unqueue(self, stops: list[int]) -> list[tuple[int, BaseException]]:
         """Take the stopped requests that still queue here out of the queue (they never
@@ -537,8 +552,8 @@ class ModelReplica:
 
     # ------------------------------------------------------------------ liveness
     def _live(self) -> list[int]:
-        """Every request queued or running here."""
-        return list(self._orders)
+        """Every request queued or running here, or waiting for its relayed commit."""
+        return [*self._orders, *self._relayed.ids()]
 
     async def _heartbeats(self) -> None:
         """Every `heartbeat_s`: renew the leases of what runs and queues here; when the
@@ -594,25 +609,39 @@ class ModelReplica:
         """Report what the store holds for the cache (after applying every log entry taken
         so far), and which of it is on the host; free what no tree or later log entry
         refers to. A tree that does not match is reset (new generation). Runs between
-        steps, after every finished request was committed."""
+        steps, after every finished request was committed or relayed. What relayed
+        requests stored is theirs until their plans end: it is not reported, and a reset
+        (which ends their plans with the old tree) frees it here.
+
+        The log position reported is the one the store had applied before its holdings
+        were read: an entry taken while they are read (a dispatch arriving) counts as
+        pending, so what it frees is not freed directly as well."""
         self._reconcile_due = False
+        cursor, refused, applied = self._cursor, self._refused, self._cursor.applied
+        owned = self._relayed.owned()
         await self._release_now(self._take_release())
         states, slots, host_states, host_slots = await self.shards.rank0("holdings")
-        cursor, refused = self._cursor, self._refused
+        if owned.states or len(owned.slots):
+            kept = Release(tuple(states), np.asarray(slots, dtype=np.int64))
+            kept = kept.without(set(owned.states), {int(x) for x in owned.slots})
+            states, slots = list(kept.states), kept.slots
+        old = cursor.generation
         generation, releases = await self.coordinator.reconcile.remote(
             self.replica_id,
             states,
             slots,
             host_states,
             host_slots,
-            cursor.applied,
-            cursor.generation,
+            applied,
+            old,
             refused,
         )
         self._refused -= refused
         self.generation = generation
         cursor.reset(generation)
         self._take(releases)
+        if generation != old:  # the old tree's plans are gone: their requests own theirs
+            self._release = self._release + self._relayed.clear()
         await self._release_now(self._take_release())
         log.warning(
             "replica %s reconciled with the coordinator: freed %d states, %d KV slots",
@@ -640,6 +669,7 @@ class ModelReplica:
             self._fail(dispatch.order.request_id, failure)
         self._pending, self._stops, self._cancels = [], set(), set()
         self._release = Release()
+        self._relayed.clear()  # what they stored died with the store
         self.shards.kill()
         self.rebuilds += 1
         while True:
@@ -719,13 +749,29 @@ class ModelReplica:
         self._take(releases)
 
     async def _commit(self, finished: list[Finished]) -> None:
-        """Commit at the coordinator and complete the requests. The commit is sent first
+        """Commit at the coordinator and complete the requests. A request an ingress
+        reads on its channel has its commit relayed (`settings.commit_relay`): it leaves
+        with its `Completed`, the ingress sends it with its next coordinator call and
+        answers the client once it is applied; the request waits in `_relayed` until its
+        log says its plan ended. The others are committed here in one call, sent first
         (so a client's next turn, planned after it sees the answer, finds it applied:
-        the coordinator takes calls in order of arrival), the answers go out, then the
-        release it returns is awaited."""
-        pending: Any = self.coordinator.commit_many.remote(
-            self.replica_id, finished, self._cursor.applied, self._cursor.generation
-        )
+        the coordinator takes calls in order of arrival), then the answers go out, then
+        the release it returns is awaited."""
+        relay = self.settings.commit_relay
+        direct, now = [], time.monotonic()
+        for done in finished:
+            queue = self._queues.get(done.request_id)
+            left = done.request_id in self._left
+            self._left.discard(done.request_id)
+            if relay and not left and isinstance(queue, OutboxSink) and queue.read:
+                self._relayed.add(done, now)
+            else:
+                direct.append(done)
+        pending: Any = None
+        if direct:
+            pending = self.coordinator.commit_many.remote(
+                self.replica_id, direct, self._cursor.applied, self._cursor.generation
+            )
         for done in finished:
             dispatch = self._orders.pop(done.request_id, None)
             queue = self._queues.pop(done.request_id, None)
@@ -733,13 +779,44 @@ class ModelReplica:
                 continue
             order = dispatch.order
             usage = Usage(len(order.prompt), len(done.tokens), order.hit_len)
+            commit = done if done.request_id in self._relayed else None
             queue.put_nowait(
-                Completed(done.request_id, done.finish_reason, usage, done.timings, done.spec)
+                Completed(
+                    done.request_id, done.finish_reason, usage, done.timings, done.spec, commit
+                )
             )
-        self._take(await pending)
+        if pending is not None:
+            self._take(await pending)
+
+    async def _commit_overdue(self) -> None:
+        """Commit here every relayed request whose commit has not been applied within
+        `settings.commit_relay_s` (its ingress died, its channel broke, or the relay is
+        done but its log entry has not reached this replica yet: the coordinator then
+        drops the repeat, `CacheCoordinator.commit_many`). Its answer settles each one:
+        by a log entry, or as an orphan freed directly."""
+        overdue = self._relayed.overdue(time.monotonic() - self.settings.commit_relay_s)
+        if not overdue:
+            return
+        releases: Releases = await self.coordinator.commit_many.remote(
+            self.replica_id, overdue, self._cursor.applied, self._cursor.generation, True
+        )
+        self._take(releases)
+        self._relayed.drop(overdue)  # not settled by an entry: freed directly, or reset
+
+    async def _wait_for_work(self) -> None:
+        """Wait for the loop's next work; with relayed commits outstanding, no longer
+        than until the oldest is due to be committed here."""
+        due = self._relayed.next_due(self.settings.commit_relay_s)
+        if due is None:
+            await self._wake.wait()
+            return
+        wait = max(0.0, due - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), wait)
 
     def _fail(self, rid: int, exc: BaseException) -> None:
         self._orders.pop(rid, None)
+        self._left.discard(rid)
         queue = self._queues.pop(rid, None)
         if queue is not None:
             if not isinstance(exc, MisroutedDispatch | ReplicaFailed):

@@ -36,6 +36,8 @@ class Outbox:
         self.subscribed = False
         """A subscriber reads this outbox (set by `subscribe`, never cleared: a channel
         whose subscriber left is dropped with its outbox)."""
+        self.closed = False
+        """Its subscriber left: nothing put from now on is read."""
         self.touched = time.monotonic()
         """When a request was last accepted for it (see `ModelReplica._prune_outboxes`)."""
 
@@ -89,3 +91,9 @@ class OutboxSink:
 
     def put_nowait(self, item: StreamItem) -> None:
         self._outbox.put(self._rid, item)
+
+    @property
+    def read(self) -> bool:
+        """Whether an ingress reads the channel now (what is put reaches it, unless the
+        channel breaks on the way)."""
+        return self._outbox.subscribed and not self._outbox.closed
