@@ -34,7 +34,12 @@ Sections (`--sections`, default all three):
   every K-th replica, each prompt sent to the one `cluster_load.group_of` picks (a hash
   of its first `--group-key-tokens` tokens): one record per K in `ray.runs` (pairs/s,
   p50/p99, the CPU per pair of all coordinator processes and of the driver, the share
-  of the plans the busiest coordinator took).
+  of the plans the busiest coordinator took). `--commits replica,relay` runs each K with
+  the commits sent both ways: `replica`, a `commit_many` per replica as its step loop
+  sends them (coalesced per replica); `relay` (the service's default,
+  `settings.commit_relay`), each commit through the caller's `PlanBatcher` with the
+  plans, as an ingress relays it (`step_many`), carrying the fake replica's log
+  acknowledgement (the last entry its dispatches brought).
 - `node_loss`: `node_loss.run_node_loss` with its defaults (about 80 s; a head and two
   worker raylets on this machine, the full HTTP service on a Redis journal, closed-loop
   clients, one worker's raylet killed): requests ok / clean errors / broken during the
@@ -143,14 +148,18 @@ def scaling(args: argparse.Namespace, model_dir: Path, names: list[str]) -> dict
     return {str(r): {n: runs[r, n].figures() for n in names} for r in args.replicas}
 
 
-def ray_variant(args: argparse.Namespace, model_dir: Path, name: str, k: int = 1) -> dict[str, Any]:
+def ray_variant(
+    args: argparse.Namespace, model_dir: Path, name: str, k: int = 1, relay: bool = False
+) -> dict[str, Any]:
     """One run of the `ray` section: `k` coordinator actors of `name`, each owning every
     k-th replica (a coordinator group's partition; each prompt goes to the coordinator
-    `group_of` picks), warm-up, timed callers."""
+    `group_of` picks), warm-up, timed callers; commits relayed with the plans (`relay`)
+    or one `commit_many` per replica."""
     import ray
 
     from marconi_ray.serve.ingress.coalescer import Coalescer
     from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
+    from marconi_ray.serve.messages import RelayedCommit
 
     r = args.ray_replicas
     worker, work = FakeWorker(), Sessions(args, r, args.sessions * r)
@@ -198,10 +207,17 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str, k: int = 1
     async def caller(todo: Any) -> None:
         for p in todo:
             t0 = time.perf_counter()
-            d = await batchers[group(p)].plan(p, work.params, time.time())
+            batcher = batchers[group(p)]
+            d = await batcher.plan(p, work.params, time.time())
             t1 = time.perf_counter()
             done = worker.finish(d.order, outputs[id(p)])
             t2 = time.perf_counter()
+            rid = d.replica_id
+            applied[rid] = max(applied.get(rid, 0), d.releases.last)  # what it brought
+            if relay:  # the ingress sends it with its next call, answers once applied
+                await batcher.commit(RelayedCommit(rid, d.generation, done, applied[rid]))
+                pairs.append(t1 - t0 + time.perf_counter() - t2)
+                continue
             if d.replica_id not in commits:  # one per replica, as each one's step loop
                 commits[d.replica_id] = Coalescer(functools.partial(commit_many, d.replica_id))
             await commits[d.replica_id].submit(done)
@@ -223,8 +239,11 @@ def ray_variant(args: argparse.Namespace, model_dir: Path, name: str, k: int = 1
     out = {"pairs_s": n / wall, "wall_s": wall, "pair": pct(pairs)}
     out["cpu_ms_per_pair"] = {k_: 1e3 * v / n for k_, v in zip(CPU, used, strict=True)}
     planned = [b.planned for b in batchers]
+    calls = sum(b.calls for b in batchers) + sum(c.calls for c in commits.values())
     return out | {
         "coordinators": k,
+        "commits": "relay" if relay else "replica",
+        "calls_per_pair": calls / n,
         "plans_per_call": sum(planned) / max(1, sum(b.calls for b in batchers)),
         "busiest_share": max(planned) / max(1, sum(planned)),
         "coordinator_cpu_ms": [1e3 * v / n for v in per_coord],
@@ -254,13 +273,18 @@ def ray_section(args: argparse.Namespace, model_dir: Path, names: list[str]) -> 
     )
     try:
         out: dict[str, Any] = {name: ray_variant(args, model_dir, name) for name in names}
-        groups = [out["indexed"] if k == 1 else ray_variant(args, model_dir, "indexed", k)
-                  for k in args.coordinators]  # fmt: skip
+        groups = [
+            out["indexed"] if (k, mode) == (1, "replica")
+            else ray_variant(args, model_dir, "indexed", k, mode == "relay")
+            for mode in args.commits for k in args.coordinators
+        ]  # fmt: skip
     finally:
         ray.shutdown()
     out["runs"] = [
         {
             "coordinators": g["coordinators"],
+            "commits": g["commits"],
+            "calls_per_pair": g["calls_per_pair"],
             "pairs_s": g["pairs_s"],
             "p50_ms": g["pair"]["p50_ms"],
             "p99_ms": g["pair"]["p99_ms"],
@@ -337,6 +361,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "among K coordinator actors by the group key [%(default)s]",
     )
     p.add_argument(
+        "--commits",
+        default="replica,relay",
+        help="ray: comma-separated ways the commits travel, each run for every K: replica "
+        "(a commit_many per replica step), relay (with the plans, as the ingress relays "
+        "them: the service's default) [%(default)s]",
+    )
+    p.add_argument(
         "--reference-routing",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -364,6 +395,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.coordinators = [int(x) for x in args.coordinators.split(",") if x.strip()]
     except ValueError:
         p.error(f"--coordinators: comma-separated integers, got {args.coordinators!r}")
+    args.commits = [x.strip() for x in args.commits.split(",") if x.strip()]
+    if not args.commits or set(args.commits) - {"replica", "relay"}:
+        p.error(f"--commits: replica and/or relay, got {args.commits}")
     if not args.coordinators or min(args.coordinators) < 1:
         p.error(f"--coordinators: counts >= 1, got {args.coordinators}")
     if not args.replicas or min(args.replicas) < 1:

@@ -27,14 +27,16 @@ def verdicts(report: dict[str, Any]) -> list[dict[str, Any]]:
         n = ry["indexed"]["pairs_s"]
         what = f"pairs/s through Ray, {ry['replicas']} replicas, {ry['callers']} callers"
         rows.append({"figure": what, "value": n, "target": ">= 1,000", "met": n >= 1000})
-    runs = {r["coordinators"]: r for r in (ry or {}).get("runs", [])}
+    all_runs = (ry or {}).get("runs", [])
+    mode = "relay" if any(r.get("commits") == "relay" for r in all_runs) else "replica"
+    runs = {r["coordinators"]: r for r in all_runs if r.get("commits", "replica") == mode}
     if 1 in runs:
         cpu = runs[1]["coordinator_cpu_ms_per_pair"]
-        what = "coordinator CPU ms per pair through Ray, K = 1"
+        what = f"coordinator CPU ms per pair through Ray, K = 1 ({mode} commits)"
         rows.append({"figure": what, "value": cpu, "target": "<= 0.6", "met": cpu <= 0.6})
     if 1 in runs and 2 in runs:
         ratio = runs[2]["coordinator_cpu_ms_per_pair"] / runs[1]["coordinator_cpu_ms_per_pair"]
-        what = "coordinator CPU per pair, K = 2 summed / K = 1"
+        what = f"coordinator CPU per pair, K = 2 summed / K = 1 ({mode})"
         rows.append({"figure": what, "value": ratio, "target": "<= 1.1", "met": ratio <= 1.1})
         share = runs[2]["busiest_share"]
         what = "busiest coordinator's share of the plans, K = 2"
@@ -75,7 +77,8 @@ def table(report: dict[str, Any]) -> str:
                 lines.append(f"{'':>10} CPU ms per pair: {cpu}")
         for run in ry.get("runs", []):
             lines.append(
-                f"{'K = ' + str(run['coordinators']):>10} {run['pairs_s']:>9,.0f} pairs/s  "
+                f"{'K = ' + str(run['coordinators']):>6} {run.get('commits', 'replica'):>7} "
+                f"{run['pairs_s']:>9,.0f} pairs/s  {run.get('calls_per_pair', 0):.2f} calls/pair  "
                 f"p50 {run['p50_ms']:.2f} ms  p99 {run['p99_ms']:.2f} ms  coordinator CPU "
                 f"{run['coordinator_cpu_ms_per_pair']:.2f} ms/pair (all of them), driver "
                 f"{run['driver_cpu_ms_per_pair']:.2f}, busiest {run['busiest_share']:.0%}"
