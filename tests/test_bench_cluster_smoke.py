@@ -23,6 +23,10 @@ def test_options() -> None:
     assert (quick.pairs, quick.sessions, quick.ray_pairs) == (400, 4, 1000)
     assert args.coordinators == [1, 2] and args.group_key_tokens == 256
     assert bc.parse_args(["--coordinators", "1,2,4"]).coordinators == [1, 2, 4]
+    assert args.commits == ["replica", "relay"]
+    assert bc.parse_args(["--commits", "relay"]).commits == ["relay"]
+    with pytest.raises(SystemExit):
+        bc.parse_args(["--commits", "ingress"])
     bad_args = (["--sections", "node-loss"], ["--replicas", "1,x"], ["--replicas", "0"])
     for bad in (*bad_args, ["--coordinators", "0"], ["--coordinators", "one"]):
         with pytest.raises(SystemExit):

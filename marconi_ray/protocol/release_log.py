@@ -15,6 +15,10 @@ not applied, in seq order, and skips the rest. So:
 - a dispatch names the last seq before its plan (`Dispatch.needs`): it brings those
   entries itself, so its order starts on a store that matches the tree it was planned on.
 
+Each entry that closes a plan names it (`Release.settled`: the request, and whether the
+cache took charge of what it stored), so the replica learns every plan's end in order,
+once, however the commit travelled (`serve.replica.relayed`).
+
 Frees that no tree or log entry can name (what a request the coordinator no longer plans
 stored, what a reconcile finds held but unreferenced) travel as `Releases.direct`: they
 are request-owned or unreferenced ids, so their order against the log does not matter.

@@ -102,7 +102,9 @@ class Completed:
     `commit`: set when the replica relays the request's commit through the ingress
     (`settings.commit_relay`, a multiplexed channel): what it finished with, for the
     ingress to send to the coordinator with its next call (`RelayedCommit`) before it
-    answers the client. None when the replica committed it itself."""
+    answers the client. None when the replica committed it itself. `applied`: with a
+    relayed commit, the last entry of its release log the replica had taken then (the
+    relay acknowledges it, so the log does not wait for a heartbeat to shrink)."""
 
     request_id: int
     finish_reason: str
@@ -110,6 +112,7 @@ class Completed:
     timings: Timings
     spec: SpecCounts = field(default_factory=SpecCounts)
     commit: Finished | None = None
+    applied: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,11 +120,13 @@ class RelayedCommit:
     """A replica's commit carried by the ingress (`CacheCoordinator.step_many`): applied
     only while the request's plan is open on that replica of that `generation`; any
     other is dropped, never freed from (the replica learns every plan's end from its
-    release log, `Release.settled`, and frees what the cache did not take)."""
+    release log, `Release.settled`, and frees what the cache did not take). `applied`:
+    the replica's acknowledgement of its log of `generation` (`Completed.applied`)."""
 
     replica_id: str
     generation: int
     done: Finished
+    applied: int = 0
 
 
 @dataclass(frozen=True)

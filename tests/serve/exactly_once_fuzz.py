@@ -255,7 +255,9 @@ def _collect(world: World, replica: ModelReplica) -> None:
         dispatch = next((d for d in world.sent if d.order.request_id == rid), None)
         end = got[-1]
         if end.commit is not None and dispatch is not None:
-            world.relays.append(RelayedCommit(dispatch.replica_id, dispatch.generation, end.commit))
+            world.relays.append(
+                RelayedCommit(dispatch.replica_id, dispatch.generation, end.commit, end.applied)
+            )
         if dispatch is None or got[-1].finish_reason != "length":
             continue
         prompt = dispatch.order.prompt

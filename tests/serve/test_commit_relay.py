@@ -69,7 +69,7 @@ async def _run(coord: CacheCoordinator, replica: ModelReplica, prompt: list[int]
 
 def _relay(dispatch: Dispatch, end: Completed) -> RelayedCommit:
     assert end.commit is not None, "the replica relays the commit of a channel's request"
-    return RelayedCommit(dispatch.replica_id, dispatch.generation, end.commit)
+    return RelayedCommit(dispatch.replica_id, dispatch.generation, end.commit, end.applied)
 
 
 def _settled(coord: CacheCoordinator, replica: ModelReplica) -> None:

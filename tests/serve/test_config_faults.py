@@ -45,6 +45,9 @@ def test_lease_heartbeat_and_snapshot_settings(tmp_path: Path, monkeypatch):
     path.write_text("lease_s: 2\nheartbeat_s: 1\n")
     with pytest.raises(ValueError, match="heartbeat_s"):
         load_serve_config(path)
+    path.write_text("lease_s: 3\nheartbeat_s: 1\ncommit_relay_s: 2\n")
+    with pytest.raises(ValueError, match="commit_relay_s"):
+        load_serve_config(path)
     path.write_text("snapshot_every: 0\n")
     with pytest.raises(ValueError, match="snapshot_every"):
         load_serve_config(path)

@@ -31,6 +31,13 @@ hand-off never touches the commit it follows: a job that could not be sent, or w
 result has not come back within `tuner.retry_s`, is sent again (`resend_jobs`), and a
 result is adopted once.
 
+Commits come two ways: a replica's own `commit_many` (one per step that finished
+requests), or relayed through the ingress that runs the request (`step_many`, with that
+ingress's plans; `settings.commit_relay`). A relayed commit is applied only while its
+plan is open, and never frees anything directly; every plan's end is named in the
+replica's log (`Release.settled`), from which the replica frees what the cache did not
+take (`serve.replica.relayed`).
+
 Leases: a plan holds its hit until `deadline = now + lease_s`. Heartbeats renew the
 leases of the requests a replica runs; a lease past its deadline (plus a grace for clock
 skew) is aborted, so a request whose replica or ingress died never pins states forever.
@@ -448,6 +455,7 @@ class CacheCoordinator:
         release_log = self.state.logs.get(rid)
         if release_log is None or release_log.generation != commit.generation:
             return False
+        release_log.ack(commit.applied, commit.generation)
         if not self.state.is_planned(rid, done.request_id):
             return False
         self._do(Commit(rid, done))

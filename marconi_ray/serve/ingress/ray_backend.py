@@ -135,7 +135,7 @@ class GuardedStream:
                 continue
             self._done = True
             if item.commit is not None:
-                await self._backend.relay(self._dispatch, item.commit)
+                await self._backend.relay(self._dispatch, item.commit, item.applied)
                 item = dataclasses.replace(item, commit=None)
             if self.attempts > 1:
                 return self._completed(item.finish_reason, item.timings)
@@ -239,13 +239,13 @@ class RayBackend:
             await asyncio.sleep(PLAN_POLL_S)
             waited += PLAN_POLL_S
 
-    async def relay(self, dispatch: Dispatch, done: Finished) -> None:
+    async def relay(self, dispatch: Dispatch, done: Finished, applied: int = 0) -> None:
         """Send the commit `dispatch`'s replica relayed through this ingress with the
         next coordinator call, and wait until it was applied (or dropped), so the client,
         answered after this, finds it when it sends its next turn. Never raises: a commit
         that does not arrive is committed by the replica itself after
         `settings.commit_relay_s` (`ModelReplica._commit_overdue`)."""
-        commit = RelayedCommit(dispatch.replica_id, dispatch.generation, done)
+        commit = RelayedCommit(dispatch.replica_id, dispatch.generation, done, applied)
         try:
             await asyncio.shield(self.batcher.commit(commit))
         except Exception as exc:  # the coordinator's call failed: the replica's backstop

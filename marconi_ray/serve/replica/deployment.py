@@ -779,10 +779,16 @@ class ModelReplica:
                 continue
             order = dispatch.order
             usage = Usage(len(order.prompt), len(done.tokens), order.hit_len)
-            commit = done if done.request_id in self._relayed else None
+            relayed = done.request_id in self._relayed
             queue.put_nowait(
                 Completed(
-                    done.request_id, done.finish_reason, usage, done.timings, done.spec, commit
+                    done.request_id,
+                    done.finish_reason,
+                    usage,
+                    done.timings,
+                    done.spec,
+                    done if relayed else None,
+                    self._cursor.applied if relayed else 0,
                 )
             )
         if pending is not None:
