@@ -8,7 +8,6 @@ here starts quickly.
 from __future__ import annotations
 
 import argparse
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.leases import LEASE_GRACE
 from marconi_ray.serve.coordinator.routing.choose import choose_replica_reference
+from marconi_ray.serve.ingress.group_key import group_of as group_of
 from marconi_ray.serve.messages import Dispatch
 from marconi_ray.serve.settings import ServeSettings
 
@@ -54,14 +54,6 @@ VARIANTS: dict[str, type[CacheCoordinator]] = {
 def settings_for(model_dir: Path) -> ServeSettings:
     """A big cache (no evictions) and a long lease (fake replicas send no heartbeats)."""
     return ServeSettings(str(model_dir), "tiny", cache_bytes=10**13, lease_s=1e7)
-
-
-def group_of(prompt: np.ndarray, groups: int, key_tokens: int) -> int:
-    """The coordinator group of a prompt: a stable hash of its first `key_tokens` tokens
-    (all of a shorter prompt) modulo `groups` (the partition rule of a coordinator group
-    that keeps shared leading blocks, and so sessions, together)."""
-    head = np.ascontiguousarray(prompt[:key_tokens], dtype=np.int32).tobytes()
-    return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "little") % groups
 
 
 def replica_ids(count: int) -> list[str]:

@@ -35,6 +35,7 @@ _FLAG_KEYS = (
     "host",
     "tp",
     "replicas",
+    "coordinators",
     "system",
     "cache_bytes",
     "host_cache_bytes",
@@ -130,6 +131,13 @@ def add_parser(subparsers: Any) -> None:
         "<tool_call>{json}</tool_call> blocks (Qwen2.5/3, Hermes, our presets), qwen3_coder "
         "the XML calls of Qwen3.5 / Qwen3-Next / Qwen3-Coder templates, json_list a JSON list "
         "of {name, arguments} (default: auto)",
+    )
+    p.add_argument(
+        "--coordinators",
+        type=int,
+        help="coordinator actors in the group, each owning a share of the replicas; an "
+        "ingress plans each request at the one the prompt's leading tokens hash to "
+        "(default: 1)",
     )
     p.add_argument(
         "--routing",

@@ -79,8 +79,9 @@ def build_app(settings: ServeSettings) -> Any:
 
 
 def start_actors(settings: ServeSettings) -> None:
-    """Create the coordinator and the tuner actor on the control nodes and wait until the
-    coordinator answers. ValueError, before anything starts, when no model node has the
+    """Create the coordinator and the tuner actor on the control nodes (one of each per
+    member of the coordinator group, `settings.coordinators`) and wait until the
+    coordinators answer. ValueError, before anything starts, when no model node has the
     free memory for one replica's host tier (`serve.host_memory`); ValueError when
     `settings.control_resource` names a resource no node advertises."""
     from marconi_ray.serve.coordinator.tuner_actor import start_tuner
@@ -89,11 +90,11 @@ def start_actors(settings: ServeSettings) -> None:
         settings.host_cache_bytes, settings.tp, settings.model_resource, settings.device == "cuda"
     )
     pinned = control_resources(settings.control_resource)
-    coordinator = start_coordinator(settings, pinned)
-    start_tuner(
-        settings.tuner, settings.coordinator_name, name=settings.tuner_name, resources=pinned
-    )
-    ray.get(coordinator.replicas.remote())
+    group = settings.group()
+    coordinators = [start_coordinator(member, pinned) for member in group]
+    for member in group:
+        start_tuner(member.tuner, member.coordinator_name, name=member.tuner_name, resources=pinned)
+    ray.get([c.replicas.remote() for c in coordinators])
 
 
 def run_app(settings: ServeSettings) -> None:
@@ -107,17 +108,19 @@ def run_app(settings: ServeSettings) -> None:
 
 
 def shutdown_app(settings: ServeSettings) -> None:
-    """Delete the application, kill the coordinator and tuner actors, and clear the
-    Redis journal (the replicas' tensors are gone, so is what it described)."""
+    """Delete the application, kill the coordinator and tuner actors (every member of
+    the group), and clear their Redis journals (the replicas' tensors are gone, so is
+    what they described)."""
     try:
         with contextlib.suppress(RayServeException):  # no Serve instance: nothing to delete
             serve.delete(settings.app_name)
     finally:
-        for name in (settings.coordinator_name, settings.tuner_name):
-            with contextlib.suppress(ValueError):
-                ray.kill(ray.get_actor(name, namespace=NAMESPACE))
-        if settings.redis_url is not None:
-            clear_journal(settings.redis_url, settings.journal_prefix)
+        for member in settings.group():
+            for name in (member.coordinator_name, member.tuner_name):
+                with contextlib.suppress(ValueError):
+                    ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+            if member.redis_url is not None:
+                clear_journal(member.redis_url, member.journal_prefix)
 
 
 def app_builder(args: dict[str, Any]) -> Any:

@@ -348,6 +348,27 @@ class ServeConfig(BaseModel):
         description="Seconds between a replica's heartbeats to the coordinator (must be "
         "well under lease_s).",
     )
+    coordinators: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Coordinator actors in the group. Each owns a partition of the replicas "
+        "(their trees, leases, journal and tuner); an ingress plans each request at the "
+        "coordinator a hash of the prompt's leading tokens picks, and spills to another "
+        "when that one has no replica free. 1: one coordinator.",
+    )
+    group_key_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="Prompt tokens the coordinator group key hashes (a shared leading "
+        "block, and so a session's turns, stay with one coordinator).",
+    )
+    group_replicas_by: Literal["rank", "node"] = Field(
+        default="rank",
+        description="How replicas are given to the coordinators: rank (Serve's replica "
+        "rank modulo coordinators: balanced) or node (by the replica's node: a lost node "
+        "touches one coordinator's replicas).",
+    )
     commit_relay: bool = Field(
         default=True,
         description="Replicas send a request's commit to the coordinator through the "
@@ -592,6 +613,9 @@ class ServeConfig(BaseModel):
             redis_url=self.redis_url,
             lease_s=self.lease_s,
             heartbeat_s=self.heartbeat_s,
+            coordinators=self.coordinators,
+            group_key_tokens=self.group_key_tokens,
+            group_replicas_by=self.group_replicas_by,
             commit_relay=self.commit_relay,
             commit_relay_s=self.commit_relay_s,
             snapshot_every=self.snapshot_every,

@@ -23,7 +23,9 @@ class Dispatch:
     of another generation or past its deadline (`MisroutedDispatch`), so a request is
     never started on a hit the coordinator may have released. `needs`: the log seq the
     replica's store must have applied before the order starts (its hit is where the
-    tree said when it was planned).
+    tree said when it was planned). `coordinator`: the index, in the coordinator group,
+    of the coordinator that planned it and owns the replica (`settings.coordinators`):
+    its relayed commit, abandon or report goes there.
     """
 
     replica_id: str
@@ -32,6 +34,7 @@ class Dispatch:
     generation: int = 0
     deadline: float = math.inf
     needs: int = 0
+    coordinator: int = 0
 
 
 @dataclass(frozen=True)

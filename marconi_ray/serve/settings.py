@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, HostTier
 from marconi_ray.core.cache.tuner import TunerConfig
@@ -18,6 +18,8 @@ plane's settings name them without importing the ingress)."""
 
 COORDINATOR_NAME = "marconi-coordinator"
 TUNER_NAME = "marconi-tuner"
+GROUP_REPLICAS_BY = ("rank", "node")
+"""How replicas are given to the coordinators of a group (`ServeSettings.group_replicas_by`)."""
 NAMESPACE = "marconi"
 
 
@@ -105,6 +107,17 @@ class ServeSettings:
         lease_s: lease of a planned request on its hit; also how long a replica may stay
             silent before the coordinator drops it and its cache.
         heartbeat_s: seconds between a replica's heartbeats (lease renewals).
+        coordinators: coordinator actors in the group (1: one coordinator, as before).
+            Each owns a partition of the replicas (their trees, leases, release logs,
+            journal and tuner); an ingress plans each request at the coordinator its
+            group key picks (`serve.ingress.coordinator_group`).
+        coordinator_index: which coordinator of the group these settings are for (its
+            actor, journal and tuner names; see `for_coordinator`).
+        group_key_tokens: prompt tokens the group key hashes (a shared leading block and
+            a session's turns go to one coordinator).
+        group_replicas_by: how replicas are given to coordinators: `rank` (Serve's
+            replica rank modulo `coordinators`: balanced) or `node` (the replica's node
+            rank: a lost node touches one coordinator's replicas).
         commit_relay: a replica relays the commits of requests it runs for an ingress's
             channel through that ingress (`Completed.commit`), which sends them with its
             next coordinator call; False: the replica's step commits them itself.
@@ -161,6 +174,10 @@ class ServeSettings:
     redis_url: str | None = field(default=None, repr=False)
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
+    coordinators: int = 1
+    coordinator_index: int = 0
+    group_key_tokens: int = 256
+    group_replicas_by: str = "rank"
     commit_relay: bool = True
     commit_relay_s: float = 2.0
     snapshot_every: int = 5_000
@@ -170,6 +187,16 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         check_placement(self.control_resource, self.model_resource)
+        if not 0 <= self.coordinator_index < self.coordinators:
+            raise ValueError(
+                f"coordinator_index must be in [0, {self.coordinators}), "
+                f"got {self.coordinator_index}"
+            )
+        if self.group_replicas_by not in GROUP_REPLICAS_BY:
+            raise ValueError(
+                f"group_replicas_by must be one of {', '.join(GROUP_REPLICAS_BY)}; "
+                f"got {self.group_replicas_by!r}"
+            )
         host = self.host_cache_bytes
         if isinstance(host, bool) or not isinstance(host, int) or host < 0:
             raise ValueError(f"host_cache_bytes must be an integer >= 0, got {host!r}")
@@ -211,17 +238,31 @@ class ServeSettings:
         the model when it cannot be)."""
         return self.model_dir if self.hub_model is None else str(self.hub_model.local_dir())
 
+    def for_coordinator(self, index: int) -> ServeSettings:
+        """These settings for coordinator `index` of the group (its names)."""
+        return replace(self, coordinator_index=index)
+
+    def group(self) -> list[ServeSettings]:
+        """The settings of every coordinator of the group, by index."""
+        return [self.for_coordinator(i) for i in range(self.coordinators)]
+
+    @property
+    def _member(self) -> str:
+        """The name suffix of this coordinator of the group ('' for the first, so one
+        coordinator keeps the names it always had)."""
+        return f"-{self.coordinator_index}" if self.coordinator_index else ""
+
     @property
     def coordinator_name(self) -> str:
-        """The coordinator actor's name (one per application)."""
-        return f"{COORDINATOR_NAME}-{self.app_name}"
+        """The coordinator actor's name (one per application and group member)."""
+        return f"{COORDINATOR_NAME}-{self.app_name}{self._member}"
 
     @property
     def journal_prefix(self) -> str:
-        """Redis key prefix of the application's journal."""
-        return f"{NAMESPACE}:{self.app_name}"
+        """Redis key prefix of the coordinator's journal (one per group member)."""
+        return f"{NAMESPACE}:{self.app_name}{self._member}"
 
     @property
     def tuner_name(self) -> str:
-        """The tuner actor's name (one per application)."""
-        return f"{TUNER_NAME}-{self.app_name}"
+        """The tuner actor's name (one per application and group member)."""
+        return f"{TUNER_NAME}-{self.app_name}{self._member}"

@@ -92,6 +92,9 @@ class Backend:
     async def settle_failed(self, dispatch: Dispatch, cause: BaseException) -> None:
         self.coordinator.calls.append(("settle", dispatch))
 
+    def coordinator_of(self, dispatch: Dispatch) -> Coordinator:
+        return self.coordinator
+
     def stream(self, dispatch: Dispatch, _: bool = True) -> Stream:
         if self.b_fails:
             return Stream(7, [], self.error)

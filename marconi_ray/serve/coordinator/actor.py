@@ -377,6 +377,7 @@ class CacheCoordinator:
             release_log.generation,
             planned.deadline,
             planned.needs,
+            self.settings.coordinator_index,
         )
 
     def plan_many(

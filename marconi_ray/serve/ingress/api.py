@@ -355,13 +355,15 @@ class IngressServer:
         self.backend: RayBackend | None = None
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
-        coordinator = await find_coordinator(self.settings.coordinator_name)
         settings = self.settings
+        coordinators = [await find_coordinator(s.coordinator_name) for s in settings.group()]
         model = ServedModel.load(
             settings.local_model_dir(), settings.model_name, settings.tool_call_parser
         )
         metrics = IngressMetrics()
-        self.backend = RayBackend(coordinator, self.replicas, metrics)
+        self.backend = RayBackend(
+            coordinators, self.replicas, metrics, key_tokens=settings.group_key_tokens
+        )
         return build_app(
             self.backend,
             model,

@@ -321,6 +321,12 @@ class IngressMetrics:
             ["cause"],
             registry=self.registry,
         )
+        self.spills = Counter(
+            "marconi_coordinator_spills",
+            "Requests a coordinator group planned at another coordinator than the one "
+            "their group key picks (that one had no replica free: load-aware spill).",
+            registry=self.registry,
+        )
 
     def count(self, status: int) -> None:
         """Count one finished completion request with HTTP `status`."""

@@ -17,7 +17,9 @@ from ray.serve.handle import DeploymentHandle
 from marconi_ray.protocol.orders import Finished, TokenEvent
 from marconi_ray.protocol.results import Timings, Usage
 from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.serve.coordinator.journal import JOURNAL_STATES
 from marconi_ray.serve.ingress.generation import EventStream
+from marconi_ray.serve.ingress.group_key import group_of, spill_order
 from marconi_ray.serve.ingress.metrics import IngressMetrics
 from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
 from marconi_ray.serve.ingress.replica_channel import ChannelStream, ReplicaChannel
@@ -164,7 +166,8 @@ class GuardedStream:
             return
         await asyncio.sleep(RETRY_BACKOFF_S * self.attempts)
         if isinstance(cause, LOST_REPLICA):  # silent by now: dropped, not routed to again
-            await self._backend.coordinator.report_unreachable.remote(self._dispatch.replica_id)
+            coordinator = self._backend.coordinator_of(self._dispatch)
+            await coordinator.report_unreachable.remote(self._dispatch.replica_id)
         self.attempts += 1
         prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
         # the prompt's log-probabilities came with the first token (if one came)
@@ -200,20 +203,40 @@ class GuardedStream:
 
 
 class RayBackend:
-    """`Backend` over the coordinator actor and the replica deployment."""
+    """`Backend` over the coordinator actor (or the coordinators of a group) and the
+    replica deployment.
+
+    With a group (`coordinator` a list of K actor handles, by index), each request is
+    planned at the coordinator its group key picks (`group_key.group_of` of its first
+    `key_tokens` tokens) and spills to the next ones round the group when that one
+    cannot place it (no replica of its own can serve, or all are at their queue bound);
+    everything about a dispatch afterwards (its relayed commit, an abandon, a report of
+    its replica) goes to the coordinator that planned it (`Dispatch.coordinator`). One
+    `PlanBatcher` per coordinator.
+    """
 
     def __init__(
         self,
         coordinator: Any,
         replicas: DeploymentHandle[Any],
         metrics: IngressMetrics | None = None,
+        key_tokens: int = 256,
     ) -> None:
-        self.coordinator = coordinator
+        self.coordinators: list[Any] = (
+            list(coordinator) if isinstance(coordinator, list | tuple) else [coordinator]
+        )
+        self.coordinator = self.coordinators[0]
+        self.key_tokens = key_tokens
         self.metrics = metrics
         self.replicas = replicas
-        self.batcher = PlanBatcher(coordinator)
+        self.batchers = [PlanBatcher(c) for c in self.coordinators]
+        self.batcher = self.batchers[0]
         self.channels: dict[str, ReplicaChannel] = {}
         """Replica id -> this ingress's open stream from it."""
+
+    def coordinator_of(self, dispatch: Dispatch) -> Any:
+        """The coordinator that planned `dispatch`."""
+        return self.coordinators[dispatch.coordinator]
 
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
@@ -225,7 +248,7 @@ class RayBackend:
         waited = 0.0
         while True:
             try:
-                return await self.batcher.plan(prompt, params, submitted)
+                return await self._plan_in_group(prompt, params, submitted)
             except NoReplicaAvailable:
                 if waited >= PLAN_WAIT_S:
                     raise
@@ -239,6 +262,32 @@ class RayBackend:
             await asyncio.sleep(PLAN_POLL_S)
             waited += PLAN_POLL_S
 
+    async def _plan_in_group(
+        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
+    ) -> Dispatch:
+        """Plan at the coordinator the group key picks; when it cannot place the request
+        (`NoReplicaAvailable`, `Overloaded`), at the next ones round the group; if none
+        can, the first one's refusal is raised. Any other error is raised at once."""
+        k = len(self.batchers)
+        order = spill_order(group_of(prompt, k, self.key_tokens), k)
+        first: BaseException | None = None
+        for index in order:
+            try:
+                dispatch = await self.batchers[index].plan(prompt, params, submitted)
+            except (NoReplicaAvailable, Overloaded) as exc:
+                first = first or exc
+                continue
+            except RayTaskError as exc:
+                if not isinstance(exc.cause, NoReplicaAvailable | Overloaded):
+                    raise
+                first = first or exc
+                continue
+            if index != order[0] and self.metrics is not None:
+                self.metrics.spills.inc()
+            return dispatch
+        assert first is not None
+        raise first
+
     async def relay(self, dispatch: Dispatch, done: Finished, applied: int = 0) -> None:
         """Send the commit `dispatch`'s replica relayed through this ingress with the
         next coordinator call, and wait until it was applied (or dropped), so the client,
@@ -247,7 +296,7 @@ class RayBackend:
         `settings.commit_relay_s` (`ModelReplica._commit_overdue`)."""
         commit = RelayedCommit(dispatch.replica_id, dispatch.generation, done, applied)
         try:
-            await asyncio.shield(self.batcher.commit(commit))
+            await asyncio.shield(self.batchers[dispatch.coordinator].commit(commit))
         except Exception as exc:  # the coordinator's call failed: the replica's backstop
             log.warning(
                 "relayed commit of request %d on replica %s not applied (%s): the replica "
@@ -272,7 +321,8 @@ class RayBackend:
     def _abandon_unsent(self, task: asyncio.Future[Dispatch]) -> None:
         if task.cancelled() or task.exception() is not None:
             return  # nothing was planned
-        self.coordinator.abandon.remote(task.result())
+        dispatch = task.result()
+        self.coordinator_of(dispatch).abandon.remote(dispatch)
 
     async def settle_failed(self, dispatch: Dispatch, cause: BaseException) -> None:
         """Resolve a dispatch that failed with `cause` before it is planned again, by the
@@ -282,7 +332,7 @@ class RayBackend:
         coordinator's lease and silence checks are the backstop). Counted by cause."""
         if isinstance(cause, WrongReplica):
             self._count_replan("misrouted")
-            await self.coordinator.abandon.remote(dispatch)
+            await self.coordinator_of(dispatch).abandon.remote(dispatch)
             return
         if isinstance(cause, MisroutedDispatch):
             self._count_replan("refused")
@@ -340,11 +390,37 @@ class RayBackend:
             del self.channels[channel.replica_id]
 
     async def stats(self) -> list[ReplicaStats]:
-        return list(await self.coordinator.stats.remote())
+        parts = await asyncio.gather(*(c.stats.remote() for c in self.coordinators))
+        return [s for part in parts for s in part]
 
     async def tuner_runs(self) -> int:
-        return int(await self.coordinator.tuner_runs.remote())
+        runs = await asyncio.gather(*(c.tuner_runs.remote() for c in self.coordinators))
+        return sum(int(r) for r in runs)
 
     async def health(self) -> dict[str, Any]:
-        health: dict[str, Any] = await self.coordinator.health.remote()
-        return health
+        """One coordinator's `health`; with a group, the sum of their replicas, the
+        journal in the worst state of theirs, and each one's report (`coordinators`).
+        Raises when no coordinator of the group answers."""
+        if len(self.coordinators) == 1:
+            health: dict[str, Any] = await self.coordinator.health.remote()
+            return health
+        got = await asyncio.gather(
+            *(c.health.remote() for c in self.coordinators), return_exceptions=True
+        )
+        live = [h for h in got if isinstance(h, dict)]
+        if not live:
+            raise got[0] if isinstance(got[0], BaseException) else RuntimeError(str(got[0]))
+        return {
+            "replicas": sum(h["replicas"] for h in live),
+            "registered": sum(h["registered"] for h in live),
+            "journal": worst_journal([h["journal"] for h in live]),
+            "coordinators": [
+                h if isinstance(h, dict) else {"error": f"{type(h).__name__}: {h}"} for h in got
+            ],
+        }
+
+
+def worst_journal(journals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The journal report in the worst state of `journals` (`lost` > `degraded` > `ok`;
+    see `JOURNAL_STATES`), for a group's `/health` and `/metrics`."""
+    return max(journals, key=lambda j: JOURNAL_STATES.index(j["state"]))

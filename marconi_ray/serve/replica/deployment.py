@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -121,8 +122,10 @@ class ModelReplica:
     """One model replica: its shard group driven by one continuous-batching loop."""
 
     def __init__(self, settings: ServeSettings) -> None:
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        settings = settings.for_coordinator(coordinator_of(settings, context))
         self.settings = settings
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.rebuilds = 0
         self.shards: ShardGroup = self._start_shards_sync()
         self.info = self.shards.info
@@ -854,6 +857,23 @@ channel after `replica_channel.IDLE_CLOSE_S`)."""
 
 DRAIN_POLL_S = 0.25
 """How often a stopping replica (ingress or model) checks that its calls have ended."""
+
+
+def coordinator_of(settings: ServeSettings, context: Any) -> int:
+    """The coordinator of the group (`settings.coordinators`) a replica registers with:
+    its Serve rank modulo the group (`group_replicas_by: rank`: balanced), or its node's
+    rank (`node`: a node's replicas share one coordinator, so losing the node touches
+    that one only). A context without ranks (an older Serve): a hash of its id."""
+    k = settings.coordinators
+    if k == 1:
+        return 0
+    rank = getattr(context, "rank", None)
+    field = "node_rank" if settings.group_replicas_by == "node" else "rank"
+    value = getattr(rank, field, rank if field == "rank" else None)
+    if isinstance(value, int) and value >= 0:
+        return value % k
+    digest = hashlib.blake2b(context.replica_id.unique_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % k
 
 
 def max_ongoing(settings: ServeSettings) -> int:
