@@ -42,6 +42,9 @@ from run_info import machine  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "cluster" / "node_loss.json"
 APP = "node-loss"
+GROUP_KEY_TOKENS = 16
+"""The group key of a run with several coordinators: the sessions' first prompts are 40
+tokens, so their own first tokens (not a shared prefix) spread them over the group."""
 
 
 def _free_port() -> int:
@@ -62,6 +65,7 @@ def run_node_loss(
     cache_bytes: int = 6_000_000,
     fast_detection: bool = True,
     seed: int = 0,
+    coordinators: int = 1,
     out: Path | None = DEFAULT_OUT,
 ) -> NodeLossReport:
     """One node-loss run (see the module docstring); the report is also written to `out`
@@ -80,6 +84,9 @@ def run_node_loss(
             filled first with long prompts so that it evicts (and the tuner runs).
         fast_detection: GCS health checks of ~1.5 s instead of Ray's ~15 s default.
         seed: the sessions' tokens.
+        coordinators: the coordinator group's size; with more than one, replicas are
+            given to coordinators by node (`group_replicas_by: node`), so the lost node
+            takes one coordinator's replicas and its sessions spill to another.
     """
     from ray import serve
 
@@ -98,6 +105,7 @@ def run_node_loss(
         "cache_bytes": cache_bytes,
         "fast_detection": fast_detection,
         "seed": seed,
+        "coordinators": coordinators,
     }
     model_dir = make_model("tiny", "nemotron_h", workdir / "tiny")
     spec = ClusterSpec(fast_detection=fast_detection)
@@ -116,6 +124,9 @@ def run_node_loss(
                 lease_s=4.0,
                 tuner=TunerSettings(multiplier=1, grid=(0.0, 0.5), workers=2),
                 model_resource=spec.model_resource,
+                coordinators=coordinators,
+                group_key_tokens=GROUP_KEY_TOKENS,
+                group_replicas_by="node",
             )
             try:
                 run_app(settings)
@@ -143,28 +154,27 @@ def _measure(
     from marconi_ray.serve.settings import NAMESPACE
 
     url = f"http://{settings.host}:{settings.port}"
-    coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
-    tuner = ray.get_actor(settings.tuner_name, namespace=NAMESPACE)
-
-    def registered() -> bool:
-        return len(ray.get(coordinator.replicas.remote())) == settings.replicas
-
-    steps.wait_for(registered, 180, "replicas registered")
+    group = settings.group()
+    control = steps.Control(
+        [ray.get_actor(m.coordinator_name, namespace=NAMESPACE) for m in group],
+        [ray.get_actor(m.tuner_name, namespace=NAMESPACE) for m in group],
+        settings.group_key_tokens,
+    )
+    steps.wait_for(lambda: control.registered() == settings.replicas, 180, "replicas registered")
     steps.wait_for(lambda: steps.health(url) is not None, 60, "/health")
     labels, replicas, where = steps.placement(cluster)
-    cost = ray.get(coordinator.cost.remote(next(iter(replicas))))
+    owner = next(c for c in control.coordinators if ray.get(c.replicas.remote()))
+    cost = ray.get(owner.cost.remote(ray.get(owner.replicas.remote())[0]))
     steps.fill_caches(url, config["cache_bytes"], cost.kv_bytes_per_token, config["seed"])
     pool = make_sessions(config["sessions"], 40, config["seed"])
-    outcomes, timeline = steps.load_and_kill(
-        cluster, url, coordinator, tuner, pool, replicas, config
-    )
+    outcomes, timeline = steps.load_and_kill(cluster, url, control, pool, replicas, config)
     return build_report(
         config,
         outcomes,
         timeline,
         labels,
         where,
-        ray.get(tuner.history.remote()),
+        control.tuner_history(),
         steps.mismatches(model_dir, outcomes, config["max_tokens"]),
         time.monotonic() - t_start,
         machine(("ray", "torch", "redis")),
@@ -205,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sessions' tokens (0)")
     parser.add_argument(
+        "--coordinators",
+        type=int,
+        default=1,
+        help="coordinator group size; above 1 each node's replicas share one coordinator (1)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"JSON report (default {DEFAULT_OUT})"
     )
     args = parser.parse_args(argv)
@@ -220,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             cache_bytes=args.cache_bytes,
             fast_detection=not args.ray_default_detection,
             seed=args.seed,
+            coordinators=args.coordinators,
             out=args.out,
         )
     summary = {k: v for k, v in report.to_dict().items() if k not in ("config", "machine")}

@@ -18,6 +18,8 @@ import ray
 from local_cluster import LocalCluster, actor_nodes
 from node_loss_client import USER_TOKENS, ClosedLoopClients, Outcome, Session
 
+from marconi_ray.serve.ingress.group_key import group_of
+
 FILLER_TOKENS = 2000
 
 
@@ -92,17 +94,38 @@ def fill_caches(url: str, cache_bytes: int, kv_bytes_per_token: int, seed: int) 
             t.join()
 
 
-def stats(coordinator: Any) -> dict[str, dict[str, Any]]:
-    """Replica id -> its cache counters (`CacheStats.to_dict()`)."""
-    return {s.replica_id: dict(s.stats) for s in ray.get(coordinator.stats.remote())}
+@dataclass(frozen=True)
+class Control:
+    """The coordinators of the group (by index), their tuners, and the group key."""
 
+    coordinators: list[Any]
+    tuners: list[Any]
+    key_tokens: int
 
-def homes(coordinator: Any, pool: list[Session]) -> dict[int, str]:
-    """The replica each session's next turn is routed to (the one holding its last
-    state: cache-aware routing keeps a session there)."""
-    prompts = [np.asarray(s.history + [7] * USER_TOKENS, np.int32) for s in pool]
-    chosen = ray.get([coordinator.route.remote(p) for p in prompts])
-    return {s.sid: str(rid) for s, rid in zip(pool, chosen, strict=True)}
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Replica id -> its cache counters (`CacheStats.to_dict()`), every coordinator's."""
+        parts = ray.get([c.stats.remote() for c in self.coordinators])
+        return {s.replica_id: dict(s.stats) for part in parts for s in part}
+
+    def registered(self) -> int:
+        return sum(len(r) for r in ray.get([c.replicas.remote() for c in self.coordinators]))
+
+    def tuner_runs(self) -> int:
+        return sum(ray.get([t.runs.remote() for t in self.tuners]))
+
+    def tuner_history(self) -> list[Any]:
+        return [h for part in ray.get([t.history.remote() for t in self.tuners]) for h in part]
+
+    def homes(self, pool: list[Session]) -> dict[int, str]:
+        """The replica each session's next turn is routed to (the one holding its last
+        state: cache-aware routing keeps a session there), at the coordinator its group
+        key picks."""
+        k = len(self.coordinators)
+        prompts = [np.asarray(s.history + [7] * USER_TOKENS, np.int32) for s in pool]
+        chosen = ray.get(
+            [self.coordinators[group_of(p, k, self.key_tokens)].route.remote(p) for p in prompts]
+        )
+        return {s.sid: str(rid) for s, rid in zip(pool, chosen, strict=True)}
 
 
 def pick_victim(home: dict[int, str], replicas: dict[str, str]) -> str:
@@ -132,8 +155,7 @@ class Timeline:
 def load_and_kill(
     cluster: LocalCluster,
     url: str,
-    coordinator: Any,
-    tuner: Any,
+    control: Control,
     pool: list[Session],
     replicas: dict[str, str],
     config: dict[str, Any],
@@ -148,14 +170,14 @@ def load_and_kill(
     watch = HealthWatch(url)
     try:
         wait_for(lambda: min(s.turns for s in pool) >= config["warm_turns"], 180, "warm-up")
-        wait_for(lambda: ray.get(tuner.runs.remote()) >= 2, 60, "a tuner run per replica")
-        t_warm, stats_warm = time.monotonic(), stats(coordinator)
+        wait_for(lambda: control.tuner_runs() >= 2, 60, "a tuner run per replica")
+        t_warm, stats_warm = time.monotonic(), control.stats()
         time.sleep(config["before_s"])
-        home = homes(coordinator, pool)
+        home = control.homes(pool)
         victim = pick_victim(home, replicas)
         lost = {sid for sid, rid in home.items() if rid == victim}
         _until_in_flight(load, lost)
-        stats_kill = stats(coordinator)
+        stats_kill = control.stats()
         watch.start()
         t_kill = cluster.kill_worker(replicas[victim])
         node_dead_s = cluster.wait_dead(replicas[victim])
@@ -173,7 +195,7 @@ def load_and_kill(
         homes=home,
         stats_warm=stats_warm,
         stats_kill=stats_kill,
-        stats_end=stats(coordinator),
+        stats_end=control.stats(),
     )
     return load.snapshot(), timeline
 

@@ -29,18 +29,28 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 @contextmanager
 def replicas_app(settings: ServeSettings) -> Iterator[tuple[Any, Any]]:
     """Deploy the coordinator, tuner and model replicas (no HTTP ingress); yields the
-    coordinator actor and the replica deployment handle."""
+    coordinator actor (the first of the group) and the replica deployment handle."""
+    with group_app(settings) as (coordinators, handle):
+        yield coordinators[0], handle
+
+
+@contextmanager
+def group_app(settings: ServeSettings) -> Iterator[tuple[list[Any], Any]]:
+    """`replicas_app` for a coordinator group (`settings.coordinators`): yields every
+    coordinator actor, by index, once all the replicas registered with one of them."""
     start_actors(settings)
     handle = serve.run(
         replica_deployment(settings).bind(settings), name=settings.app_name, route_prefix=None
     )
-    coordinator = ray.get_actor(settings.coordinator_name, namespace=NAMESPACE)
+    coordinators = [
+        ray.get_actor(member.coordinator_name, namespace=NAMESPACE) for member in settings.group()
+    ]
     deadline = time.monotonic() + 60
-    while len(ray.get(coordinator.replicas.remote())) < settings.replicas:
+    while sum(len(ray.get(c.replicas.remote())) for c in coordinators) < settings.replicas:
         assert time.monotonic() < deadline, "replicas did not register"
         time.sleep(0.2)
     try:
-        yield coordinator, handle
+        yield coordinators, handle
     finally:
         shutdown_app(settings)
 

@@ -29,13 +29,19 @@ from ray_session import stop_ray
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_losing_a_model_node_under_load(tmp_path: Path) -> None:
+@pytest.mark.parametrize("coordinators", [1, 2], ids=["one-coordinator", "two-coordinators"])
+def test_losing_a_model_node_under_load(tmp_path: Path, coordinators: int) -> None:
+    """With two coordinators each node's replica belongs to its own coordinator: the
+    loss takes one coordinator's replicas, and its sessions spill to the other."""
     stop_ray()  # it starts a cluster of its own and connects to it
-    report = run_node_loss(tmp_path, warm_turns=2, before_s=3.0, after_s=8.0, out=None)
+    report = run_node_loss(
+        tmp_path, warm_turns=2, before_s=3.0, after_s=8.0, coordinators=coordinators, out=None
+    )
     summary = {k: v for k, v in report.to_dict().items() if k not in ("config", "machine")}
     # placement: the control plane on the head, one replica per model node
-    assert report.placement["coordinator"] == ["head"], summary
-    assert report.placement["tuner"] == ["head"] and report.placement["ingress"] == ["head"]
+    assert report.placement["coordinator"] == ["head"] * coordinators, summary
+    assert report.placement["tuner"] == ["head"] * coordinators, summary
+    assert report.placement["ingress"] == ["head"], summary
     assert sorted(report.placement["replicas"]) == ["worker-0", "worker-1"], summary
     # every request: its exact greedy tokens, or a clean 503 with Retry-After
     assert report.total.broken == 0, report.broken_details
