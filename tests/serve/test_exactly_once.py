@@ -27,6 +27,7 @@ from coordinator_helpers import (
     make_worker,
     register,
     sessions,
+    turn,
 )
 from ray.exceptions import ActorUnavailableError
 from replica_harness import Handle, in_step, items, make_replica, refused, run_until_idle, submit
@@ -34,6 +35,7 @@ from replica_harness import Handle, in_step, items, make_replica, refused, run_u
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.orders import Move, PrefillOrder, Release, TokenEvent
+from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.coordinator.leases import LEASE_GRACE
@@ -400,6 +402,51 @@ def test_a_refused_release_keeps_its_valid_frees_and_the_replica_reconciles(mode
     assert len(refused(replica)) == 1 and "already on" in refused(replica)[0]
     assert coord.stats()[0].refused_releases == 1
     in_step(coord, worker)
+
+
+def test_a_running_request_keeps_its_hit_kv_on_the_device(model_dir):
+    """A running request reads its hit's KV in place, in the device rows of its slots. Its
+    plan locks the hit node only; its ancestors, unlocked, are eviction candidates while
+    it runs, and with a host tier a victim is demoted: its edge's KV moves to the host and
+    its device rows are reused by the next prefill, under the running request's reads. So
+    the KV on the path of an open plan's hit stays on the device (an ancestor may give up
+    its state only): here a third turn, whose hit spans the node of the first turn, runs
+    while new prompts evict everything else, and answers as an uncached run does."""
+    coord, worker, _ = _setup(model_dir, tiers=True)
+    rng = np.random.default_rng(17)
+    first = rng.integers(7, 263, 30).tolist()
+    out, _ = turn(coord, worker, first)
+    second = [*first, *out, *rng.integers(7, 263, 6).tolist()]
+    out, _ = turn(coord, worker, second)
+    third = np.asarray([*second, *out, *rng.integers(7, 263, 6).tolist()], dtype=np.int32)
+    long = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    running = coord.plan(third, long)
+    assert running.order.hit_len == len(second) + GREEDY.max_tokens  # two nodes deep
+    apply(worker, running.releases)
+    worker.start(running.order)  # its hit is read in place from now on
+    hit = set(running.order.hit_slots.tolist())
+    others = [coord.plan(rng.integers(7, 263, 40).astype(np.int32), GREEDY) for _ in range(4)]
+    moved = {  # by the log entries after the running one started
+        s
+        for entry in coord.drain("r0", applied(worker)).entries
+        if entry.seq > running.needs
+        for move in entry.release.moves
+        if move.to_host
+        for s in np.asarray(move.slots).tolist()
+    }
+    assert not moved & hit, "the KV of a running request's hit was demoted"
+    outputs: dict[int, list[int]] = {}
+    apply(worker, others[-1].releases)  # the moves, then the new prefills reuse rows
+    for dispatch in others:
+        worker.start(dispatch.order)
+    while worker.num_running:
+        worker.step()
+        for done in worker.take_finished():
+            outputs[done.request_id] = list(done.tokens)
+            apply(worker, coord.commit("r0", done, applied(worker)))
+    got = outputs[running.order.request_id]
+    assert got == _uncached(model_dir, third, long.max_tokens)
+    _finish(coord, worker)
 
 
 # ------------------------------------------------------------------ a paused coordinator

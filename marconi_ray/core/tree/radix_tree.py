@@ -410,12 +410,13 @@ class RadixTree:
             self.version += n
 
     # ------------------------------------------------------------------ tiers
-    def demote(self, node: Node) -> TierMove | None:
-        """Move `node`'s state and every KV token of its edge to the host tier; return
-        what moved (None when nothing was on the device). The shape is unchanged."""
+    def demote(self, node: Node, with_kv: bool = True) -> TierMove | None:
+        """Move `node`'s state and (when `with_kv`) every KV token of its edge to the host
+        tier; return what moved (None when nothing was on the device). The shape is
+        unchanged."""
         table = self.table
         slot = node.slot
-        n_dev = len(node.edge) - int(table.host_tokens[slot])
+        n_dev = len(node.edge) - int(table.host_tokens[slot]) if with_kv else 0
         move_state = node.state != NO_STATE and not node.state_host
         if node is self.root or (not n_dev and not move_state):
             return None
