@@ -45,6 +45,7 @@ def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         (["--port", "70000"], "port"),
         (["--tp", "0"], "tp"),
         (["--replicas", "0"], "replicas"),
+        (["--coordinators", "0"], "coordinators"),
         (["--cache-bytes", "-5"], "cache_bytes"),
         (["--cache-bytes", "lots"], "cache_bytes"),
         (["--host-cache-bytes", "-5"], "host_cache_bytes"),
@@ -75,10 +76,13 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
             "8e9",
             "--model",
             "tiny:bamba",
+            "--coordinators",
+            "2",
         ]
     )
     config = serve_cmd.load_config(args)
     assert (config.port, config.replicas, config.cache_bytes) == (9100, 3, 2 * 10**9)
+    assert config.coordinators == 2 and config.to_settings(tmp_path).coordinators == 2
     assert config.host_cache_bytes == 8 * 10**9
     assert (config.model, config.model_name) == ("tiny:bamba", "tiny:bamba")
     defaults = serve_cmd.load_config(
@@ -100,6 +104,7 @@ def test_help_mentions_every_option(capsys: pytest.CaptureFixture[str]) -> None:
         "--host",
         "--tp",
         "--replicas",
+        "--coordinators",
         "--system",
         "--cache-bytes",
         "--host-cache-bytes",
