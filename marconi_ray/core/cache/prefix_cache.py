@@ -23,7 +23,6 @@ in `commit_checks`; both are re-exported here.
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Mapping
 from itertools import repeat
@@ -251,16 +250,14 @@ class PrefixCache:
         freed = Reclaimed()
         granted = 0
         from_host = (0, 0)
-        hit = match.hit_node  # not open yet: its path is in use all the same
         if self.tiers is not None:
             room = self.capacity - self.reserved
-            in_use = functools.partial(self._in_use, hit)
             from_host = self.tiers.promote_hit(
-                self.tree, match, now, room, freed, self.stats, in_use
+                self.tree, match, now, room, freed, self.stats, self._in_use
             )
         if max_output is not None:
             granted = self._reserve(
-                self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now, hit
+                self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now
             )
         self._forget(freed)
         reason = self._reason_of(match.hit_node.state) if match.hit_len else ""
@@ -290,36 +287,37 @@ class PrefixCache:
             return 0
         return self.cost.kv_bytes(n_max - hit_len) + states * self.cost.state_bytes
 
-    def _reserve(self, want: int, freed: Reclaimed, now: float, hit: Node) -> int:
-        """Hold back up to `want` bytes, evicting unlocked entries (the KV on the path of
-        `hit`, the hit being planned, stays on the device); returns what was held."""
-        self._evict(now, self.capacity - self.reserved - want, freed, hit)
+    def _reserve(self, want: int, freed: Reclaimed, now: float) -> int:
+        """Hold back up to `want` bytes, evicting unlocked entries; returns what was held."""
+        self._evict(now, self.capacity - self.reserved - want, freed)
         granted = max(0, min(want, self.capacity - self.bytes_used - self.reserved))
         self.reserved += granted
         return granted
 
-    def _evict(self, now: float, max_bytes: int, freed: Reclaimed, hit: Node | None = None) -> bool:
+    def _evict(self, now: float, max_bytes: int, freed: Reclaimed) -> bool:
         """Evict (demote or drop, with a host tier) until the device holds at most
         `max_bytes`; counts the victims; returns whether the candidates ran out first.
-        The KV on the path of every open plan's hit (and of `hit`) stays on the device
-        (`_in_use`)."""
+        The KV on the path of every open plan's hit stays on the device (`_in_use`)."""
         if self.tiers is None:
             evicted, exhausted = self.eviction.evict_until(self.tree, now, max_bytes, freed)
         else:
-            in_use = functools.partial(self._in_use, hit)
             evicted, exhausted = self.tiers.evict_device(
-                self.tree, now, max_bytes, freed, self.stats, in_use
+                self.tree, now, max_bytes, freed, self.stats, self._in_use
             )
         self.stats.evictions += evicted
         return exhausted
 
-    def _in_use(self, hit: Node | None = None) -> set[Node]:
-        """Every node on the path of an open plan's hit (and of `hit`): its request reads
-        the KV of that path in place, in the device rows of its slots (`StateStore.hit_rows`)
-        from its start to its commit, so a demotion must not move it (it would free those
-        rows for the next prefill to overwrite under the running request)."""
+    def _in_use(self) -> set[Node]:
+        """Every node on the path of an open plan's hit: its request reads the KV of that
+        path in place, in the device rows of its slots (`StateStore.hit_rows`), from its
+        start to its commit, so a demotion must not move it (it would free those rows for
+        the next prefill to overwrite under the running request). The plan being made is
+        not open yet: what it demotes of its own path is applied before its order starts
+        (`Dispatch.needs`), and the store copies a hit's host slots to rows of the
+        request's own (`StateStore.hit_rows`)."""
         out: set[Node] = set()
-        for node in [*(plan.hit_node for plan in self._open.values()), hit]:
+        for plan in self._open.values():
+            node: Node | None = plan.hit_node
             while node is not None and node not in out:
                 out.add(node)
                 node = node.parent
