@@ -92,6 +92,12 @@ class NoReplicaAvailable(RuntimeError):
     """No replica is registered and confirmed alive at the coordinator (HTTP 503)."""
 
 
+class ReplicasUnconfirmed(NoReplicaAvailable):
+    """The coordinator holds replicas but none is confirmed yet (restored from its
+    journal, they have not reconciled): a wait of a heartbeat or two, not a reason to
+    plan elsewhere (a coordinator group does not spill it: the caches are here)."""
+
+
 class Overloaded(RuntimeError):
     """Every live replica's queue is full (`max_queued_requests`): the request is shed
     before anything is planned (HTTP 429 with Retry-After)."""

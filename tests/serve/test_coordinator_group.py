@@ -23,6 +23,7 @@ from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.ingress.group_key import group_of, spill_order
 from marconi_ray.serve.ingress.metrics import IngressMetrics
 from marconi_ray.serve.ingress.ray_backend import RayBackend, worst_journal
+from marconi_ray.serve.messages import ReplicasUnconfirmed
 from marconi_ray.serve.replica.deployment import coordinator_of
 from marconi_ray.serve.settings import ServeSettings
 
@@ -147,3 +148,24 @@ def test_health_of_a_group_sums_replicas_and_takes_the_worst_journal(model_dir: 
     assert len(asyncio.run(backend.stats())) == 2
     ok, lost = {"state": "ok", "n": 1}, {"state": "lost", "n": 2}
     assert worst_journal([ok, lost, ok]) is lost
+
+
+def test_a_restarted_coordinator_is_waited_for_not_spilled_from(model_dir: Path) -> None:
+    """A first choice whose replicas are restored but not confirmed yet (it restarted,
+    they have not reconciled) holds the request's cache: the ingress waits for it
+    instead of planning the request elsewhere, without a hit."""
+    coords, _ = _group(model_dir)
+    coords[0].state.set_confirmed("r0", False)
+    backend = RayBackend([Handle(c) for c in coords], None, key_tokens=KEY)  # type: ignore[arg-type]
+    head = next(h for h in range(300, 340) if group_of(_prompt(h), 2, KEY) == 0)
+
+    async def main() -> None:
+        with pytest.raises(ReplicasUnconfirmed):
+            await backend._plan_in_group(_prompt(head), GREEDY, 0.0)
+        coords[0].state.set_confirmed("r0", True)
+        d = await backend._plan_in_group(_prompt(head), GREEDY, 0.0)
+        assert (d.coordinator, d.replica_id) == (0, "r0")
+        backend.coordinator_of(d).abandon.remote(d)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())

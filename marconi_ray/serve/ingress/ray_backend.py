@@ -32,6 +32,7 @@ from marconi_ray.serve.messages import (
     RelayedCommit,
     ReplicaFailed,
     ReplicaStats,
+    ReplicasUnconfirmed,
     Settlements,
     WrongReplica,
 )
@@ -267,18 +268,20 @@ class RayBackend:
     ) -> Dispatch:
         """Plan at the coordinator the group key picks; when it cannot place the request
         (`NoReplicaAvailable`, `Overloaded`), at the next ones round the group; if none
-        can, the first one's refusal is raised. Any other error is raised at once."""
+        can, the first one's refusal is raised. A first choice whose replicas wait to be
+        confirmed (`ReplicasUnconfirmed`: it restarted) is waited for, not spilled from:
+        the request's cache is there. Any other error is raised at once."""
         k = len(self.batchers)
         order = spill_order(group_of(prompt, k, self.key_tokens), k)
         first: BaseException | None = None
         for index in order:
             try:
                 dispatch = await self.batchers[index].plan(prompt, params, submitted)
-            except (NoReplicaAvailable, Overloaded) as exc:
-                first = first or exc
-                continue
-            except RayTaskError as exc:
-                if not isinstance(exc.cause, NoReplicaAvailable | Overloaded):
+            except (NoReplicaAvailable, Overloaded, RayTaskError) as exc:
+                cause = exc.cause if isinstance(exc, RayTaskError) else exc
+                if not isinstance(cause, NoReplicaAvailable | Overloaded):
+                    raise
+                if first is None and isinstance(cause, ReplicasUnconfirmed):
                     raise
                 first = first or exc
                 continue

@@ -26,7 +26,7 @@ from marconi_ray.serve.coordinator.routing.prefix_index import RoutingIndex
 from marconi_ray.serve.coordinator.routing.replica_table import Mask, ReplicaTable
 from marconi_ray.serve.coordinator.routing.routers import Contender, Router
 from marconi_ray.serve.coordinator.routing.state import Fleet, RouteState
-from marconi_ray.serve.messages import NoReplicaAvailable, Overloaded
+from marconi_ray.serve.messages import NoReplicaAvailable, Overloaded, ReplicasUnconfirmed
 from marconi_ray.serve.settings import ServeSettings
 
 
@@ -99,7 +99,7 @@ def choose_replica(
     table = state.routing.table
     confirmed = table.confirmed_count()
     if not confirmed:
-        raise NoReplicaAvailable("no model replica is registered and alive")
+        raise _no_replica(state.planners)
     mask = table.eligible(max_open(settings))
     count = int(np.count_nonzero(mask))
     if not count:
@@ -120,7 +120,7 @@ def choose_replica_reference(
         if state.replicas[rid].confirmed
     ]
     if not candidates:
-        raise NoReplicaAvailable("no model replica is registered and alive")
+        raise _no_replica(state.planners)
     limit = max_open(settings)
     if limit is not None:
         room = [c for c in candidates if c[2] < limit]
@@ -128,3 +128,14 @@ def choose_replica_reference(
             raise _overloaded(settings, len(candidates))
         candidates = room
     return router.route(prompt, candidates)
+
+
+def _no_replica(planners: Mapping[str, Planner]) -> NoReplicaAvailable:
+    """Why no replica can take a request: none registered, or none confirmed yet (the
+    coordinator restored them and waits for them to reconcile: `ReplicasUnconfirmed`)."""
+    if planners:
+        return ReplicasUnconfirmed(
+            f"no model replica is confirmed yet ({len(planners)} registered, waiting for "
+            "them to reconcile)"
+        )
+    return NoReplicaAvailable("no model replica is registered and alive")
