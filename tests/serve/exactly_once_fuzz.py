@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from coordinator_helpers import GREEDY, LEASE, Clock, make_settings, make_worker, register
@@ -52,6 +53,7 @@ from marconi_ray.serve.messages import (
     Submissions,
     WrongReplica,
 )
+from marconi_ray.serve.replica import deployment
 from marconi_ray.serve.replica.deployment import ModelReplica
 
 REPLICAS = ("r0", "r1")
@@ -329,6 +331,33 @@ async def settle_all(world: World) -> None:
         assert len(world.replicas[rid]._relayed) == 0, rid
 
 
+class WorldTime:
+    """The replicas' `time` module in a case: wall-clock seconds are the world's (the
+    coordinator's `Clock`, which `expire` and `stall` move), monotonic ones are real.
+
+    Deadlines are wall-clock times compared on both sides: the coordinator aborts a lease
+    past its deadline plus a grace, a replica refuses a dispatch past its deadline
+    (`ModelReplica._stale`, `_renew`). With the replicas on the real clock, a dispatch
+    whose plan an `expire` had already aborted (its hit unlocked) could still start, and
+    read a hit the cache then demoted or freed under it: a wrong output no deployment
+    can produce."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def time(self) -> float:
+        return self.clock.now
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.monotonic()
+
+
+def world_time(world: World) -> Any:
+    """A context in which the replicas' wall clock is `world.clock` (`WorldTime`)."""
+    return mock.patch.object(deployment, "time", WorldTime(world.clock))
+
+
 def run_case(model_dir: Path, seed: int, events: int) -> dict[str, int]:
     """One case: `events` random events, checked after each; then everything closed and
     each store compared with its tree exactly. Returns how often each event ran."""
@@ -341,7 +370,8 @@ def run_case(model_dir: Path, seed: int, events: int) -> dict[str, int]:
         await settle_all(world)
         check(world)
 
-    asyncio.run(main())
+    with world_time(world):
+        asyncio.run(main())
     for rid in REPLICAS:
         assert refused(world.replicas[rid]) == []
         assert world.coord.planners[rid].open_requests == 0
