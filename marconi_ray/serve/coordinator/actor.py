@@ -63,12 +63,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import ray
 
+from marconi_ray.core.cache.findings import Finding, find
+from marconi_ray.core.cache.host_tier import NO_HOST_TIER
+from marconi_ray.core.cache.systems import get_system
 from marconi_ray.core.cache.tuner import TuneJob, TuneResult
 from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_architecture
@@ -141,6 +145,10 @@ class CacheCoordinator:
         """Replica -> its store's tier figures from its last heartbeat that carried them
         (for `/metrics`; not journalled: the next heartbeat brings them again)."""
         self._router = make_router(settings.routing, settings)
+        self._context_limit = arch.context_limit
+        self.findings: dict[str, Finding] = {}
+        """What the cache's setting makes it not do for this model, by code
+        (`core.cache.findings`), found as replicas register; logged once each."""
         self._since_snapshot = 0
         self.journal = journal or open_journal(
             settings.redis_url, settings.journal_prefix, settings.journal_max_backlog_bytes
@@ -150,6 +158,8 @@ class CacheCoordinator:
             self.snapshot()
         # request ids stay unique across restarts even if the last records were lost
         self.state.next_request = max(self.state.next_request, int(clock() * 1e6))
+        for rid in self.planners:  # restored replicas: their findings are said again
+            self._find(rid)
         # a window restored while waiting for its result: its job died with the old actor
         for rid, planner in self.planners.items():
             if planner.tuner is not None and planner.tuner.pending:
@@ -201,7 +211,25 @@ class CacheCoordinator:
             return info.generation
         generation = time.time_ns()
         self._do(Register(replica_id, kv_bytes_per_token, state_bytes, generation))
+        self._find(replica_id)
         return generation
+
+    def _find(self, replica_id: str) -> None:
+        """Check the cache's setting against a new replica's prices (`core.cache.findings`)
+        and log each finding the first time it is found."""
+        s = self.settings
+        found = find(
+            self.state.cost(replica_id),
+            get_system(s.system),
+            s.cache_bytes,
+            s.host_tier or NO_HOST_TIER,
+            self._context_limit,
+            s.alpha,
+        )
+        for finding in found:
+            if finding.code not in self.findings:
+                log.warning("the prefix cache (%s): %s", finding.code, finding.message)
+                self.findings[finding.code] = finding
 
     def unregister_replica(self, replica_id: str) -> None:
         """Forget a replica and its cache (its tensors died with it, or are reset)."""
@@ -583,14 +611,16 @@ class CacheCoordinator:
     def health(self) -> dict[str, Any]:
         """For `/health`: `replicas`, those that can serve now (confirmed, and heard from
         within a lease: a replica restored from the journal counts once it reconciles),
-        `registered`, every replica the coordinator holds a cache for, and `journal`
-        (`journal_health`)."""
+        `registered`, every replica the coordinator holds a cache for, `journal`
+        (`journal_health`) and `findings` (what the cache's setting makes it not do for
+        this model: `core.cache.findings`, as {code, message})."""
         now, lease = self.clock(), self.settings.lease_s
         live = [i for i in self.replica_info.values() if i.confirmed and now - i.last_seen <= lease]
         return {
             "replicas": len(live),
             "registered": len(self.planners),
             "journal": self.journal_health(),
+            "findings": [asdict(f) for f in self.findings.values()],
         }
 
     def journal_status(self) -> dict[str, Any]:

@@ -312,13 +312,16 @@ def build_app(
     async def metrics_text() -> Response:
         stats: list[ReplicaStats] | None
         journal: dict[str, Any] | None
+        findings: list[str] | None
         try:
             stats, runs = await backend.stats(), await backend.tuner_runs()
-            journal = (await backend.health())["journal"]
+            health = await backend.health()
+            journal = health["journal"]
+            findings = [f["code"] for f in health.get("findings", [])]
         except Exception:
             logger.warning("metrics: coordinator unavailable; cache figures left out")
-            stats, runs, journal = None, 0, None
-        body = render_metrics(server.metrics, stats, runs, journal)
+            stats, runs, journal, findings = None, 0, None, None
+        body = render_metrics(server.metrics, stats, runs, journal, findings)
         return Response(body, media_type=CONTENT_TYPE)
 
     return app

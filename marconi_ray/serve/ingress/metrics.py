@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from marconi_ray.core.cache.findings import FINDING_CODES
 from marconi_ray.protocol.results import SpecCounts
 from marconi_ray.serve.coordinator.journal import JOURNAL_STATES
 from marconi_ray.serve.messages import ReplicaStats
@@ -96,6 +97,27 @@ def _number(stats: Mapping[str, object], key: str, what: str = "replica stats") 
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} field {key!r} must be a number, got {value!r}")
     return float(value)
+
+
+class FindingsCollector(Collector):
+    """`marconi_cache_finding{code}`: 1 for each thing the cache's setting makes it not
+    do for the served model (`core.cache.findings`; the message is in the coordinator's
+    log and in `/health`), 0 for the others."""
+
+    def __init__(self, codes: Sequence[str]) -> None:
+        self.codes = set(codes)
+
+    def collect(self) -> Iterable[Metric]:
+        found = GaugeMetricFamily(
+            "marconi_cache_finding",
+            "1 when the cache's setting makes it not do something for this model (caches "
+            "nothing, a budget below one state with its KV, a host tier placement never "
+            "uses, an ignored alpha): see the coordinator's log or /health.",
+            labels=["code"],
+        )
+        for code in FINDING_CODES:
+            found.add_metric([code], 1.0 if code in self.codes else 0.0)
+        return [found]
 
 
 class JournalCollector(Collector):
@@ -348,14 +370,18 @@ def render_metrics(
     stats: Sequence[ReplicaStats] | None,
     tuner_runs: int = 0,
     journal: Mapping[str, object] | None = None,
+    findings: Sequence[str] | None = None,
 ) -> bytes:
     """Prometheus text exposition: the ingress's metrics, then the cache figures of
-    `stats` and the journal's health `journal` (the coordinator's `journal_health()`),
-    one scrape's snapshot fetched by the caller from the coordinator; either None when
-    the coordinator could not be reached: its figures are then left out."""
+    `stats`, the journal's health `journal` (the coordinator's `journal_health()`) and
+    the codes of the cache's `findings` (`core.cache.findings`), one scrape's snapshot
+    fetched by the caller from the coordinator; None when the coordinator could not be
+    reached: those figures are then left out."""
     snapshot = CollectorRegistry(auto_describe=True)
     if stats is not None:
         snapshot.register(CacheCollector(stats, tuner_runs))
     if journal is not None:
         snapshot.register(JournalCollector(journal))
+    if findings is not None:
+        snapshot.register(FindingsCollector(findings))
     return generate_latest(metrics.registry) + generate_latest(snapshot)

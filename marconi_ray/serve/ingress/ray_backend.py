@@ -417,6 +417,7 @@ class RayBackend:
             "replicas": sum(h["replicas"] for h in live),
             "registered": sum(h["registered"] for h in live),
             "journal": worst_journal([h["journal"] for h in live]),
+            "findings": list({f["code"]: f for h in live for f in h.get("findings", [])}.values()),
             "coordinators": [
                 h if isinstance(h, dict) else {"error": f"{type(h).__name__}: {h}"} for h in got
             ],

@@ -1,0 +1,67 @@
+"""The coordinator says at start what the cache's setting makes it not do for the served
+model (`core.cache.findings`): once in its log, in `/health` and as
+`marconi_cache_finding{code}` in `/metrics`; a restarted coordinator says it again. Real
+coordinators over a tiny model's config (the replica's prices as it registers them)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+from coordinator_helpers import make_settings
+from replica_harness import Handle
+
+from marconi_ray.engine.presets.factory import make_model
+from marconi_ray.serve.coordinator.actor import CacheCoordinator
+from marconi_ray.serve.coordinator.journal import MemoryJournal
+from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
+from marconi_ray.serve.ingress.ray_backend import RayBackend
+
+KV, STATE = 512, 33_792  # the tiny preset's prices
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model("tiny", "nemotron_h", tmp_path_factory.mktemp("findings") / "tiny")
+
+
+def _codes(coord: CacheCoordinator) -> list[str]:
+    return [f["code"] for f in coord.health()["findings"]]
+
+
+def test_a_host_tier_flop_aware_placement_never_uses_is_said_once_and_again_after_a_restart(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's case: `tiny` with a 4 MB host tier under FLOP-aware placement drops
+    every victim."""
+    settings = make_settings(model_dir, host_cache_bytes=4_000_000, host_placement="flop_aware")
+    journal = MemoryJournal()
+    with caplog.at_level(logging.WARNING, logger="marconi_ray.serve.coordinator.actor"):
+        coord = CacheCoordinator(settings, journal=journal)
+        assert _codes(coord) == []  # no replica priced yet
+        coord.register_replica("r0", KV, STATE)
+        coord.register_replica("r1", KV, STATE)
+    said = [r.message for r in caplog.records if "host_tier_unused" in r.message]
+    assert len(said) == 1 and "host_placement lru" in said[0]
+    assert _codes(coord) == ["host_tier_unused"]
+    assert _codes(CacheCoordinator(settings, journal=journal)) == ["host_tier_unused"]
+    lru = make_settings(model_dir, host_cache_bytes=4_000_000, host_placement="lru")
+    quiet = CacheCoordinator(lru, journal=MemoryJournal())
+    quiet.register_replica("r0", KV, STATE)
+    assert _codes(quiet) == []
+
+
+def test_findings_reach_health_and_metrics_across_a_group(model_dir: Path) -> None:
+    small = make_settings(model_dir, cache_bytes=20_000, coordinators=2, system="vllm+", alpha=1.0)
+    coords = [CacheCoordinator(s, journal=MemoryJournal()) for s in small.group()]
+    coords[0].register_replica("r0", KV, STATE)
+    coords[1].register_replica("r1", KV, STATE)
+    backend = RayBackend([Handle(c) for c in coords], None)  # type: ignore[arg-type]
+    health = asyncio.run(backend.health())
+    codes = sorted(f["code"] for f in health["findings"])
+    assert codes == ["alpha_ignored", "budget_below_one_entry"], "each once for the group"
+    body = render_metrics(IngressMetrics(), [], 0, health["journal"], codes).decode()
+    assert 'marconi_cache_finding{code="budget_below_one_entry"} 1.0' in body
+    assert 'marconi_cache_finding{code="host_tier_unused"} 0.0' in body
