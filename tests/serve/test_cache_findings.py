@@ -9,15 +9,19 @@ import asyncio
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 from coordinator_helpers import make_settings
 from replica_harness import Handle
 
+from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.coordinator.actor import CacheCoordinator
 from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 from marconi_ray.serve.ingress.ray_backend import RayBackend
+from marconi_ray.serve.messages import ReplicaStats
 
 KV, STATE = 512, 33_792  # the tiny preset's prices
 
@@ -65,3 +69,18 @@ def test_findings_reach_health_and_metrics_across_a_group(model_dir: Path) -> No
     body = render_metrics(IngressMetrics(), [], 0, health["journal"], codes).decode()
     assert 'marconi_cache_finding{code="budget_below_one_entry"} 1.0' in body
     assert 'marconi_cache_finding{code="host_tier_unused"} 0.0' in body
+
+
+def test_misses_for_want_of_a_state_reach_metrics() -> None:
+    """A request that found 60 cached tokens and no state at their end is counted, with
+    its share of the requests, per replica."""
+    cache = PrefixCache(CostModel(1e3, 1.0, 10, 100), CacheConfig(10**9, "marconi", "flop_aware"))
+    base = np.arange(7, 107, dtype=np.int32)
+    for prompt in (base, np.concatenate([base[:60], np.arange(500, 540, dtype=np.int32)])):
+        plan = cache.plan(prompt)
+        cache.commit(plan, np.concatenate([prompt, np.arange(900, 904, dtype=np.int32)]))
+    stats = [ReplicaStats.of("r0", cache, 0, 0)]
+    body = render_metrics(IngressMetrics(), stats, 0).decode()
+    assert 'marconi_cache_stateless_misses_total{replica="r0"} 1.0' in body
+    assert 'marconi_cache_stateless_miss_tokens_total{replica="r0"} 60.0' in body
+    assert 'marconi_cache_stateless_miss_share{replica="r0"} 0.5' in body

@@ -92,6 +92,9 @@ _OPTIONAL_KEYS: dict[str, object] = {
     "host": None,
     "host_tokens": 0,
     "host_bytes": 0,
+    "matched_len": 0,
+    "stateless_misses": 0,
+    "stateless_miss_tokens": 0,
     **dict.fromkeys(_TIER_STATS, 0),
     "states_superseded": 0,
     "hits_by_reason": {},
@@ -111,6 +114,8 @@ _STATS_INTS = (
     "states_dropped",
     "states_superseded",
     "peak_bytes",
+    "stateless_misses",
+    "stateless_miss_tokens",
     *_TIER_STATS,
 )
 _STATS_FLOATS = ("flops_total", "flops_saved")
@@ -142,6 +147,7 @@ _PLAN_KEYS = (
     "reserved",
     "host_tokens",
     "host_bytes",
+    "matched_len",
 )
 
 
@@ -225,6 +231,7 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
                 "reserved": int(plan.reserved),
                 "host_tokens": int(plan.host_tokens),
                 "host_bytes": int(plan.host_bytes),
+                "matched_len": int(plan.matched_len),
             }
             for plan, hit in zip(plans, hits, strict=True)
         ],
@@ -428,6 +435,7 @@ def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
         cache._reason_of(node.state) if hit_len else "",
         fields.get_int("host_tokens", 0),
         fields.get_int("host_bytes", 0),
+        fields.get_int("matched_len", 0),
     )
 
 

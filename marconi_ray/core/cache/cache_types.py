@@ -70,6 +70,9 @@ class Plan:
     host_bytes: int = 0
     """Host bytes the hit reads (its host KV and state), promoted before its prefill
     (`freed.moves`) or, where the device had no room, read straight from the host."""
+    matched_len: int = 0
+    """Input tokens the tree held along the request's path when planned, with or without
+    a state at their end (`hit_len` is the part a state makes reusable)."""
 
     @property
     def hit_state(self) -> int:

@@ -271,6 +271,7 @@ class PrefixCache:
             freed,
             reason,
             *from_host,
+            min(match.matched_len, len(arr)),
         )
         self._next_plan += 1
         self._open[plan.plan_id] = plan
@@ -437,6 +438,7 @@ class PrefixCache:
             plan.hit_len,
             self.cost.prefill_flops(n_input),
             self.cost.prefill_flops(plan.hit_len),
+            plan.matched_len,
         )
         kept = {sid for _, sid, _ in admitted}
         rejected = tuple(sid for sid in ids if sid not in kept)

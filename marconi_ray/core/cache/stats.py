@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 ADMISSION_REASONS = ("branch", "last_token", "block", "speculative")
 
+STATELESS_MIN_TOKENS = 32
+"""Tokens of a request's input the tree must hold for a hit of 0 to count as missed for
+want of a state (`CacheStats.stateless_misses`): fewer is a shared first token or two."""
+
 
 @dataclass
 class CacheStats:
@@ -51,6 +55,12 @@ class CacheStats:
     host_evictions: int = 0
     """Nodes dropped from the host tier."""
     host_peak_bytes: int = 0
+    stateless_misses: int = 0
+    """Requests whose hit was 0 although the tree held at least `STATELESS_MIN_TOKENS` of
+    their input: a prefix matched, but no state stood at its end (a recurrent layer can
+    resume only from a state at exactly that depth)."""
+    stateless_miss_tokens: int = 0
+    """The input tokens those requests found in the tree and could not reuse."""
 
     @property
     def token_hit_rate(self) -> float:
@@ -61,10 +71,22 @@ class CacheStats:
         return self.hit_requests / self.requests if self.requests else 0.0
 
     @property
+    def stateless_miss_share(self) -> float:
+        """Requests that missed for want of a state / requests."""
+        return self.stateless_misses / self.requests if self.requests else 0.0
+
+    @property
     def flops_saved_fraction(self) -> float:
         return self.flops_saved / self.flops_total if self.flops_total else 0.0
 
-    def record_request(self, n_input: int, hit_len: int, flops: float, saved: float) -> None:
+    def record_request(
+        self, n_input: int, hit_len: int, flops: float, saved: float, matched_len: int = 0
+    ) -> None:
+        """Count one committed request (`matched_len`: its input tokens the tree held when
+        it was planned, with or without a state at their end)."""
+        if hit_len == 0 and matched_len >= STATELESS_MIN_TOKENS:
+            self.stateless_misses += 1
+            self.stateless_miss_tokens += matched_len
         self.requests += 1
         self.hit_requests += hit_len > 0
         self.input_tokens += n_input
@@ -98,4 +120,7 @@ class CacheStats:
             "demoted_bytes": self.demoted_bytes,
             "host_evictions": self.host_evictions,
             "host_peak_bytes": self.host_peak_bytes,
+            "stateless_misses": self.stateless_misses,
+            "stateless_miss_share": self.stateless_miss_share,
+            "stateless_miss_tokens": self.stateless_miss_tokens,
         }

@@ -66,10 +66,26 @@ _COUNTERS = (
     ("marconi_cache_demoted_bytes", "demoted_bytes", "Bytes demoted from device to host."),
     ("marconi_cache_host_evictions", "host_evictions", "Nodes dropped from the host tier."),
     ("marconi_cache_host_hit_bytes", "host_hit_bytes", "Host bytes that cache hits read."),
+    (
+        "marconi_cache_stateless_misses",
+        "stateless_misses",
+        "Requests whose hit was 0 although the cache held 32+ tokens of their prefix: no "
+        "state stood at its end (recurrent layers resume only from an exact state).",
+    ),
+    (
+        "marconi_cache_stateless_miss_tokens",
+        "stateless_miss_tokens",
+        "Input tokens those requests found cached and could not reuse.",
+    ),
 )
 _GAUGES = (
     ("marconi_cache_token_hit_rate", "token_hit_rate", "Hit tokens / input tokens."),
     ("marconi_cache_request_hit_rate", "request_hit_rate", "Hit requests / requests."),
+    (
+        "marconi_cache_stateless_miss_share",
+        "stateless_miss_share",
+        "Share of the requests that missed for want of a state (stateless misses / requests).",
+    ),
     ("marconi_cache_peak_bytes", "peak_bytes", "Most bytes the cache has held."),
     ("marconi_cache_host_peak_bytes", "host_peak_bytes", "Most bytes the host tier has held."),
 )
