@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from marconi_ray import __version__
-from marconi_ray.cli import generate, make_model, models, replay, serve, trace_cmd
+from marconi_ray.cli import explain, generate, make_model, models, replay, serve, trace_cmd
 
 PROG = "marconi-ray"
 EXIT_USAGE = 2
@@ -41,7 +41,9 @@ def build_parser() -> CliParser:
         "--version", action="version", version=f"{PROG} {__version__}", help="print version"
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="{replay,trace,make-model,generate,serve,models}", required=True
+        dest="command",
+        metavar="{replay,trace,make-model,generate,serve,models,explain}",
+        required=True,
     )
     replay.add_parser(sub)
     trace_cmd.add_parser(sub)
@@ -49,6 +51,7 @@ def build_parser() -> CliParser:
     generate.add_parser(sub)
     serve.add_parser(sub)
     models.add_parser(sub)
+    explain.add_parser(sub)
     return parser
 
 

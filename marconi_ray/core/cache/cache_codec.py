@@ -432,7 +432,7 @@ def _plan_from(cache: PrefixCache, flat: FlatTree, obj: object, i: int) -> Plan:
         tuple(checkpoints),
         fields.get_int("reserved", 0),
         Reclaimed(),
-        cache._reason_of(node.state) if hit_len else "",
+        cache.reason_of(node.state) if hit_len else "",
         fields.get_int("host_tokens", 0),
         fields.get_int("host_bytes", 0),
         fields.get_int("matched_len", 0),

@@ -260,7 +260,7 @@ class PrefixCache:
                 self._upper_bound(len(arr), match.hit_len, ckpts, max_output), freed, now
             )
         self._forget(freed)
-        reason = self._reason_of(match.hit_node.state) if match.hit_len else ""
+        reason = self.reason_of(match.hit_node.state) if match.hit_len else ""
         plan = Plan(
             self._next_plan,
             arr,
@@ -469,7 +469,7 @@ class PrefixCache:
             deque(map(self.reasons.pop, states, repeat(None)), maxlen=0)
             self.hit_once.difference_update(states)
 
-    def _reason_of(self, state: int) -> str:
+    def reason_of(self, state: int) -> str:
         """Why a live state was admitted ("" when unknown)."""
         return self.admission.only_reason or self.reasons.get(state, "")
 
