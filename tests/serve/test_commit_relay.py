@@ -198,3 +198,47 @@ def test_with_commit_relay_off_the_replica_commits_in_its_step(model_dir):
         _settled(coord, replica)
 
     asyncio.run(main())
+
+
+def test_a_reconcile_while_a_relay_is_applied_but_not_yet_settled_keeps_everything(model_dir):
+    """The relay was applied (the tree refers to what the request stored) and the replica
+    has not read the entry yet when it reconciles: what the request stored is held and
+    its own, so nothing is reset and nothing freed twice."""
+    coord, replica, _ = _setup(model_dir)
+
+    async def main() -> None:
+        dispatch, end = await _run(coord, replica, list(range(17, 80)))
+        generation = replica.generation
+        assert coord.relayed_commit(_relay(dispatch, end)) is True
+        assert len(replica._relayed) == 1
+        await replica._reconcile()
+        assert replica.generation == generation, "no reset"
+        await replica._drain()
+        _settled(coord, replica)
+
+    asyncio.run(main())
+
+
+def test_a_reset_frees_what_waiting_relayed_requests_stored_once(model_dir):
+    """The coordinator dropped the replica's cache while a request waits for its relay
+    (it registers again, under a new generation): that plan ended with the old tree, so
+    the replica frees what the request stored, once, and the late relay is dropped."""
+    coord, replica, _ = _setup(model_dir)
+
+    async def main() -> None:
+        dispatch, end = await _run(coord, replica, list(range(200, 260)))
+        worker = replica.shards.worker  # type: ignore[attr-defined]
+        stored = set(end.commit.state_ids.values())
+        assert stored <= set(worker.holdings()[0])
+        generation = replica.generation
+        coord.unregister_replica("r0")
+        await replica._beat()  # "register": a new generation, then a reconcile
+        assert replica.generation != generation and replica._reconcile_due
+        await replica._reconcile()
+        assert len(replica._relayed) == 0
+        assert coord.relayed_commit(_relay(dispatch, end)) is False
+        await run_until_idle(replica)
+        assert not stored & set(worker.holdings()[0])
+        _settled(coord, replica)
+
+    asyncio.run(main())

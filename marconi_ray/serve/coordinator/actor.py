@@ -279,6 +279,8 @@ class CacheCoordinator:
         applied: int = 0,
         generation: int | None = None,
         refused: int = 0,
+        owned_states: list[int] | None = None,
+        owned_slots: npt.NDArray[np.int64] | None = None,
     ) -> tuple[int, Releases]:
         """Match a replica's tree with what its store holds (not counting what its running
         requests own), after the store applied its release log up to `applied` (of its
@@ -290,7 +292,10 @@ class CacheCoordinator:
         coordinator does not have: records were lost). What the store holds that no tree
         node refers to is freed (directly), less what log entries after `applied` free.
         `refused`: releases the store refused since it last reconciled (counted for
-        `/metrics`). Returns (generation, what the store must do)."""
+        `/metrics`). `owned_states` / `owned_slots`: held ids that belong to requests
+        whose relayed commits are not settled yet (`serve.replica.relayed`): never freed
+        here (their request's commit, or the replica on their plan's end, does it).
+        Returns (generation, what the store must do)."""
         info = self.replica_info.get(replica_id)
         if info is None:
             raise NoReplicaAvailable(f"replica {replica_id!r} is not registered")
@@ -331,8 +336,10 @@ class CacheCoordinator:
         else:
             release_log.ack(applied, generation)
         self._confirm(replica_id)
-        keep_states = tree_states | set(pending.states)
+        keep_states = tree_states | set(pending.states) | {int(s) for s in owned_states or ()}
         keep_slots = tree_slots | {int(s) for s in pending.slots}
+        if owned_slots is not None:
+            keep_slots |= {int(s) for s in np.asarray(owned_slots, dtype=np.int64)}
         held = Release(tuple(sorted(states)), np.asarray(sorted(slots), dtype=np.int64))
         return release_log.generation, release_log.since(held.without(keep_states, keep_slots))
 

@@ -55,7 +55,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-import numpy as np
 import ray
 from ray import serve
 from ray.exceptions import RayActorError
@@ -613,38 +612,34 @@ class ModelReplica:
         so far), and which of it is on the host; free what no tree or later log entry
         refers to. A tree that does not match is reset (new generation). Runs between
         steps, after every finished request was committed or relayed. What relayed
-        requests stored is theirs until their plans end: it is not reported, and a reset
-        (which ends their plans with the old tree) frees it here.
-
-        The log position reported is the one the store had applied before its holdings
-        were read: an entry taken while they are read (a dispatch arriving) counts as
-        pending, so what it frees is not freed directly as well."""
+        requests stored is theirs until their plans end: it is reported as held (a tree
+        may refer to it already, if the relay was applied), and as theirs (`owned`), so
+        it is never freed directly; a reset (which ends their plans with the old tree)
+        frees it here."""
         self._reconcile_due = False
-        cursor, refused, applied = self._cursor, self._refused, self._cursor.applied
         owned = self._relayed.owned()
         await self._release_now(self._take_release())
         states, slots, host_states, host_slots = await self.shards.rank0("holdings")
-        if owned.states or len(owned.slots):
-            kept = Release(tuple(states), np.asarray(slots, dtype=np.int64))
-            kept = kept.without(set(owned.states), {int(x) for x in owned.slots})
-            states, slots = list(kept.states), kept.slots
-        old = cursor.generation
+        cursor, refused = self._cursor, self._refused
         generation, releases = await self.coordinator.reconcile.remote(
             self.replica_id,
             states,
             slots,
             host_states,
             host_slots,
-            applied,
-            old,
+            cursor.applied,
+            cursor.generation,
             refused,
+            list(owned.states),
+            owned.slots,
         )
         self._refused -= refused
         self.generation = generation
         cursor.reset(generation)
         self._take(releases)
-        if generation != old:  # the old tree's plans are gone: their requests own theirs
-            self._release = self._release + self._relayed.clear()
+        # a reset (here, or a re-registration first) ended the old tree's plans: the
+        # requests waiting for their relays own what they stored, and free it here
+        self._release = self._release + self._relayed.clear_other(generation)
         await self._release_now(self._take_release())
         log.warning(
             "replica %s reconciled with the coordinator: freed %d states, %d KV slots",
@@ -767,7 +762,7 @@ class ModelReplica:
             left = done.request_id in self._left
             self._left.discard(done.request_id)
             if relay and not left and isinstance(queue, OutboxSink) and queue.read:
-                self._relayed.add(done, now)
+                self._relayed.add(done, now, self._orders[done.request_id].generation)
             else:
                 direct.append(done)
         pending: Any = None

@@ -27,10 +27,12 @@ from marconi_ray.protocol.orders import Finished, Release
 
 
 class RelayedCommits:
-    """Relayed requests by id, with when each finished (monotonic seconds)."""
+    """Relayed requests by id, with when each finished (monotonic seconds) and the
+    replica generation its plan was made for."""
 
     def __init__(self) -> None:
         self._waiting: dict[int, tuple[Finished, float]] = {}
+        self._generation: dict[int, int] = {}
 
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._waiting
@@ -38,9 +40,11 @@ class RelayedCommits:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def add(self, done: Finished, now: float) -> None:
-        """`done`'s commit leaves through its ingress now."""
+    def add(self, done: Finished, now: float, generation: int = 0) -> None:
+        """`done`'s commit, planned for replica `generation`, leaves through its ingress
+        now."""
         self._waiting[done.request_id] = (done, now)
+        self._generation[done.request_id] = generation
 
     def ids(self) -> list[int]:
         """The requests waiting (their leases stay renewed while they wait)."""
@@ -52,6 +56,7 @@ class RelayedCommits:
         freed = Release()
         for rid, taken in release.settled:
             waiting = self._waiting.pop(rid, None)
+            self._generation.pop(rid, None)
             if waiting is not None and not taken:
                 freed = freed + waiting[0].stored()
         return freed
@@ -70,6 +75,7 @@ class RelayedCommits:
         """These leave without a settlement (the replica's own commit answered them)."""
         for d in done:
             self._waiting.pop(d.request_id, None)
+            self._generation.pop(d.request_id, None)
 
     def owned(self) -> Release:
         """Everything the waiting requests stored."""
@@ -79,8 +85,19 @@ class RelayedCommits:
         return out
 
     def clear(self) -> Release:
-        """Forget every waiting request (their plans ended with a reset tree, or their
-        store is gone); returns what they stored."""
+        """Forget every waiting request (their store is gone); returns what they stored."""
         owned = self.owned()
         self._waiting.clear()
+        self._generation.clear()
         return owned
+
+    def clear_other(self, generation: int) -> Release:
+        """Forget the requests planned for another generation than `generation` (their
+        plans ended with the tree a reset replaced: no log of this generation settles
+        them); returns what they stored, for the replica to free."""
+        out = Release()
+        for rid in [r for r, g in self._generation.items() if g != generation]:
+            done, _ = self._waiting.pop(rid)
+            del self._generation[rid]
+            out = out + done.stored()
+        return out
