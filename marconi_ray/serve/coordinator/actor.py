@@ -478,7 +478,13 @@ class CacheCoordinator:
         relayed through it (`settings.commit_relay`), applied first, so a plan in the same
         call already finds them, then `plan_many(requests)`. Returns (per commit: whether
         it was applied; per request: its `Dispatch` or exception)."""
-        applied = [self.relayed_commit(c) for c in commits]
+        applied = []
+        for commit in commits:
+            try:
+                applied.append(self.relayed_commit(commit))
+            except Exception:  # never lose the plans of the call: the replica commits it
+                log.exception("relayed commit of request %d failed", commit.done.request_id)
+                applied.append(False)
         return applied, self.plan_many(requests) if requests else []
 
     def relayed_commit(self, commit: RelayedCommit) -> bool:
