@@ -176,9 +176,9 @@ def load_and_kill(
         home = control.homes(pool)
         victim = pick_victim(home, replicas)
         lost = {sid for sid, rid in home.items() if rid == victim}
-        _until_in_flight(load, lost)
-        stats_kill = control.stats()
+        stats_kill = control.stats()  # first: nothing delays the kill once a request is open
         watch.start()
+        _until_in_flight(load, lost)
         t_kill = cluster.kill_worker(replicas[victim])
         node_dead_s = cluster.wait_dead(replicas[victim])
         time.sleep(config["after_s"])
