@@ -22,9 +22,10 @@ import numpy as np
 
 import marconi_ray.data
 from marconi_ray.cli import values
-from marconi_ray.cli.model import MODEL_HELP, load_cost_model, load_spec
+from marconi_ray.cli.model import MODEL_HELP, load_spec
 from marconi_ray.core.cache.pair_explain import PairExplanation, explain_pair
 from marconi_ray.core.cache.systems import get_system
+from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.traces.tokenizer import load_tokenizer
 
 PACKAGED_CHAT = Path(marconi_ray.data.__file__).parent / "chat"
@@ -87,8 +88,8 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace, _argv: Sequence[str] = ()) -> int:
     """Explain the pair; print it (text or JSON). ValueError naming a bad input."""
-    _, cost = load_cost_model(args.model)
-    context = load_spec(args.model).max_position or 1 << 20
+    spec = load_spec(args.model)
+    cost, context = CostModel.from_spec(spec), spec.max_position or 1 << 20
     encode = _encoder(args)
     first, second = encode(args.first, "first"), encode(args.second, "second")
     output = encode(args.first_output, "first output") if args.first_output else None

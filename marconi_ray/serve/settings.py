@@ -110,7 +110,7 @@ class ServeSettings:
         coordinators: coordinator actors in the group (1: one coordinator, as before).
             Each owns a partition of the replicas (their trees, leases, release logs,
             journal and tuner); an ingress plans each request at the coordinator its
-            group key picks (`serve.ingress.coordinator_group`).
+            group key picks (`serve.ingress.group_key`).
         coordinator_index: which coordinator of the group these settings are for (its
             actor, journal and tuner names; see `for_coordinator`).
         group_key_tokens: prompt tokens the group key hashes (a shared leading block and

@@ -231,7 +231,6 @@ class RayBackend:
         self.metrics = metrics
         self.replicas = replicas
         self.batchers = [PlanBatcher(c) for c in self.coordinators]
-        self.batcher = self.batchers[0]
         self.channels: dict[str, ReplicaChannel] = {}
         """Replica id -> this ingress's open stream from it."""
 

@@ -16,23 +16,32 @@ names it (`Release.settled`), and the replica applies each entry once, in order.
   commits it itself; the coordinator drops a repeat whose end is still in the log, and
   frees an orphan's ids directly, so each id is freed once whichever way the ends race.
 
-Invariant: a request is here from its relayed finish until its settlement or its own
-commit's answer, and never also in the replica's running orders; what it stored is never
-reported as held to a reconcile while it is here (it is the request's, not the cache's).
+Invariant: a request is here from its relayed finish until its settlement, its own
+commit's answer, or the end of its plan's generation, and never also in the replica's
+running orders; what it stored is reported to a reconcile as held and as its own
+(`owned`), so a reconcile never frees it.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from marconi_ray.protocol.orders import Finished, Release
 
 
+class _Waiting(NamedTuple):
+    done: Finished
+    at: float
+    """When it finished (monotonic seconds)."""
+    generation: int
+    """The replica generation its plan was made for."""
+
+
 class RelayedCommits:
-    """Relayed requests by id, with when each finished (monotonic seconds) and the
-    replica generation its plan was made for."""
+    """Relayed requests by id, each with when it finished and its plan's generation."""
 
     def __init__(self) -> None:
-        self._waiting: dict[int, tuple[Finished, float]] = {}
-        self._generation: dict[int, int] = {}
+        self._waiting: dict[int, _Waiting] = {}
 
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._waiting
@@ -43,8 +52,7 @@ class RelayedCommits:
     def add(self, done: Finished, now: float, generation: int = 0) -> None:
         """`done`'s commit, planned for replica `generation`, leaves through its ingress
         now."""
-        self._waiting[done.request_id] = (done, now)
-        self._generation[done.request_id] = generation
+        self._waiting[done.request_id] = _Waiting(done, now, generation)
 
     def ids(self) -> list[int]:
         """The requests waiting (their leases stay renewed while they wait)."""
@@ -56,39 +64,36 @@ class RelayedCommits:
         freed = Release()
         for rid, taken in release.settled:
             waiting = self._waiting.pop(rid, None)
-            self._generation.pop(rid, None)
             if waiting is not None and not taken:
-                freed = freed + waiting[0].stored()
+                freed = freed + waiting.done.stored()
         return freed
 
     def overdue(self, due: float) -> list[Finished]:
         """The requests that finished at or before `due` (monotonic seconds)."""
-        return [done for done, at in self._waiting.values() if at <= due]
+        return [w.done for w in self._waiting.values() if w.at <= due]
 
     def next_due(self, wait_s: float) -> float | None:
         """When the oldest waiting request becomes overdue after `wait_s` (None: none)."""
         if not self._waiting:
             return None
-        return min(at for _, at in self._waiting.values()) + wait_s
+        return min(w.at for w in self._waiting.values()) + wait_s
 
     def drop(self, done: list[Finished]) -> None:
         """These leave without a settlement (the replica's own commit answered them)."""
         for d in done:
             self._waiting.pop(d.request_id, None)
-            self._generation.pop(d.request_id, None)
 
     def owned(self) -> Release:
         """Everything the waiting requests stored."""
         out = Release()
-        for done, _ in self._waiting.values():
-            out = out + done.stored()
+        for w in self._waiting.values():
+            out = out + w.done.stored()
         return out
 
     def clear(self) -> Release:
         """Forget every waiting request (their store is gone); returns what they stored."""
         owned = self.owned()
         self._waiting.clear()
-        self._generation.clear()
         return owned
 
     def clear_other(self, generation: int) -> Release:
@@ -96,8 +101,6 @@ class RelayedCommits:
         plans ended with the tree a reset replaced: no log of this generation settles
         them); returns what they stored, for the replica to free."""
         out = Release()
-        for rid in [r for r, g in self._generation.items() if g != generation]:
-            done, _ = self._waiting.pop(rid)
-            del self._generation[rid]
-            out = out + done.stored()
+        for rid in [r for r, w in self._waiting.items() if w.generation != generation]:
+            out = out + self._waiting.pop(rid).done.stored()
         return out
