@@ -180,7 +180,10 @@ def _size(label: str) -> float:
 
 
 def _tokens(value: float) -> str:
-    """A state size in tokens of KV: one decimal below 100."""
+    """A state size in tokens of KV: one decimal below 100; a model with no KV at all
+    (a pure SSM, whose ratio is infinite) is said so."""
+    if math.isinf(value):
+        return "no KV"
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 

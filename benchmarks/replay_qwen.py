@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,7 +154,10 @@ def model_row(spec: ModelSpec) -> dict[str, Any]:
         "recurrent_bytes": spec.ssm_recurrent_bytes,
         "conv_bytes": spec.ssm_conv_bytes,
         "kv_bytes_per_token": spec.kv_bytes_per_token,
-        "tokens_of_kv_per_state": spec.ssm_state_bytes / spec.kv_bytes_per_token,
+        # a pure SSM keeps no KV: one state is worth any number of tokens of it
+        "tokens_of_kv_per_state": (
+            spec.ssm_state_bytes / spec.kv_bytes_per_token if spec.kv_bytes_per_token else math.inf
+        ),
         "flops_per_token_linear": linear,
         "flops_quadratic_coeff": quadratic,
     }
@@ -213,6 +217,11 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def state_in_tokens(value: float) -> str:
+    """One state in tokens of KV, or "no KV" for a model that keeps none (a pure SSM)."""
+    return "no KV" if math.isinf(value) else f"{value:,.0f}"
+
+
 def tables(report: dict[str, Any]) -> str:
     """The model table and one hit-rate table per trace, as markdown."""
     lines = [
@@ -224,7 +233,8 @@ def tables(report: dict[str, Any]) -> str:
         lines.append(
             f"| {m['model']} | {m['ssm_layers']} + {m['attention_layers']} | "
             f"{m['state_bytes'] / 1e6:.1f} MB | {m['kv_bytes_per_token'] / 1024:g} KiB | "
-            f"{m['tokens_of_kv_per_state']:,.0f} | {m['flops_per_token_linear'] / 1e9:.1f} |"
+            f"{state_in_tokens(m['tokens_of_kv_per_state'])} | "
+            f"{m['flops_per_token_linear'] / 1e9:.1f} |"
         )
     systems = report["systems"]
     for trace, data in report["traces"].items():

@@ -72,8 +72,17 @@ def plan_kv_memory(
     budget: int, cache_bytes: int, kv_bytes_per_token: int, state_bytes: int, max_batch: int
 ) -> KVMemoryPlan:
     """Split `budget` (see the module docstring); ValueError naming the numbers when it
-    leaves the running requests not one row."""
+    leaves the running requests not one row. A model with no KV at all (the pure SSMs:
+    `kv_bytes_per_token` 0) needs no row: the plan has none, and the budget must only hold
+    the cache and the running states (ValueError naming the numbers otherwise)."""
     states = STATES_PER_REQUEST * max_batch * state_bytes
+    if kv_bytes_per_token == 0:
+        if budget < cache_bytes + states:
+            raise ValueError(
+                f"a kv memory budget of {budget} bytes cannot hold the cache ({cache_bytes}) "
+                f"and {max_batch} running requests' states ({states}); the model keeps no KV"
+            )
+        return KVMemoryPlan(budget, cache_bytes, states, 0, 0, 0)
     rows = (budget - cache_bytes - states) // kv_bytes_per_token
     if rows < 1:
         raise ValueError(
@@ -133,7 +142,8 @@ def planned_worker(
                 "kv_memory sets it"
             )
         store, plan = planned_store(model, kv_memory, cache_bytes, max_batch)
-        max_running_tokens = plan.max_running_tokens
+        # a model with no KV has no rows to bound (its plan has none)
+        max_running_tokens = plan.max_running_tokens or None
     worker = Worker(
         model,
         max_batch,

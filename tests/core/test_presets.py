@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from transformers import (
     FalconH1Config,
+    FalconMambaConfig,
     GraniteMoeHybridConfig,
     JambaConfig,
     Lfm2Config,
@@ -85,7 +86,12 @@ FLEET = {
     # 22 short convs whose only state is the 2048 x conv_L_cache (3) window, in bf16; 8
     # attention layers with 8 KV heads of 2048 / 32 = 64
     "lfm2-2.6b": (22, 2048 * 3 * BF16, 8, 8, 64, 128000),
+    # 64 Mamba-1 layers of d_inner 8192 (the file's intermediate_size, not its expand of
+    # 16), state 16; no attention, no context limit in the config
+    "falcon-mamba-7b": (64, mamba1_state_bytes(8192, 16, 4), 0, 0, 0, None),
 }
+NO_KV = {"falcon-mamba-7b"}
+"""Pure SSMs: no KV bytes and no quadratic FLOPs."""
 
 
 def test_registry() -> None:
@@ -99,9 +105,12 @@ def test_every_preset_builds(name: str) -> None:
     spec = get_preset(name)
     assert spec.name == name and spec.dtype_bytes == BF16
     assert spec.state_dtype_bytes == (None if name == "paper-7b" else FP32)
-    assert spec.ssm_state_bytes > 0 and spec.kv_bytes_per_token > 0
     linear, quadratic = spec.flops_coeffs()
-    assert linear > 0 and quadratic > 0
+    assert spec.ssm_state_bytes > 0 and linear > 0
+    if name in NO_KV:
+        assert spec.kv_bytes_per_token == 0 and quadratic == 0
+    else:
+        assert spec.kv_bytes_per_token > 0 and quadratic > 0
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -167,7 +176,7 @@ def test_fleet_state_and_kv_bytes_by_hand(name: str) -> None:
 def test_fleet_published_numbers() -> None:
     """The figures docs/RESULTS.md quotes: bytes of one state, KV bytes per token, and one
     state in tokens of KV."""
-    specs = {n: get_preset(n) for n in FLEET}
+    specs = {n: get_preset(n) for n in FLEET if n not in NO_KV}
     assert {n: (s.ssm_state_bytes, s.kv_bytes_per_token) for n, s in specs.items()} == {
         "nemotron-3-nano-30b-a3b": (49_364_992, 6_144),
         "granite-4.0-h-tiny": (57_581_568, 8_192),
@@ -226,6 +235,7 @@ CLASSES: dict[str, Callable[..., Any]] = {
     "FALCON_H1_7B": FalconH1Config,
     "JAMBA_1_5_MINI": JambaConfig,
     "LFM2_2_6B": Lfm2Config,
+    "FALCON_MAMBA_7B": FalconMambaConfig,
 }
 
 
@@ -243,3 +253,11 @@ def test_preset_configs_parse_like_transformers_reads_them(const: str) -> None:
         ours.max_position,
         ours.tie_embeddings,
     )
+
+
+def test_falcon_mamba_is_states_only() -> None:
+    """Falcon-Mamba-7B: every layer a Mamba-1 with weightless inner norms, no attention and
+    no MLP; its 7.3B parameters' state is 64 x (8192 x 16 fp32 + 8192 x 4 bf16)."""
+    spec = get_preset("falcon-mamba-7b")
+    assert all(isinstance(x, Mamba1Layer) for x in spec.layers) and len(spec.layers) == 64
+    assert spec.ssm_state_bytes == 37_748_736 and spec.kv_bytes_per_token == 0

@@ -67,13 +67,22 @@ def counting(ks: KernelSet, calls: Counter[str]) -> KernelSet:
     return dataclasses.replace(ks, **{op: wrap(op) for op in OPS})
 
 
-@pytest.mark.parametrize("family", ["bamba", "falcon_h1", "zamba2", "granitemoehybrid"])
-def test_other_mamba2_families_run_the_kernels_nemotron_h_checks(model_dirs, family):
-    """What makes the Triton resume of NemotronH stand for these families: their recurrent
-    mixers are the same class, declaring the same kernel ops."""
+@pytest.mark.parametrize(
+    ("family", "checked_by"),
+    [
+        *((f, "nemotron_h") for f in ("bamba", "falcon_h1", "zamba2", "granitemoehybrid")),
+        ("mamba2", "nemotron_h"),
+        ("mamba", "jamba"),
+        ("falcon_mamba", "jamba"),
+    ],
+)
+def test_other_families_run_the_kernels_a_resumed_family_checks(model_dirs, family, checked_by):
+    """What makes the Triton resume of NemotronH (Mamba-2) and Jamba (Mamba-1) stand for
+    these families: their recurrent mixers are the same class, declaring the same kernel
+    ops (the pure SSMs have no attention, so no other op runs)."""
     model = load_model(model_dirs[family])
     ops = {op for i in model.ssm_blocks for op in type(model.ssm(i)).KERNEL_OPS}
-    assert ops == FAMILY_OPS["nemotron_h"]
+    assert ops == FAMILY_OPS[checked_by]
 
 
 @pytest.mark.parametrize("family", RESUMED)
@@ -115,13 +124,14 @@ def test_resume_from_every_checkpoint_equals_reference(interp_dirs, family):
     assert declared == set(calls)  # what `marconi-ray models` reports is what runs
 
 
-def test_engine_multi_turn_on_triton_equals_reference(model_dirs):
-    engine = Engine(
-        model_dirs["nemotron_h"], "marconi", 50_000_000, device=DEVICE, kernels="triton"
-    )
+@pytest.mark.parametrize("family", ["nemotron_h", "mamba2"])
+def test_engine_multi_turn_on_triton_equals_reference(model_dirs, family):
+    """Three turns through the Marconi cache on the Triton set give the uncached reference
+    set's tokens (Mamba-2 also without any attention: every hit is a state alone)."""
+    engine = Engine(model_dirs[family], "marconi", 50_000_000, device=DEVICE, kernels="triton")
     assert engine.model.kernels.name == "triton"
     assert all(b.startswith("triton:") for b in engine.model.kernels.backends.values())
-    reference = Engine(model_dirs["nemotron_h"], "vanilla", device=DEVICE, kernels="ref")
+    reference = Engine(model_dirs[family], "vanilla", device=DEVICE, kernels="ref")
     vocab = engine.config.vocab_size
     history = prompts(2, 1, 30, vocab)[0]
     for turn in range(3):

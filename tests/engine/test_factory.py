@@ -22,7 +22,12 @@ from marconi_ray.engine.presets.factory import (
     preset_config,
     read_record,
 )
-from marconi_ray.engine.presets.model_presets import LFM2_FAMILIES, MOE_HYBRIDS, QWEN_FAMILIES
+from marconi_ray.engine.presets.model_presets import (
+    LFM2_FAMILIES,
+    MOE_HYBRIDS,
+    PURE_SSM_FAMILIES,
+    QWEN_FAMILIES,
+)
 
 torch.set_num_threads(1)
 
@@ -34,10 +39,15 @@ def _prompt(n: int = 12, seed: int = 1) -> torch.Tensor:
 
 MULTIMODAL = ("qwen3_5", "qwen3_5_moe")
 MOE = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next", *MOE_HYBRIDS)
-FEWEST = {"zamba2": 0.7, "lfm2": 0.9, "lfm2_moe": 0.9}
+FEWEST = {
+    "zamba2": 0.7,
+    "lfm2": 0.9,
+    "lfm2_moe": 0.9,
+    **dict.fromkeys(PURE_SSM_FAMILIES, 0.4),
+}
 """Share of the usual least parameters a family has: Zamba2 has no per-layer MLP (its
 shared block's two copies hold its only MLP weights); a short conv holds about 4 D^2
-weights against Mamba-2's 6 D^2."""
+weights against Mamba-2's 6 D^2; the pure SSMs have no MLP and no attention at all."""
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -126,9 +136,15 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     elif family in LFM2_FAMILIES:
         heads = (cfg.hidden_size,)  # the short convs' channels
+    elif family == "mamba2":  # no attention heads at all
+        heads = (cfg.num_heads, cfg.n_groups)
+    elif family in PURE_SSM_FAMILIES:  # Mamba-1 splits d_inner
+        heads = (cfg.intermediate_size,)
     else:
         heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
-    for value in (cfg.num_attention_heads, cfg.num_key_value_heads, *heads):
+    if family not in PURE_SSM_FAMILIES:
+        heads = (cfg.num_attention_heads, cfg.num_key_value_heads, *heads)
+    for value in heads:
         assert value % 2 == 0
 
 

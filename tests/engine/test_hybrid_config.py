@@ -16,7 +16,11 @@ from marconi_ray.core.model.hf.parse import parse_hf_config, spec_from_hf_config
 from marconi_ray.engine.model.from_hf import FAMILIES, hybrid_config
 from marconi_ray.engine.model.loader import read_config
 from marconi_ray.engine.presets.family_configs import preset_config
-from marconi_ray.engine.presets.model_presets import LFM2_FAMILIES, QWEN_FAMILIES
+from marconi_ray.engine.presets.model_presets import (
+    LFM2_FAMILIES,
+    PURE_SSM_FAMILIES,
+    QWEN_FAMILIES,
+)
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "nemotron_h": NemotronHConfig(
@@ -38,7 +42,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ).to_dict(),
     **{
         family: preset_config("tiny", family).to_dict()
-        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES, "falcon_h1")
+        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES, *PURE_SSM_FAMILIES, "falcon_h1")
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
 }  # fmt: skip

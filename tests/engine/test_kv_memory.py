@@ -91,3 +91,29 @@ def test_a_burst_over_the_budget_waits_never_grows_the_pool_and_ends_exactly(mod
 def test_kv_memory_and_max_running_tokens_exclude_each_other(model_dirs):
     with pytest.raises(ValueError, match=r"max_running_tokens \(10\) or kv_memory"):
         Engine(model_dirs["nemotron_h"], kv_memory=KVMemory(bytes=10**8), max_running_tokens=10)
+
+
+def test_a_model_with_no_kv_plans_no_rows_and_serves_exactly(model_dirs):
+    """A pure SSM (Mamba-2, no attention) keeps no KV: its plan has no row and only needs
+    the cache and the running states to fit (a smaller budget is refused by its numbers);
+    the planned engine serves a cached second turn as the unbounded one does."""
+    plan = plan_kv_memory(100_000, 20_000, 0, 1_000, 4)
+    assert (plan.max_running_tokens, plan.pool_rows, plan.kv_bytes_per_token) == (0, 0, 0)
+    with pytest.raises(ValueError, match=r"budget of 30000 bytes cannot hold .* keeps no KV"):
+        plan_kv_memory(30_000, 20_000, 0, 10_000, 4)
+    model_dir = model_dirs["mamba2"]
+    free = Engine(model_dir, "marconi", 2_000_000)
+    assert free.store.kv_bytes_per_token == 0
+    budget = 2_000_000 + STATES_PER_REQUEST * 8 * free.store.state_bytes
+    bound = Engine(model_dir, "marconi", 2_000_000, kv_memory=KVMemory(bytes=budget))
+    assert bound.kv_plan is not None and bound.worker.max_running_tokens is None
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    first = prompts(5, 2, 30, free.config.vocab_size)
+    outs = [engine.generate_many(first, [sp, sp]) for engine in (free, bound)]
+    assert [r.tokens for r in outs[0]] == [r.tokens for r in outs[1]]
+    new = prompts(6, 1, 10, free.config.vocab_size)[0]
+    second = [p + list(r.tokens) + new for p, r in zip(first, outs[0], strict=True)]
+    got = bound.generate_many(second, [sp, sp])
+    want = free.generate_many(second, [sp, sp])
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert [r.usage.cached_tokens for r in got] == [34, 34]  # each first turn's last state

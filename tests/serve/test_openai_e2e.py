@@ -26,6 +26,9 @@ from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 PORT = SERVE_PORT
 QWEN = "tiny:qwen3_5"
+PRESETS = {"qwen": QWEN, "mamba2": "tiny:mamba2"}
+"""Apps (route prefix /NAME) serving a make-model preset as `serve --model tiny:FAMILY`
+does: Gated DeltaNet behind a multimodal wrapper, and a pure SSM (no KV at all)."""
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -45,16 +48,20 @@ def services(tmp_path_factory):
     vanilla = ServeSettings(
         model_dir=model_dir, model_name="tiny", system="vanilla", port=PORT, app_name="vanilla"
     )
-    # `serve --model tiny:qwen3_5`: the preset resolved (built) as the CLI does
-    qwen_dir = resolve_model(QWEN, root=tmp_path_factory.mktemp("presets"))
-    qwen = ServeSettings(
-        model_dir=str(qwen_dir),
-        model_name=QWEN,
-        cache_bytes=10**8,
-        port=PORT,
-        app_name="qwen",
-    )
-    apps = ((marconi, "/"), (vanilla, "/vanilla"), (qwen, "/qwen"))
+    # `serve --model tiny:FAMILY`: each preset resolved (built) as the CLI does
+    root = tmp_path_factory.mktemp("presets")
+    preset_dirs = {name: resolve_model(spec, root=root) for name, spec in PRESETS.items()}
+    presets = [
+        ServeSettings(
+            model_dir=str(preset_dirs[name]),
+            model_name=spec,
+            cache_bytes=10**8,
+            port=PORT,
+            app_name=name,
+        )
+        for name, spec in PRESETS.items()
+    ]
+    apps = ((marconi, "/"), (vanilla, "/vanilla"), *((p, f"/{p.app_name}") for p in presets))
     with local_ray():
         for settings, prefix in apps:
             start_actors(settings)
@@ -62,8 +69,12 @@ def services(tmp_path_factory):
         yield {
             "marconi": OpenAI(base_url=f"{BASE}/v1", api_key="unused", max_retries=0),
             "vanilla": OpenAI(base_url=f"{BASE}/vanilla/v1", api_key="unused", max_retries=0),
-            "qwen": OpenAI(base_url=f"{BASE}/qwen/v1", api_key="unused", max_retries=0),
-            "qwen_dir": qwen_dir,
+            **{
+                name: OpenAI(base_url=f"{BASE}/{name}/v1", api_key="unused", max_retries=0)
+                for name in PRESETS
+            },
+            "qwen_dir": preset_dirs["qwen"],
+            "preset_dirs": preset_dirs,
             "model_dir": model_dir,
         }
         for settings, _ in apps:
@@ -103,29 +114,31 @@ def test_multi_turn_chat_hits_and_matches_vanilla(services):
         messages.append({"role": "assistant", "content": text})
 
 
-def test_qwen3_5_preset_over_http_hits_and_matches_the_engine(services):
-    """The multimodal Qwen3.5 preset (Gated DeltaNet) behind the OpenAI API: later
-    chat turns hit the cache, streamed equals whole, and a completion's tokens equal the
-    in-process vanilla engine's on the same prompt ids."""
-    client = services["qwen"]
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_family_preset_over_http_hits_and_matches_the_engine(services, name):
+    """A `tiny:FAMILY` preset behind the OpenAI API (the multimodal Qwen3.5: Gated
+    DeltaNet; Mamba-2: no KV, every hit a state alone): later chat turns hit the cache,
+    streamed equals whole, and a completion's tokens equal the in-process vanilla
+    engine's on the same prompt ids."""
+    client, model = services[name], PRESETS[name]
     messages = []
     for turn, user in enumerate(["Hello there!", "Tell me more."]):
         messages.append({"role": "user", "content": user})
-        text, usage = _chat(client, messages, model=QWEN)
-        streamed, _ = _chat(client, messages, stream=True, model=QWEN)
+        text, usage = _chat(client, messages, model=model)
+        streamed, _ = _chat(client, messages, stream=True, model=model)
         assert streamed == text and usage.completion_tokens == 8
         if turn:
             assert usage.prompt_tokens_details.cached_tokens > 0
         messages.append({"role": "assistant", "content": text})
     prompt = list(range(40, 90))
     reply = client.completions.create(
-        model=QWEN,
+        model=model,
         prompt=prompt,
         max_tokens=8,
         temperature=0.0,
         extra_body={"return_token_ids": True, "ignore_eos": True},
     )
-    engine = Engine(services["qwen_dir"], system="vanilla")
+    engine = Engine(services["preset_dirs"][name], system="vanilla")
     want = engine.generate(prompt, _greedy(8)).tokens
     assert list(reply.choices[0].token_ids) == list(want)
 

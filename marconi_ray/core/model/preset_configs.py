@@ -349,3 +349,29 @@ LFM2_2_6B: Final[Mapping[str, object]] = MappingProxyType(
 )
 """LiquidAI/LFM2-2.6B: 22 gated short-conv layers (the state: a 2048 x 3 window each) and
 8 GQA attention layers (8 KV heads of 64), each followed by a SwiGLU of 10752."""
+
+# - tiiuae/falcon-mamba-7b: the hub config.json key for key as copied (with a link to the
+#   hub file) by sdpython/experimental-experiment `llm_model_helper.py` @04097e3 (the
+#   same file the Jamba 1.5 Mini preset comes from), and identical in transformers'
+#   benchmark fixtures. Its `expand` 16 is not what runs: transformers keeps the file's
+#   `intermediate_size` (8192, an expand of 2), and so does the parser.
+FALCON_MAMBA_7B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "falcon_mamba",
+        "conv_kernel": 4,
+        "eos_token_id": 11,
+        "expand": 16,
+        "hidden_size": 4096,
+        "intermediate_size": 8192,
+        "layer_norm_epsilon": 1e-05,
+        "num_hidden_layers": 64,
+        "state_size": 16,
+        "tie_word_embeddings": False,
+        "time_step_rank": 256,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "vocab_size": 65024,
+    }
+)
+"""tiiuae/falcon-mamba-7b: 64 Mamba-1 layers (d_inner 8192, state 16, weightless RMSNorms
+on dt, B and C), no attention: no KV at all, every cached prefix is a state."""

@@ -1,8 +1,8 @@
 """Named model specs that need no config file: the Marconi paper's 7B hybrid (fp16
 everywhere, the paper's convention) and the published hybrids of the fleet (Qwen3.5,
-Qwen3-Next, Nemotron 3 Nano, Granite 4.0-H, Falcon-H1, Jamba 1.5, LFM2; their config.json values
-in `preset_configs`, with their sources; bf16 KV and conv states, fp32 recurrent states as
-the engine keeps them)."""
+Qwen3-Next, Nemotron 3 Nano, Granite 4.0-H, Falcon-H1, Jamba 1.5, LFM2) and pure SSMs
+(Falcon-Mamba); their config.json values in `preset_configs`, with their sources; bf16
+KV and conv states, fp32 recurrent states as the engine keeps them)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType(
         "falcon-h1-7b": _published("falcon-h1-7b", preset_configs.FALCON_H1_7B),
         "jamba-1.5-mini": _published("jamba-1.5-mini", preset_configs.JAMBA_1_5_MINI),
         "lfm2-2.6b": _published("lfm2-2.6b", preset_configs.LFM2_2_6B),
+        "falcon-mamba-7b": _published("falcon-mamba-7b", preset_configs.FALCON_MAMBA_7B),
     }
 )
 """Immutable registry of preset names -> spec factories."""

@@ -45,6 +45,9 @@ FAMILIES: Final = (
     "zamba2",
     "lfm2",
     "lfm2_moe",
+    "mamba",
+    "falcon_mamba",
+    "mamba2",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 

@@ -199,6 +199,12 @@ HF_NAMES = {
             moe=LFM2_MOE,
         ),
     ),
+    **{
+        family: HFNames(
+            "embeddings.weight", "norm_f.weight", "norm", "norm", {kind: "mixer"}, "mixer"
+        )
+        for family, kind in (("mamba", "mamba1"), ("falcon_mamba", "mamba1"), ("mamba2", "mamba2"))
+    },
 }
 
 

@@ -122,6 +122,9 @@ _FINAL_NORM: Final = {
     "lfm2": "embedding_norm",
     "lfm2_moe": "embedding_norm",
     "jamba": "final_layernorm",
+    "mamba": "norm_f",
+    "falcon_mamba": "norm_f",
+    "mamba2": "norm_f",
 }
 _BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
 """The config flag of the biases the lift needs, where it is not `mlp_bias`."""
@@ -147,6 +150,9 @@ _MODEL_CLASSES: Final = {
     "nemotron_h_moe": "NemotronHForCausalLM",
     "jamba": "JambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "mamba": "MambaForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -167,9 +173,10 @@ def model_class(family: str) -> Any:
 
 
 def _decoder(model: Any) -> Any:
-    """The decoder stack (`layers`, final norm) of a causal LM or of a multimodal
-    checkpoint's language model."""
-    return getattr(model.model, "language_model", model.model)
+    """The decoder stack (`layers`, final norm) of a causal LM (the pure SSMs' is its
+    `backbone`) or of a multimodal checkpoint's language model."""
+    inner = model.backbone if hasattr(model, "backbone") else model.model
+    return getattr(inner, "language_model", inner)
 
 
 def count_parameters(preset: str, family: str) -> int:

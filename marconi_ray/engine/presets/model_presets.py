@@ -77,6 +77,8 @@ LFM2_FAMILIES: Final = ("lfm2", "lfm2_moe")
 """The short-conv families (see `lfm2_kwargs`)."""
 MOE_HYBRIDS: Final = ("nemotron_h_moe", "jamba", "granitemoehybrid")
 """The mixture-of-experts hybrids (see `engine.presets.moe_presets`)."""
+PURE_SSM_FAMILIES: Final = ("mamba", "falcon_mamba", "mamba2")
+"""The pure state-space families, no attention at all (see `engine.presets.ssm_presets`)."""
 FAMILIES: Final = (
     "nemotron_h",
     "bamba",
@@ -85,6 +87,7 @@ FAMILIES: Final = (
     *LFM2_FAMILIES,
     "falcon_h1",
     "zamba2",
+    *PURE_SSM_FAMILIES,
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

@@ -250,7 +250,14 @@ class Mamba2Config:
 
 @dataclass(frozen=True)
 class Mamba1Config:
-    """Mamba-1 (selective scan) mixer as in Jamba; `inner_norms`: RMSNorms on dt, B and C."""
+    """Mamba-1 (selective scan) mixer as in Jamba and Mamba.
+
+    Attributes:
+        inner_norms: RMSNorms on dt, B and C (Jamba, Falcon-Mamba; not Mamba).
+        inner_norm_weights: those norms have weights (`dt_layernorm`, `b_layernorm`,
+            `c_layernorm`: Jamba); Falcon-Mamba's have none.
+        inner_norm_eps: their epsilon; None means the model's norm epsilon (Jamba).
+    """
 
     kind: ClassVar[str] = KIND_MAMBA1
     d_inner: int
@@ -260,6 +267,8 @@ class Mamba1Config:
     conv_bias: bool = True
     proj_bias: bool = False
     inner_norms: bool = True
+    inner_norm_weights: bool = True
+    inner_norm_eps: float | None = None
 
 
 @dataclass(frozen=True)

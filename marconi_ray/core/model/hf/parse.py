@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from marconi_ray.core.model.hf import families
+from marconi_ray.core.model.hf import families, pure_ssm
 from marconi_ray.core.model.hf.arch import (
     AttentionConfig,
     BlockConfig,
@@ -59,6 +59,9 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "qwen3_next": families.parse_qwen3_next,
         "lfm2": families.parse_lfm2,
         "lfm2_moe": families.parse_lfm2_moe,
+        "mamba": pure_ssm.parse_mamba,
+        "falcon_mamba": pure_ssm.parse_falcon_mamba,
+        "mamba2": pure_ssm.parse_mamba2,
     }
 )
 

@@ -1,5 +1,6 @@
-"""Mamba-1 mixer as in Jamba: in_proj -> (x, gate); causal conv1d on x; x_proj -> (dt, B, C)
-with RMSNorms; dt_proj; selective scan (with an initial state, so prefill can resume);
+"""Mamba-1 mixer as in Jamba and Mamba: in_proj -> (x, gate); causal conv1d on x; x_proj ->
+(dt, B, C), with RMSNorms (Jamba's weighted, Falcon-Mamba's weightless; Mamba has none);
+dt_proj; selective scan (with an initial state, so prefill can resume);
 out_proj. Channels are split across ranks; x_proj is row-parallel (its dt/B/C output is
 all-reduced, so every rank sees the full dt, B and C).
 
@@ -80,9 +81,15 @@ class Mamba1Mixer(PackedMixer, nn.Module):
         self.conv_bias = param(self.d_inner) if cfg.conv_bias else None
         self.A_log = param(self.d_inner, cfg.d_state)
         self.D = param(self.d_inner, fill=1.0)
-        self.dt_norm = param(cfg.dt_rank, fill=1.0)
-        self.b_norm = param(cfg.d_state, fill=1.0)
-        self.c_norm = param(cfg.d_state, fill=1.0)
+        self.norm_eps = eps if cfg.inner_norm_eps is None else cfg.inner_norm_eps
+        if cfg.inner_norms and cfg.inner_norm_weights:
+            self.dt_norm = param(cfg.dt_rank, fill=1.0)
+            self.b_norm = param(cfg.d_state, fill=1.0)
+            self.c_norm = param(cfg.d_state, fill=1.0)
+        else:
+            ones = (torch.ones(n, dtype=dtype) for n in (cfg.dt_rank, cfg.d_state, cfg.d_state))
+            for name, unit in zip(("dt_norm", "b_norm", "c_norm"), ones, strict=True):
+                self.register_buffer(name, unit, persistent=False)
 
     def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         conv = torch.zeros(
@@ -96,7 +103,7 @@ class Mamba1Mixer(PackedMixer, nn.Module):
         dt, b, c = torch.split(self.x_proj(xc), [self.cfg.dt_rank, n, n], dim=-1)
         if self.cfg.inner_norms:
             dt, b, c = (
-                rms_norm(t, w, self.eps)
+                rms_norm(t, w, self.norm_eps)
                 for t, w in ((dt, self.dt_norm), (b, self.b_norm), (c, self.c_norm))
             )
         return dt @ self.dt_proj.weight.t(), b, c
@@ -168,7 +175,8 @@ class Mamba1Mixer(PackedMixer, nn.Module):
             out["conv_bias"] = WeightSpec(f"{p}.conv1d.bias", 0, inner)
         out["A_log"] = WeightSpec(f"{p}.A_log", 0, inner)
         out["D"] = WeightSpec(f"{p}.D", 0, inner)
-        out["dt_norm"] = WeightSpec(f"{p}.dt_layernorm.weight")
-        out["b_norm"] = WeightSpec(f"{p}.b_layernorm.weight")
-        out["c_norm"] = WeightSpec(f"{p}.c_layernorm.weight")
+        if self.cfg.inner_norms and self.cfg.inner_norm_weights:
+            out["dt_norm"] = WeightSpec(f"{p}.dt_layernorm.weight")
+            out["b_norm"] = WeightSpec(f"{p}.b_layernorm.weight")
+            out["c_norm"] = WeightSpec(f"{p}.c_layernorm.weight")
         return out
