@@ -10,11 +10,15 @@ import pytest
 from transformers import (
     BambaConfig,
     FalconH1Config,
+    FalconMambaConfig,
     GraniteMoeHybridConfig,
     JambaConfig,
     Lfm2Config,
     Lfm2MoeConfig,
+    Mamba2Config,
+    MambaConfig,
     NemotronHConfig,
+    OlmoHybridConfig,
     Qwen3_5Config,
     Qwen3_5MoeConfig,
     Qwen3_5MoeTextConfig,
@@ -54,6 +58,10 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "qwen3_next": Qwen3NextConfig,
     "lfm2": Lfm2Config,
     "lfm2_moe": Lfm2MoeConfig,
+    "mamba": MambaConfig,
+    "falcon_mamba": FalconMambaConfig,
+    "mamba2": Mamba2Config,
+    "olmo_hybrid": OlmoHybridConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -41,6 +41,24 @@ def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
     return list(out[0, len(ids) :].tolist())
 
 
+HF_LOGIT_TOL = 1e-3
+"""Largest difference from transformers' logits (fp32, std ~10): greedy tokens can agree
+where a mixer is wrong, logits cannot."""
+
+
+def check_logits_equal_transformers(model_dir: Path, seed: int = 30) -> HybridModel:
+    """The engine's logits over a 300-token prompt equal transformers' forward within
+    `HF_LOGIT_TOL`. Returns the model."""
+    ref = hf_model(model_dir)
+    model = load_model(model_dir)
+    ids = prompts(seed, 1, PROMPT_LEN, model.cfg.vocab_size)[0]
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([ids])).logits[0]
+    got = model.forward_logits(torch.tensor(ids))
+    assert (got - want).abs().max().item() <= HF_LOGIT_TOL
+    return model
+
+
 def check_greedy_and_second_turn(model_dir: Path, seeds: tuple[int, int] = (31, 32)) -> Engine:
     """32 greedy tokens after a 300-token prompt equal transformers' generate; a second
     turn extending the first is served from the cache (its cached tokens reported) and

@@ -132,7 +132,7 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.n_mamba_heads, cfg.mamba_ngroups, cfg.intermediate_size)
     elif family == "jamba":  # Mamba-1 splits d_inner
         heads = (cfg.mamba_expand * cfg.hidden_size, cfg.intermediate_size)
-    elif family in QWEN_FAMILIES:
+    elif family in QWEN_FAMILIES or family == "olmo_hybrid":
         heads = (cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     elif family in LFM2_FAMILIES:
         heads = (cfg.hidden_size,)  # the short convs' channels

@@ -42,7 +42,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ).to_dict(),
     **{
         family: preset_config("tiny", family).to_dict()
-        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES, *PURE_SSM_FAMILIES, "falcon_h1")
+        for family in (
+            *QWEN_FAMILIES,
+            *LFM2_FAMILIES,
+            *PURE_SSM_FAMILIES,
+            "falcon_h1",
+            "olmo_hybrid",
+        )
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
 }  # fmt: skip

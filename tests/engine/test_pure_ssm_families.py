@@ -8,6 +8,7 @@ import pytest
 from family_checks import (
     check_batched_decode,
     check_greedy_and_second_turn,
+    check_logits_equal_transformers,
     check_resume_at_depths,
 )
 
@@ -21,6 +22,12 @@ def test_greedy_and_cached_second_turn_equal_transformers(model_dirs, family):
     engine = check_greedy_and_second_turn(model_dirs[family])
     assert "attention" not in engine.config.blocks
     assert engine.model.attn_blocks == []
+
+
+@pytest.mark.parametrize("family", PURE_SSM_FAMILIES)
+def test_logits_equal_transformers(model_dirs, family):
+    """See `family_checks.check_logits_equal_transformers`."""
+    check_logits_equal_transformers(model_dirs[family])
 
 
 @pytest.mark.parametrize("family", PURE_SSM_FAMILIES)

@@ -72,6 +72,7 @@ LOGIT_MODELS = (
     "mamba",
     "falcon_mamba",
     "mamba2",
+    "olmo_hybrid",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully

@@ -48,6 +48,7 @@ FAMILIES: Final = (
     "mamba",
     "falcon_mamba",
     "mamba2",
+    "olmo_hybrid",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -201,6 +202,9 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         parallel_mixers=arch.parallel_mixers,
         shared=shared,
         weights_layer=tuple(b.block.source_layer for b in blocks) if shared else (),
+        post_norm=tuple(b.block.post_norm for b in blocks)
+        if any(b.block.post_norm for b in blocks)
+        else (),
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

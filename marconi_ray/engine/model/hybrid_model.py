@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -90,7 +90,8 @@ class HFNames:
     attention's `o_proj.weight`); a block weight key ending with the first is read from
     the key ending with the second instead. `moe` says where a mixture-of-experts block's
     weights are (see `MoELayout`); `fused_mlp`: the dense feed-forward is Granite's fused
-    `input_linear` / `output_linear`.
+    `input_linear` / `output_linear`. `post_norms`: block kind -> the norm of a post-norm
+    block of that kind (OLMo Hybrid's attention layers).
     """
 
     embed: str
@@ -104,6 +105,7 @@ class HFNames:
     renames: tuple[tuple[str, str], ...] = ()
     moe: MoELayout = QWEN_MOE
     fused_mlp: bool = False
+    post_norms: Mapping[str, str] = field(default_factory=dict)
 
     def checkpoint_key(self, key: str) -> str:
         """`key` with its suffix renamed per `renames` (unchanged when none matches)."""
@@ -205,6 +207,17 @@ HF_NAMES = {
         )
         for family, kind in (("mamba", "mamba1"), ("falcon_mamba", "mamba1"), ("mamba2", "mamba2"))
     },
+    # the checkpoints' names (transformers renames them at load: `attention_layer_norm`
+    # is its input_layernorm, `feedforward_layer_norm` its post_attention_layernorm)
+    "olmo_hybrid": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "attention_layer_norm",
+        "feedforward_layer_norm",
+        {"gdn": "linear_attn", "attention": "self_attn"},
+        "mlp",
+        post_norms={"attention": "feedforward_layer_norm", "mlp": "post_feedforward_layernorm"},
+    ),
 }
 
 
@@ -247,6 +260,7 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         self.kind = cfg.blocks[index]
+        self.post_norm = cfg.is_post_norm(index)
         self.names = names = HF_NAMES[cfg.family]
         layer = f"layers.{cfg.hf_layer[index]}"
         d = cfg.hidden_size
@@ -269,6 +283,8 @@ class Block(nn.Module):
         if cfg.hf_layer[index] in cfg.hybrid_layers:
             layer = f"{layer}.{names.hybrid_sub}"
         norm_key = names.mlp_norm if self.kind in FEED_FORWARD_KINDS else names.mixer_norm
+        if self.post_norm:
+            norm_key = names.post_norms[self.kind]
         if leads:
             self.norm = RMSNorm(
                 cfg.hidden_size,
@@ -499,9 +515,10 @@ class HybridModel(nn.Module):
         """The residual stream x [L, D] through every residual group: x + the sum over
         the group's blocks i of `run(i, norm(x))` (the block's mixer output, states
         updated by `run`), all-reduced once for a group of several blocks, whose output
-        projections leave it to this sum. A Zamba2 shared block (a group of its own) is
-        `run(i, x)` on the stream itself; its output e joins the next group's input but
-        not the residual: x + sum_i run(i, norm(x + e))."""
+        projections leave it to this sum; a post-norm block is x + norm(run(i, x)). A
+        Zamba2 shared block (a group of its own) is `run(i, x)` on the stream itself; its
+        output e joins the next group's input but not the residual:
+        x + sum_i run(i, norm(x + e))."""
         extra: torch.Tensor | None = None
         for group in self.groups:
             first = self.layers[group[0]]
@@ -509,6 +526,9 @@ class HybridModel(nn.Module):
                 extra = run(group[0], x)
                 continue
             assert first.norm is not None
+            if first.post_norm:  # a group of its own: x + norm(mixer(x))
+                x = self._residual(x, first.norm(run(group[0], x)))
+                continue
             h = first.norm(x if extra is None else x + extra)
             extra = None
             out = run(group[0], h)

@@ -101,6 +101,27 @@ def _load_tensor(
     return _fold(spec, source.read(key, spec.dim, ranges), ranges)
 
 
+def _joined_slice(
+    model: HybridModel, spec: WeightSpec, keys: Sequence[str], source: WeightSource
+) -> torch.Tensor:
+    """This rank's slice (by `spec.segments`) of the concatenation of the checkpoint
+    tensors `keys` along `spec.dim` (`spec.parts`: small tensors, read whole)."""
+    missing = [k for k in keys if k not in source.where]
+    if missing:
+        raise ValueError(f"{sorted(set(source.where.values()))}: missing weight {missing[0]!r}")
+    assert spec.dim is not None
+    whole = torch.cat([source.read(k) for k in keys], dim=spec.dim)
+    size = whole.shape[spec.dim]
+    try:
+        ranges = rank_ranges(size, spec.segments or (Segment(size),), model.tp)
+    except ValueError as exc:
+        raise ValueError(
+            f"{source.where[keys[0]]}: weights {list(keys)} joined to {tuple(whole.shape)}: "
+            f"dim {spec.dim}: {exc}"
+        ) from None
+    return torch.cat([whole.narrow(spec.dim, a, b - a) for a, b in ranges], dim=spec.dim)
+
+
 def copy_param(
     model: HybridModel,
     target: torch.Tensor,
@@ -111,10 +132,14 @@ def copy_param(
     owner: str = "the model",
 ) -> None:
     """Copy parameter `name` (`target`, of `owner`) from the checkpoint tensors `keys`
-    (stacked when `spec.stack`), this rank's slice of each. ValueError naming the file,
-    the key and both shapes when they differ."""
-    parts = [_load_tensor(model, spec, key, source) for key in keys]
-    tensor = torch.stack(parts) if spec.stack else parts[0]
+    (stacked when `spec.stack`, concatenated along `spec.dim` when `spec.parts`), this
+    rank's slice of each. ValueError naming the file, the key and both shapes when they
+    differ."""
+    if spec.parts:
+        tensor = _joined_slice(model, spec, keys, source)
+    else:
+        parts = [_load_tensor(model, spec, key, source) for key in keys]
+        tensor = torch.stack(parts) if spec.stack else parts[0]
     if tensor.shape != target.shape:
         shown = keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}"
         raise ValueError(

@@ -116,6 +116,8 @@ class HybridConfig:
         shared: the config of the `shared_transformer` blocks (Zamba2).
         weights_layer: per block, the HF layer whose sub-module holds its weights (empty:
             `hf_layer`); a shared block's is the first hybrid layer using its copy.
+        post_norm: per block, its norm applies to its output, `x = x + norm(mixer(x))`
+            (OLMo Hybrid's attention layers); empty: every block is pre-norm.
     """
 
     family: str
@@ -143,6 +145,7 @@ class HybridConfig:
     parallel_mixers: bool = False
     shared: SharedBlockConfig | None = None
     weights_layer: tuple[int, ...] = ()
+    post_norm: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -152,6 +155,10 @@ class HybridConfig:
             raise ValueError("hf_layer must give one HF layer index per block")
         if self.weights_layer and len(self.weights_layer) != len(self.blocks):
             raise ValueError("weights_layer must give one HF layer index per block (or none)")
+        if self.post_norm and len(self.post_norm) != len(self.blocks):
+            raise ValueError("post_norm must give one flag per block (or none)")
+        if any(self.post_norm) and self.parallel_mixers:
+            raise ValueError("post-norm blocks cannot run as parallel mixers")
         needs = {
             "attention": self.attention,
             "mlp": self.mlp,
@@ -194,6 +201,10 @@ class HybridConfig:
             else:
                 groups.append([i])
         return tuple(tuple(g) for g in groups)
+
+    def is_post_norm(self, index: int) -> bool:
+        """Block `index` normalises its output rather than its input."""
+        return bool(self.post_norm) and self.post_norm[index]
 
     def source_layer(self, index: int) -> int:
         """The HF layer whose sub-module holds block `index`'s weights."""

@@ -153,6 +153,7 @@ _MODEL_CLASSES: Final = {
     "mamba": "MambaForCausalLM",
     "falcon_mamba": "FalconMambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
+    "olmo_hybrid": "OlmoHybridForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 

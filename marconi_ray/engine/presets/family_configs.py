@@ -1,7 +1,7 @@
 """`preset_config`: the transformers config (no weights) of a named preset built as one
 family: the dense and Gated DeltaNet families from `model_presets`' keywords, the
 mixture-of-experts hybrids (`MOE_HYBRIDS`) from `moe_presets`, the pure state-space
-families (`PURE_SSM_FAMILIES`) from `ssm_presets`.
+families (`PURE_SSM_FAMILIES`) from `ssm_presets`, OLMo Hybrid from `olmo_presets`.
 
 transformers is imported on the first call, so importing this module stays light.
 """
@@ -25,6 +25,7 @@ from marconi_ray.engine.presets.model_presets import (
     zamba2_kwargs,
 )
 from marconi_ray.engine.presets.moe_presets import moe_preset_config
+from marconi_ray.engine.presets.olmo_presets import olmo_preset_config
 from marconi_ray.engine.presets.ssm_presets import ssm_preset_config
 
 
@@ -64,6 +65,8 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return moe_preset_config(p, family, initializer_range)
     if family in PURE_SSM_FAMILIES:
         return ssm_preset_config(p, family, initializer_range)
+    if family == "olmo_hybrid":
+        return olmo_preset_config(p, initializer_range)
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

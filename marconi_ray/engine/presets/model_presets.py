@@ -88,6 +88,7 @@ FAMILIES: Final = (
     "falcon_h1",
     "zamba2",
     *PURE_SSM_FAMILIES,
+    "olmo_hybrid",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

@@ -68,6 +68,8 @@ class AttentionConfig:
             channels, then head_dim gate channels); the attention output is multiplied by
             sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next).
         qk_norm: RMSNorm over head_dim on each query and key head, before RoPE.
+        qk_norm_whole: with `qk_norm`, the norm is over the whole q (all heads) and the
+            whole k projection instead of each head (OLMo Hybrid).
         scale: the softmax scale of the scores; None means head_dim**-0.5 (Granite 4.0-H's
             `attention_multiplier` sets it; FalconH1's `key_multiplier` times head_dim**-0.5).
         input_scale: the q/k/v projections read the input times it (FalconH1
@@ -87,6 +89,7 @@ class AttentionConfig:
     rope_type: str = "default"
     output_gate: bool = False
     qk_norm: bool = False
+    qk_norm_whole: bool = False
     scale: float | None = None
     input_scale: float = 1.0
     output_scale: float = 1.0
@@ -285,7 +288,13 @@ class GatedDeltaNetConfig:
         fused_projection: Qwen3-Next's layout: `in_proj_qkvz` and `in_proj_ba`, their rows
             grouped by key head ([q, k, v, z] and [b, a] of each key head's value heads);
             otherwise Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+        separate_projections: OLMo Hybrid's layout: `q_proj`, `k_proj`, `v_proj`, `a_proj`,
+            `b_proj`, the output gate `g_proj` and `o_proj` (exclusive with
+            `fused_projection`).
         chunk_size: tokens per chunk of the chunked prefill.
+        beta_scale: the write strength is beta_scale * sigmoid(b) (OLMo Hybrid's
+            `linear_allow_neg_eigval`: 2, so the transition's eigenvalues reach -1).
+        norm_eps: the epsilon of the gated output norm; None means the model's.
     """
 
     kind: ClassVar[str] = KIND_GDN
@@ -296,11 +305,18 @@ class GatedDeltaNetConfig:
     d_conv: int
     fused_projection: bool = False
     chunk_size: int = 64
+    separate_projections: bool = False
+    beta_scale: float = 1.0
+    norm_eps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_k_heads", "n_v_heads", "head_k_dim", "head_v_dim", "d_conv"):
             require_positive(name, getattr(self, name))
         require_positive("chunk_size", self.chunk_size)
+        if self.fused_projection and self.separate_projections:
+            raise ValueError("a Gated DeltaNet layout is fused or separate, not both")
+        if not 0 < self.beta_scale <= 2:
+            raise ValueError(f"beta_scale must be in (0, 2], got {self.beta_scale}")
         if self.n_v_heads % self.n_k_heads:
             raise ValueError(
                 f"linear_num_key_heads={self.n_k_heads} must divide "
@@ -374,12 +390,15 @@ class Block:
             is not `hf_layer` (Zamba2: a hybrid layer's shared block, and the adapters
             that live beside it, are stored under the first hybrid layer using the same
             copy of the shared weights); None means `hf_layer`.
+        post_norm: the block's norm is applied to its output, `x = x + norm(op(x))`
+            (OLMo Hybrid's attention layers), instead of to its input.
     """
 
     config: BlockConfig
     hf_layer: int
     shared: bool = False
     weights_layer: int | None = None
+    post_norm: bool = False
 
     def __post_init__(self) -> None:
         require_non_negative("hf_layer", self.hf_layer)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
-from marconi_ray.core.model.hf import families, pure_ssm
+from marconi_ray.core.model.hf import families, olmo, pure_ssm
 from marconi_ray.core.model.hf.arch import (
     AttentionConfig,
     BlockConfig,
@@ -62,6 +62,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "mamba": pure_ssm.parse_mamba,
         "falcon_mamba": pure_ssm.parse_falcon_mamba,
         "mamba2": pure_ssm.parse_mamba2,
+        "olmo_hybrid": olmo.parse_olmo_hybrid,
     }
 )
 

@@ -12,7 +12,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from marconi_ray.engine.model.kv_buffer import KVBuffer
 from marconi_ray.engine.model.layers.linear import column, row
-from marconi_ray.engine.model.layers.norm import RMSNorm
+from marconi_ray.engine.model.layers.norm import RMSNorm, ShardedRMSNorm
 from marconi_ray.engine.model.layers.rope import Rope
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import AttentionConfig
@@ -71,7 +71,9 @@ class Attention(nn.Module):
     With `cfg.output_gate` q_proj emits, per head, head_dim query channels then head_dim
     gate channels (so a rank's slice holds whole heads of both); the attention output is
     multiplied by sigmoid(gate) before o. With `cfg.qk_norm` each q and k head is
-    RMS-normed over head_dim (scale 1 + w when `unit_offset_norms`) before RoPE.
+    RMS-normed over head_dim (scale 1 + w when `unit_offset_norms`) before RoPE; with
+    `cfg.qk_norm_whole` the whole q and the whole k projection are (OLMo Hybrid: the
+    sums of squares all-reduced across ranks, see `ShardedRMSNorm`).
 
     `prefix` is the HF sub-module name (`mixer` for NemotronH, `self_attn` for the rest).
 
@@ -107,7 +109,15 @@ class Attention(nn.Module):
         self.v = column(d_model, kv, cfg.bias, f"{prefix}.v_proj", tp, dtype, scale)
         self.o = row(q, d_model, cfg.bias, f"{prefix}.o_proj", tp, dtype, reduce, cfg.output_scale)
         self.q_norm = self.k_norm = None
-        if cfg.qk_norm:
+        self.q_whole = self.k_whole = None
+        if cfg.qk_norm and cfg.qk_norm_whole:
+            self.q_whole = ShardedRMSNorm(
+                cfg.n_heads * hd, eps, f"{prefix}.q_norm.weight", tp, dtype
+            )
+            self.k_whole = ShardedRMSNorm(
+                cfg.n_kv_heads * hd, eps, f"{prefix}.k_norm.weight", tp, dtype
+            )
+        elif cfg.qk_norm:
             off = unit_offset_norms
             self.q_norm = RMSNorm(hd, eps, f"{prefix}.q_norm.weight", dtype, off)
             self.k_norm = RMSNorm(hd, eps, f"{prefix}.k_norm.weight", dtype, off)
@@ -130,9 +140,12 @@ class Attention(nn.Module):
             qg = self.q(x).view(-1, self.n_heads, 2 * hd)
             q, g = qg[..., :hd], qg[..., hd:]
             gate = g.reshape(x.shape[0], -1)
+        elif self.q_whole is not None:
+            q = self.q_whole(self.q(x)).view(-1, self.n_heads, hd)
         else:
             q = self.q(x).view(-1, self.n_heads, hd)
-        k = self.k(x).view(-1, self.n_kv, hd)
+        k = self.k(x)
+        k = (k if self.k_whole is None else self.k_whole(k)).view(-1, self.n_kv, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(0, 1), k.transpose(0, 1)
@@ -171,4 +184,7 @@ class Attention(nn.Module):
         for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
             if norm is not None:
                 out[f"{name}.weight"] = WeightSpec(norm.key)
+        for name, whole in (("q_whole", self.q_whole), ("k_whole", self.k_whole)):
+            if whole is not None:
+                out[f"{name}.weight"] = whole.weight_specs()["weight"]
         return out

@@ -1,10 +1,11 @@
-"""Gated DeltaNet mixer (Qwen3.5, Qwen3-Next): input projections -> causal conv1d over
+"""Gated DeltaNet mixer (Qwen3.5, Qwen3-Next, OLMo Hybrid): input projections -> causal conv1d over
 (q, k, v) -> gated delta rule -> per-head gated RMSNorm -> out_proj, split across ranks by
 key heads (each rank keeps whole groups of a key head and the value heads it serves).
 
 The delta rule per value head h, token t (q and k L2-normalised, q scaled by dk**-0.5):
     S = exp(g_t) S;  S += k_t (x) beta_t (v_t - k_t^T S);  o_t = q_t^T S
-with beta = sigmoid(b) and the log decay g = -exp(A_log) * softplus(a + dt_bias).
+with beta = beta_scale * sigmoid(b) (OLMo Hybrid: 2) and the log decay
+g = -exp(A_log) * softplus(a + dt_bias).
 
 States per sequence (this rank's shard):
 - conv [conv_local, d_conv] in the model dtype (the last d_conv inputs of the conv),
@@ -53,6 +54,9 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
     - Qwen3-Next: `in_proj_qkvz` rows grouped by key head, [q, k, v, z] of each key head
       and its r = Hv/Hk value heads; `in_proj_ba` rows [b, a] per key head. A rank's slice
       of whole groups is rearranged into Qwen3.5's order locally.
+    - OLMo Hybrid (`cfg.separate_projections`): `q_proj`, `k_proj`, `v_proj`, `g_proj` (the
+      gate z), `b_proj`, `a_proj`, and `o_proj` for out_proj, each split by heads; the
+      checkpoint keeps one conv per q, k and v (`q_conv1d`, ...).
     The conv runs over [q, k, v] with channels in Qwen3.5's order in both layouts.
     `prefill` (one sequence) is `prefill_packed` of one part.
     """
@@ -89,7 +93,15 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         self.conv_segments = (Segment(cfg.key_dim), Segment(cfg.key_dim), Segment(cfg.value_dim))
         self.conv_dim = local_size(self.conv_segments, tp)
         heads = Segment(cfg.n_v_heads)
-        if cfg.fused_projection:
+        if cfg.separate_projections:
+            key, value = (Segment(cfg.key_dim),), (Segment(cfg.value_dim),)
+            self.q_proj = column(d_model, key, False, f"{prefix}.q_proj", tp, dtype)
+            self.k_proj = column(d_model, key, False, f"{prefix}.k_proj", tp, dtype)
+            self.v_proj = column(d_model, value, False, f"{prefix}.v_proj", tp, dtype)
+            self.g_proj = column(d_model, value, False, f"{prefix}.g_proj", tp, dtype)
+            self.b_proj = column(d_model, (heads,), False, f"{prefix}.b_proj", tp, dtype)
+            self.a_proj = column(d_model, (heads,), False, f"{prefix}.a_proj", tp, dtype)
+        elif cfg.fused_projection:
             group = 2 * cfg.head_k_dim + 2 * self.ratio * cfg.head_v_dim
             qkvz = (Segment(cfg.n_k_heads * group),)
             self.in_proj_qkvz = column(d_model, qkvz, False, f"{prefix}.in_proj_qkvz", tp, dtype)
@@ -110,9 +122,12 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         )
         self.dt_bias = nn.Parameter(torch.ones(self.v_heads, dtype=dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(self.v_heads, dtype=dtype), requires_grad=False)
-        self.norm = HeadGatedRMSNorm(cfg.head_v_dim, eps, dtype)
+        self.norm = HeadGatedRMSNorm(
+            cfg.head_v_dim, eps if cfg.norm_eps is None else cfg.norm_eps, dtype
+        )
+        out_name = "o_proj" if cfg.separate_projections else "out_proj"
         self.out_proj = row(
-            (Segment(cfg.value_dim),), d_model, False, f"{prefix}.out_proj", tp, dtype
+            (Segment(cfg.value_dim),), d_model, False, f"{prefix}.{out_name}", tp, dtype
         )
 
     # ------------------------------------------------------------------ helpers
@@ -121,6 +136,10 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         the output gate z, and the pre-activation b and a, for this rank's heads."""
         lead = x.shape[:-1]
         c = self.cfg
+        if c.separate_projections:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+            z = self.g_proj(x).view(*lead, self.v_heads, c.head_v_dim)
+            return qkv, z, self.b_proj(x), self.a_proj(x)
         if not c.fused_projection:
             qkv = self.in_proj_qkv(x)
             z = self.in_proj_z(x).view(*lead, self.v_heads, c.head_v_dim)
@@ -151,7 +170,8 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
         """(log decay g [..., Hv'] in float32, write strength beta [..., Hv'] in b's dtype,
         as transformers computes them)."""
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        return g, b.sigmoid()
+        beta = b.sigmoid()
+        return g, beta if self.cfg.beta_scale == 1.0 else beta * self.cfg.beta_scale
 
     def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z [..., Hv', dv] -> out_proj(norm(o) * silu(z)) [..., D]."""
@@ -228,18 +248,24 @@ class GatedDeltaNetMixer(PackedMixer, nn.Module):
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         p = self.prefix
-        names = (
-            ("in_proj_qkvz", "in_proj_ba")
-            if self.cfg.fused_projection
-            else ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        )
+        if self.cfg.separate_projections:
+            names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "a_proj")
+        elif self.cfg.fused_projection:
+            names = ("in_proj_qkvz", "in_proj_ba")
+        else:
+            names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
         out: dict[str, WeightSpec] = {}
         for name in (*names, "out_proj"):
             mod = getattr(self, name)
             out.update({f"{name}.{k}": v for k, v in mod.weight_specs().items()})
-        out["conv_weight"] = WeightSpec(f"{p}.conv1d.weight", 0, self.conv_segments)
+        if self.cfg.separate_projections:
+            convs = tuple(f"{p}.{x}_conv1d.weight" for x in "qkv")
+            out["conv_weight"] = WeightSpec(convs[0], 0, self.conv_segments, parts=convs)
+        else:
+            out["conv_weight"] = WeightSpec(f"{p}.conv1d.weight", 0, self.conv_segments)
         heads = (Segment(self.cfg.n_v_heads),)
         for name in ("dt_bias", "A_log"):
             out[name] = WeightSpec(f"{p}.{name}", 0, heads)
-        out["norm.weight"] = WeightSpec(f"{p}.norm.weight")
+        norm = "o_norm" if self.cfg.separate_projections else "norm"
+        out["norm.weight"] = WeightSpec(f"{p}.{norm}.weight")
         return out

@@ -1,5 +1,5 @@
-"""RMSNorm (plain or zero-centred), the gated, grouped RMSNorm of Mamba-2 and the
-per-head gated RMSNorm of Gated DeltaNet."""
+"""RMSNorm (plain or zero-centred), the RMSNorm of a projection split across ranks, the
+gated, grouped RMSNorm of Mamba-2 and the per-head gated RMSNorm of Gated DeltaNet."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from marconi_ray.engine.model.layers.weights import WeightSpec
-from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
 def rms_norm(
@@ -41,6 +41,29 @@ class RMSNorm(nn.Module):
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         return {"weight": WeightSpec(self.key)}
+
+
+class ShardedRMSNorm(nn.Module):
+    """RMSNorm over a whole projection whose channels are split across ranks by heads
+    (OLMo Hybrid's q and k norms span all heads): each rank holds its slice of the weight,
+    and the sum of squares is all-reduced so every rank divides by the whole width's RMS.
+    Shapes: x [..., local] -> [..., local], in x's dtype (fp32 compute)."""
+
+    def __init__(self, size: int, eps: float, key: str, tp: TPGroup, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.size = size
+        self.eps = eps
+        self.key = key
+        self.tp = tp
+        self.weight = nn.Parameter(torch.ones(tp.local(size), dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        sq = self.tp.all_reduce(xf.pow(2).sum(-1, keepdim=True))
+        return (self.weight.float() * xf * torch.rsqrt(sq / self.size + self.eps)).to(x.dtype)
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        return {"weight": WeightSpec(self.key, 0, (Segment(self.size),))}
 
 
 class GatedGroupRMSNorm(nn.Module):

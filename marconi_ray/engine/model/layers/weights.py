@@ -22,6 +22,11 @@ class WeightSpec:
         scales: multipliers folded into the checkpoint tensor at load, before it is split
             (muP models): none when empty, one value for the whole tensor, else one per
             segment of `segments`, along `dim`.
+        parts: when set, the checkpoint tensor is the concatenation along `dim` of these
+            (keys like `key`; `key` is then the first), split by `segments` as one tensor
+            would be: OLMo Hybrid's checkpoints store its one q/k/v conv as three tensors,
+            whose sizes need not be the q, k and v widths (transformers' writer splits the
+            conv into three near-equal chunks).
     """
 
     key: str
@@ -29,8 +34,11 @@ class WeightSpec:
     segments: Sequence[Segment] = ()
     stack: int = 0
     scales: tuple[float, ...] = ()
+    parts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.parts and (self.dim is None or self.stack or self.scales):
+            raise ValueError(f"{self.key}: parts join along a split dim, unstacked, unscaled")
         if len(self.scales) > 1 and (self.dim is None or len(self.scales) != len(self.segments)):
             raise ValueError(
                 f"{self.key}: {len(self.scales)} multipliers need as many segments along a "
@@ -41,4 +49,4 @@ class WeightSpec:
         """The checkpoint keys this parameter reads (relative to the model prefix)."""
         if self.stack:
             return tuple(self.key.format(e=e) for e in range(self.stack))
-        return (self.key,)
+        return self.parts or (self.key,)
