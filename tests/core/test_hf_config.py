@@ -20,6 +20,7 @@ from transformers import (
     Qwen3_5MoeTextConfig,
     Qwen3_5TextConfig,
     Qwen3NextConfig,
+    RecurrentGemmaConfig,
     Zamba2Config,
 )
 
@@ -54,6 +55,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "qwen3_next": Qwen3NextConfig,
     "lfm2": Lfm2Config,
     "lfm2_moe": Lfm2MoeConfig,
+    "recurrent_gemma": RecurrentGemmaConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},
