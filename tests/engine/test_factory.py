@@ -34,10 +34,11 @@ def _prompt(n: int = 12, seed: int = 1) -> torch.Tensor:
 
 MULTIMODAL = ("qwen3_5", "qwen3_5_moe")
 MOE = ("qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next", *MOE_HYBRIDS)
-FEWEST = {"zamba2": 0.7, "lfm2": 0.9, "lfm2_moe": 0.9}
+FEWEST = {"zamba2": 0.7, "lfm2": 0.9, "lfm2_moe": 0.9, "recurrent_gemma": 0.8}
 """Share of the usual least parameters a family has: Zamba2 has no per-layer MLP (its
 shared block's two copies hold its only MLP weights); a short conv holds about 4 D^2
-weights against Mamba-2's 6 D^2."""
+weights against Mamba-2's 6 D^2, an RG-LRU block about 3 D^2 (RecurrentGemma has one
+layer fewer than the preset's mixers, as `rgemma_presets` builds it)."""
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -126,6 +127,8 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     elif family in LFM2_FAMILIES:
         heads = (cfg.hidden_size,)  # the short convs' channels
+    elif family == "recurrent_gemma":  # RG-LRU gate blocks and channels
+        heads = (cfg.num_attention_heads, cfg.lru_width)
     else:
         heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
     for value in (cfg.num_attention_heads, cfg.num_key_value_heads, *heads):

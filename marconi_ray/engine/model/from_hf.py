@@ -27,8 +27,10 @@ from marconi_ray.engine.model.model_config import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    RGLRUConfig,
     SharedBlockConfig,
     ShortConvConfig,
+    SlidingAttentionConfig,
 )
 
 FAMILIES: Final = (
@@ -45,6 +47,7 @@ FAMILIES: Final = (
     "zamba2",
     "lfm2",
     "lfm2_moe",
+    "recurrent_gemma",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -61,6 +64,8 @@ _C = TypeVar(
     MoEConfig,
     SharedBlockConfig,
     ShortConvConfig,
+    RGLRUConfig,
+    SlidingAttentionConfig,
 )
 
 
@@ -198,6 +203,9 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         parallel_mixers=arch.parallel_mixers,
         shared=shared,
         weights_layer=tuple(b.block.source_layer for b in blocks) if shared else (),
+        rglru=_one(fam, blocks, "rglru", RGLRUConfig),
+        swa=_one(fam, blocks, "swa", SlidingAttentionConfig),
+        logits_soft_cap=arch.logits_soft_cap,
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

@@ -71,6 +71,7 @@ from marconi_ray.engine.presets.model_presets import (
     check_family,
     get_preset,
 )
+from marconi_ray.engine.presets.rgemma_presets import rgemma_lift
 
 __all__ = [
     "DTYPES",
@@ -122,6 +123,7 @@ _FINAL_NORM: Final = {
     "lfm2": "embedding_norm",
     "lfm2_moe": "embedding_norm",
     "jamba": "final_layernorm",
+    "recurrent_gemma": "final_norm",
 }
 _BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
 """The config flag of the biases the lift needs, where it is not `mlp_bias`."""
@@ -147,6 +149,7 @@ _MODEL_CLASSES: Final = {
     "nemotron_h_moe": "NemotronHForCausalLM",
     "jamba": "JambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "recurrent_gemma": "RecurrentGemmaForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -326,6 +329,8 @@ def _lift_projection(model: Any) -> Any:
         return _conv_lift(model)
     if family == "zamba2":
         return _mamba_lift(model)
+    if family == "recurrent_gemma":
+        return rgemma_lift(model)
     if family in MLP_LIFT_FAMILIES and not _has_moe(config):
         return _attach_mlp_biases(model)
     return _mixer_lift(model)
