@@ -15,9 +15,12 @@ import pytest
 import torch
 from engine_helpers import GREEDY, hf_logits, hf_model, prompts
 from family_checks import (
+    NEW_TOKENS,
+    PROMPT_LEN,
     check_batched_decode,
     check_greedy_and_second_turn,
     check_resume_at_depths,
+    hf_greedy,
 )
 
 from marconi_kernels import OPS
@@ -30,10 +33,12 @@ from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.store.state_store import StateStore
+from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILY = "recurrent_gemma"
 W = 16
 """The tiny preset's attention_window_size."""
+LONG = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 DEPTHS = (1, 2, 3, W - 1, W, W + 1, 2 * W - 1, 2 * W + 1, 47, 64, 101, 299, 300)
 
 
@@ -55,9 +60,18 @@ def test_logits_equal_transformers(model_dirs):
     torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
 
 
-def test_greedy_and_cached_second_turn_equal_transformers(model_dirs):
-    """See `family_checks.check_greedy_and_second_turn`."""
-    check_greedy_and_second_turn(model_dirs[FAMILY])
+def test_greedy_and_two_cached_turns_equal_transformers(model_dirs):
+    """See `family_checks.check_greedy_and_second_turn`; then a third turn extending the
+    second is served from the cache too and still equals transformers."""
+    engine = check_greedy_and_second_turn(model_dirs[FAMILY])
+    vocab = engine.config.vocab_size
+    first = prompts(31, 1, PROMPT_LEN, vocab)[0]
+    second = first + list(engine.generate(first, LONG).tokens) + prompts(32, 1, 40, vocab)[0]
+    third = second + list(engine.generate(second, LONG).tokens) + prompts(34, 1, 21, vocab)[0]
+    out = engine.generate(third, LONG)
+    assert out.usage.cached_tokens == len(second) + NEW_TOKENS
+    assert list(out.tokens) == hf_greedy(hf_model(model_dirs[FAMILY]), third, NEW_TOKENS)
+    assert engine.store.bytes_used == engine.cache.bytes_used
 
 
 def _states_shaped(model: HybridModel, ck: StateCheckpoint, resumed: SeqState) -> None:
