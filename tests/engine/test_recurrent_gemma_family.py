@@ -171,3 +171,29 @@ def test_tp2_equals_tp1(model_dirs):
         assert any(r["cached"] for r in rank["requests"])
         assert 2 * rank["state_bytes"] == one["state_bytes"]
         assert 2 * rank["kv_bytes_per_token"] == one["kv_bytes_per_token"]
+
+
+def test_tp2_shard_layout_and_odd_heads_refused(model_dirs):
+    """A rank-0-of-2 shard (no process group: nothing communicates before a forward)
+    keeps half of the gate blocks with their channels: linear_x / linear_y rows, the conv,
+    Lambda and the LRU state over lru_width / 2 channels, linear_out's input columns;
+    the windowed attention half of the query and KV heads. Three gate blocks are refused
+    by name."""
+    cfg = read_config(model_dirs[FAMILY])[0]
+    lru = cfg.rglru
+    assert lru is not None and cfg.swa is not None
+    shard = HybridModel(cfg, TPGroup(0, 2))
+    mixer = shard.ssm(shard.ssm_blocks[0])
+    assert isinstance(mixer, RGLRUMixer)
+    half = lru.lru_width // 2
+    assert mixer.heads == lru.n_heads // 2 and mixer.channels == half
+    assert mixer.input_gate_weight.shape == (lru.n_heads // 2, lru.block_width, lru.block_width)
+    assert mixer.linear_x.weight.shape == (half, cfg.hidden_size)
+    assert mixer.linear_out.weight.shape == (cfg.hidden_size, half)
+    conv, ssm = mixer.empty_state(torch.device("cpu"))
+    assert conv.shape == (half, lru.d_conv) and ssm.shape == (half,)
+    attn = shard.attention(shard.attn_blocks[0])
+    assert (attn.n_heads, attn.n_kv) == (2, 1)
+    odd = dataclasses.replace(cfg, rglru=dataclasses.replace(lru, n_heads=3, lru_width=48))
+    with pytest.raises(ValueError, match="RG-LRU gate blocks"):
+        odd.check_tp(2)
