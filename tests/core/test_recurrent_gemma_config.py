@@ -139,3 +139,52 @@ def test_bad_configs_name_their_key(overrides: dict[str, Any], key: str) -> None
 
 def test_embedding_scale_of_a_square_width_is_exact() -> None:
     assert _parse(hidden_size=64, num_attention_heads=4).scales.embedding == math.sqrt(64)
+
+
+RECURRENTGEMMA_2B: dict[str, Any] = {
+    "_block_types": ["recurrent", "recurrent", "attention"],
+    "architectures": ["RecurrentGemmaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attention_window_size": 2048,
+    "conv1d_width": 4,
+    "embeddings_scale_by_sqrt_dim": True,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2560,
+    "intermediate_size": 15360,
+    "logits_soft_cap": 30.0,
+    "lru_width": 2560,
+    "model_type": "recurrent_gemma",
+    "num_attention_heads": 10,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 1,
+    "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "vocab_size": 256000,
+}
+"""google/recurrentgemma-2b's config.json (a gated repository), as a copy found by the
+code index transcribes it: legacy top-level `rope_theta` / `partial_rotary_factor`, and
+`_block_types`, which transformers does not read (its default cycle is the same)."""
+
+
+def test_released_2b_config_parses_as_transformers_reads_it() -> None:
+    arch = parse_hf_config(RECURRENTGEMMA_2B)
+    hf = RecurrentGemmaConfig.from_dict(RECURRENTGEMMA_2B)
+    kinds = ["swa" if t == "sliding_attention" else "rglru" for t in hf.layers_block_type]
+    assert [b.kind for b in arch.blocks[::2]] == kinds
+    assert kinds.count("swa") == 8
+    swa = arch.blocks[4].config
+    assert isinstance(swa, SlidingAttentionConfig)
+    attn = swa.attention
+    assert (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.rotary_dim) == (10, 1, 256, 128)
+    assert swa.window == hf.attention_window_size == 2048
+    lru = arch.blocks[0].config
+    assert lru == RGLRUConfig(2560, 10, 4, "gelu_pytorch_tanh")
+    assert arch.blocks[1].config == MLPConfig(7680, "gelu_pytorch_tanh", True, True)
+    assert arch.scales.embedding == float(torch.tensor(2560**0.5, dtype=torch.bfloat16))
+    spec_layers = [layer_spec(b.config, 2560) for b in arch.blocks[::2]]
+    state = sum(s.state_elements() + s.conv_elements() for s in spec_layers)
+    assert state == 18 * (2560 + 2560 * 4)
+    assert sum(s.kv_elements_per_token() for s in spec_layers) == 8 * 2 * 256

@@ -8,7 +8,10 @@ embeddings are multiplied by sqrt(hidden_size) rounded to bfloat16 (transformers
 that normaliser as a bfloat16 buffer); the logits are soft-capped,
 cap * tanh(logits / cap). The attention's q/k/v have biases when `attention_bias`, its
 o_proj always; RoPE rotates int(head_dim * partial_rotary_factor) channels (0.5 unless
-`rope_parameters` or the legacy top-level key says otherwise).
+`rope_parameters` or the legacy top-level key says otherwise). Released config.json files
+write `_block_types`, which transformers does not read (its default cycle is the same),
+and neither does this parse; head_dim is always hidden_size // num_attention_heads, as
+transformers derives it whatever the file says.
 """
 
 from __future__ import annotations
