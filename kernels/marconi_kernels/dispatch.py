@@ -88,9 +88,11 @@ class KernelSet:
         in q, k [T, H, K], each from its own state -> o, states [S, H, K, V], emitted).
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
     paged_decode_attention: see ``paged_decode_attention_ref`` (q [B, H, hd] over pool
-        rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]).
+        rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]; optional sliding
+        ``window``).
     paged_prefill_attention: see ``paged_prefill_attention_ref`` (packed queries
-        [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd]).
+        [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd];
+        optional sliding ``window``).
     grouped_matmul: see ``grouped_matmul_ref`` (x [M, K] each row times its expert's
         w [E, N, K] -> [M, N]; the MoE dispatch, no host sync in the triton set).
     rglru_scan: see ``rglru_scan_ref`` (x, a, b [B, D, L] -> y, state [B, D], emitted).
