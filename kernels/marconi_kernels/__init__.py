@@ -40,6 +40,9 @@ _EXPORTS = {
     "paged_decode_attention_ref": "marconi_kernels.paged_attention",
     "paged_prefill_attention_ref": "marconi_kernels.paged_prefill",
     "grouped_matmul_ref": "marconi_kernels.grouped_matmul",
+    "rglru_scan_ref": "marconi_kernels.rglru",
+    "rglru_scan_varlen_ref": "marconi_kernels.rglru",
+    "rglru_step_ref": "marconi_kernels.rglru",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

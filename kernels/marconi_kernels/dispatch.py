@@ -32,6 +32,7 @@ from .gated_delta import (
 from .grouped_matmul import grouped_matmul_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
+from .rglru import rglru_scan_ref, rglru_scan_varlen_ref, rglru_step_ref
 from .selective_scan import selective_scan_ref, selective_scan_varlen_ref
 from .ssd import ssd_chunk_scan_ref, ssd_chunk_scan_varlen_ref
 from .state_update import mamba1_state_update_ref, mamba2_state_update_ref
@@ -55,6 +56,9 @@ OPS = (
     "paged_decode_attention",
     "paged_prefill_attention",
     "grouped_matmul",
+    "rglru_scan",
+    "rglru_scan_varlen",
+    "rglru_step",
 )
 
 
@@ -84,11 +88,17 @@ class KernelSet:
         in q, k [T, H, K], each from its own state -> o, states [S, H, K, V], emitted).
     gated_delta_step: see ``gated_delta_step_ref`` (state [b, H, K, V] in place).
     paged_decode_attention: see ``paged_decode_attention_ref`` (q [B, H, hd] over pool
-        rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]).
+        rows [KV, R, hd] through a row table [B, W] -> [B, H, hd]; optional sliding
+        ``window``).
     paged_prefill_attention: see ``paged_prefill_attention_ref`` (packed queries
-        [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd]).
+        [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd];
+        optional sliding ``window``).
     grouped_matmul: see ``grouped_matmul_ref`` (x [M, K] each row times its expert's
         w [E, N, K] -> [M, N]; the MoE dispatch, no host sync in the triton set).
+    rglru_scan: see ``rglru_scan_ref`` (x, a, b [B, D, L] -> y, state [B, D], emitted).
+    rglru_scan_varlen: see ``rglru_scan_varlen_ref`` (S sequences packed in x [D, T],
+        each from its own state -> y, states [S, D], emitted).
+    rglru_step: see ``rglru_step_ref`` (state [B, D] in place).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -108,6 +118,9 @@ class KernelSet:
     paged_decode_attention: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
     grouped_matmul: Callable[..., torch.Tensor]
+    rglru_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    rglru_scan_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    rglru_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -135,6 +148,9 @@ def _build_ref() -> KernelSet:
         paged_decode_attention=paged_decode_attention_ref,
         paged_prefill_attention=paged_prefill_attention_ref,
         grouped_matmul=grouped_matmul_ref,
+        rglru_scan=rglru_scan_ref,
+        rglru_scan_varlen=rglru_scan_varlen_ref,
+        rglru_step=rglru_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -160,6 +176,7 @@ def _triton_set() -> KernelSet | str:
         from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
+        from .triton_rglru import rglru_scan_triton, rglru_scan_varlen_triton, rglru_step_triton
         from .triton_selective_scan import selective_scan_triton, selective_scan_varlen_triton
         from .triton_ssd_varlen import ssd_chunk_scan_varlen_triton
 
@@ -183,6 +200,9 @@ def _triton_set() -> KernelSet | str:
         paged_decode_attention=paged_decode_attention_triton,
         paged_prefill_attention=paged_prefill_attention_triton,
         grouped_matmul=grouped_matmul_triton,
+        rglru_scan=rglru_scan_triton,
+        rglru_scan_varlen=rglru_scan_varlen_triton,
+        rglru_step=rglru_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -200,6 +220,9 @@ def _triton_set() -> KernelSet | str:
             "paged_decode_attention": "triton:marconi",
             "paged_prefill_attention": "triton:marconi",
             "grouped_matmul": "triton:marconi",
+            "rglru_scan": "triton:marconi",
+            "rglru_scan_varlen": "triton:marconi",
+            "rglru_step": "triton:marconi",
         },
     )
 

@@ -20,19 +20,26 @@ def paged_decode_attention_ref(
     table: torch.Tensor,
     lens: torch.Tensor,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, H, hd] over the pool rows of each sequence.
 
     k_pool, v_pool [KV, R, hd] (H % KV == 0: query head h reads KV head h // (H / KV));
     table [B, W] int64 row ids; lens [B] int64 with 1 <= lens[b] <= W. Scores are scaled
-    by ``scale`` (None: hd**-0.5). Returns [B, H, hd] in q's dtype. Gathers the W rows of
+    by ``scale`` (None: hd**-0.5). ``window`` (None: no window): the query, at position
+    lens[b] - 1, sees only the last ``window`` positions, itself included (columns
+    j > lens[b] - 1 - window). Returns [B, H, hd] in q's dtype. Gathers the W rows of
     every sequence ([B, KV, W, hd] each for K and V) and runs one masked SDPA.
     """
     check_paged_shapes(q, k_pool, v_pool, table, lens)
     keys = k_pool[:, table].transpose(0, 1)
     values = v_pool[:, table].transpose(0, 1)
     width = table.shape[1]
-    mask = torch.arange(width, device=q.device)[None, :] < lens[:, None]
+    cols = torch.arange(width, device=q.device)[None, :]
+    mask = cols < lens[:, None]
+    if window is not None:
+        check_window(window)
+        mask = mask & (cols >= lens[:, None] - window)
     out = sdpa(
         q[:, :, None],
         keys,
@@ -42,6 +49,14 @@ def paged_decode_attention_ref(
         scale=scale,
     )
     return out[:, :, 0]
+
+
+def check_window(window: int | None) -> None:
+    """ValueError unless `window` is None or an int >= 1."""
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
 
 
 def check_paged_shapes(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+from .paged_attention import check_window
+
 
 def paged_prefill_attention_ref(
     q: torch.Tensor,
@@ -25,6 +27,7 @@ def paged_prefill_attention_ref(
     lens: torch.Tensor,
     max_q: int,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the packed queries q [T, H, hd] over their sequences' pool rows.
 
@@ -32,7 +35,9 @@ def paged_prefill_attention_ref(
     int64 offsets of each sequence's queries in q (cu_q[0] = 0, cu_q[S] = T); lens [S]
     int64 keys of each sequence, its new tokens included (n_s <= lens[s] <= W); max_q: a
     host int >= every n_s (the padded query length; no host sync reads it from cu_q).
-    Scores are scaled by ``scale`` (None: hd**-0.5). Returns [T, H, hd] in q's dtype.
+    Scores are scaled by ``scale`` (None: hd**-0.5). ``window`` (None: no window): a query
+    at position p sees only the last ``window`` positions, itself included (keys k with
+    p - window < k <= p). Returns [T, H, hd] in q's dtype.
 
     Pads each sequence's queries to max_q, gathers its W rows ([S, KV, W, hd] for K and
     V) and runs one masked SDPA: O(S * max_q * W) scores, the cost of each sequence alone
@@ -50,7 +55,11 @@ def paged_prefill_attention_ref(
     keys = k_pool[:, table].transpose(0, 1)
     values = v_pool[:, table].transpose(0, 1)
     position = (lens - n_q)[:, None] + torch.arange(max_q, device=device)[None, :]
-    mask = torch.arange(width, device=device)[None, None, :] <= position[:, :, None]
+    cols = torch.arange(width, device=device)[None, None, :]
+    mask = cols <= position[:, :, None]
+    if window is not None:
+        check_window(window)
+        mask = mask & (cols > position[:, :, None] - window)
     out = sdpa(
         padded.transpose(1, 2),
         keys,

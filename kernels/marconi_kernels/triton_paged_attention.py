@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .paged_attention import check_paged_shapes
+from .paged_attention import check_paged_shapes, check_window
 from .triton_runtime import device_guard
 
 _BLOCK_N = 32
@@ -27,8 +27,8 @@ _BLOCK_N = 32
 def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, o_ptr,
     sqb, sqh, skh, skr, svh, svr, stb, sob, soh,
-    scale,
-    G: tl.constexpr, HD: tl.constexpr,
+    scale, window,
+    G: tl.constexpr, HD: tl.constexpr, WINDOWED: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
@@ -47,7 +47,10 @@ def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, length, BLOCK_N):
+    lo = 0
+    if WINDOWED:  # the window's first position: every block below holds a visible key
+        lo = tl.maximum(length - window, 0)
+    for start in range(lo, length, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         nm = n < length
         rows = tl.load(table_ptr + b * stb + n, mask=nm, other=0).to(tl.int64)
@@ -81,11 +84,14 @@ def paged_decode_attention_triton(
     table: torch.Tensor,
     lens: torch.Tensor,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`paged_decode_attention_ref`: q [B, H, hd] over the pool rows
-    ``table[b, :lens[b]]`` of k_pool, v_pool [KV, R, hd]; returns [B, H, hd] in q's dtype.
+    ``table[b, :lens[b]]`` of k_pool, v_pool [KV, R, hd] (only the last ``window`` of
+    them with a window: the walk starts there); returns [B, H, hd] in q's dtype.
     The pools must be contiguous in their last dim (a row of one head is hd values)."""
     check_paged_shapes(q, k_pool, v_pool, table, lens)
+    check_window(window)
     batch, n_heads, hd = q.shape
     n_kv = k_pool.shape[0]
     if k_pool.stride(2) != 1 or v_pool.stride(2) != 1 or table.stride(1) != 1:
@@ -101,8 +107,8 @@ def paged_decode_attention_triton(
             q, k_pool, v_pool, table, lens, out,
             q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1),
             v_pool.stride(0), v_pool.stride(1), table.stride(0), out.stride(0), out.stride(1),
-            hd**-0.5 if scale is None else float(scale),
-            G=group, HD=hd,
+            hd**-0.5 if scale is None else float(scale), window or 0,
+            G=group, HD=hd, WINDOWED=window is not None,
             BLOCK_G=triton.next_power_of_2(group), BLOCK_D=triton.next_power_of_2(hd),
             BLOCK_N=_BLOCK_N,
         )  # fmt: skip

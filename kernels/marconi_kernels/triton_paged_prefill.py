@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .paged_attention import check_window
 from .paged_prefill import check_prefill_shapes
 from .triton_runtime import device_guard, interpreting
 
@@ -32,8 +33,8 @@ _BLOCK_N = 32
 def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
     q_ptr, k_ptr, v_ptr, table_ptr, cu_ptr, lens_ptr, o_ptr,
     sqt, sqh, skh, skr, svh, svr, stb, sot, soh,
-    scale,
-    G: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr,
+    scale, window,
+    G: tl.constexpr, HD: tl.constexpr, F32: tl.constexpr, WINDOWED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0).to(tl.int64)
@@ -62,7 +63,10 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for n0 in range(0, last, BLOCK_N):
+        lo = 0
+        if WINDOWED:  # the first position the block's first query sees
+            lo = tl.maximum(past + first - window + 1, 0)
+        for n0 in range(lo, last, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             nm = n < length
             rows = tl.load(table_ptr + s * stb + n, mask=nm, other=0).to(tl.int64)
@@ -72,6 +76,8 @@ def _paged_prefill_kernel(  # type: ignore[no-untyped-def]
             ).to(q.dtype)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee" if F32 else "tf32") * scale
             allowed = (n[None, :] <= position[:, None]) & nm[None, :]
+            if WINDOWED:
+                allowed = allowed & (n[None, :] > position[:, None] - window)
             scores = tl.where(allowed, scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -102,11 +108,14 @@ def paged_prefill_attention_triton(
     lens: torch.Tensor,
     max_q: int,
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`paged_prefill_attention_ref`: packed q [T, H, hd] over the
-    pool rows ``table[s, :lens[s]]`` of k_pool, v_pool [KV, R, hd]; returns [T, H, hd] in
-    q's dtype. The pools must be contiguous in their last dim."""
+    pool rows ``table[s, :lens[s]]`` of k_pool, v_pool [KV, R, hd] (with a window, each
+    query block walks from its first query's window start); returns [T, H, hd] in q's
+    dtype. The pools must be contiguous in their last dim."""
     check_prefill_shapes(q, k_pool, v_pool, table, cu_q, lens, max_q)
+    check_window(window)
     total, n_heads, hd = q.shape
     n_kv = k_pool.shape[0]
     if k_pool.stride(2) != 1 or v_pool.stride(2) != 1 or table.stride(1) != 1:
@@ -123,8 +132,8 @@ def paged_prefill_attention_triton(
             q, k_pool, v_pool, table, cu_q, lens, out,
             q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1),
             v_pool.stride(0), v_pool.stride(1), table.stride(0), out.stride(0), out.stride(1),
-            hd**-0.5 if scale is None else float(scale),
-            G=n_heads // n_kv, HD=hd, F32=upcast,
+            hd**-0.5 if scale is None else float(scale), window or 0,
+            G=n_heads // n_kv, HD=hd, F32=upcast, WINDOWED=window is not None,
             BLOCK_M=_BLOCK_M, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=_BLOCK_N,
         )  # fmt: skip
     return out

@@ -24,6 +24,7 @@ from transformers import (
     Qwen3_5MoeTextConfig,
     Qwen3_5TextConfig,
     Qwen3NextConfig,
+    RecurrentGemmaConfig,
     Zamba2Config,
 )
 
@@ -62,6 +63,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "falcon_mamba": FalconMambaConfig,
     "mamba2": Mamba2Config,
     "olmo_hybrid": OlmoHybridConfig,
+    "recurrent_gemma": RecurrentGemmaConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -84,17 +84,19 @@ def check_resume_at_depths(
     model_dir: Path,
     seed: int = 33,
     on_checkpoint: Callable[[HybridModel, StateCheckpoint, SeqState], None] | None = None,
+    depths: tuple[int, ...] = DEPTHS,
 ) -> HybridModel:
-    """States emitted at `DEPTHS` in one prefill of a 300-token prompt: resuming from each
-    (KV slices + every recurrent layer's states), prefilling the rest and decoding gives
-    the uncached run's logits (within `LOGIT_TOL`) and 8 greedy tokens.
+    """States emitted at `depths` (`DEPTHS` unless given) in one prefill of a 300-token
+    prompt: resuming from each (KV slices + every recurrent layer's states), prefilling
+    the rest and decoding gives the uncached run's logits (within `LOGIT_TOL`) and 8
+    greedy tokens.
     `on_checkpoint(model, checkpoint, resumed)` runs the caller's checks on each
     checkpoint before the rest is prefilled. Returns the model."""
     model = load_model(model_dir)
     ids = prompts(seed, 1, PROMPT_LEN, model.cfg.vocab_size)[0]
     state = model.new_state()
-    ckpts = model.prefill(torch.tensor(ids), state, list(DEPTHS))
-    assert [ck.depth for ck in ckpts] == list(DEPTHS)
+    ckpts = model.prefill(torch.tensor(ids), state, list(depths))
+    assert [ck.depth for ck in ckpts] == list(depths)
     scratch = model.new_state()
     model.prefill(torch.tensor(ids), scratch)
     assert scratch.logits is not None

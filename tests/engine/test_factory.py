@@ -43,11 +43,14 @@ FEWEST = {
     "zamba2": 0.7,
     "lfm2": 0.9,
     "lfm2_moe": 0.9,
+    "recurrent_gemma": 0.8,
     **dict.fromkeys(PURE_SSM_FAMILIES, 0.4),
 }
 """Share of the usual least parameters a family has: Zamba2 has no per-layer MLP (its
 shared block's two copies hold its only MLP weights); a short conv holds about 4 D^2
-weights against Mamba-2's 6 D^2; the pure SSMs have no MLP and no attention at all."""
+weights against Mamba-2's 6 D^2, an RG-LRU block about 3 D^2 (RecurrentGemma has one
+layer fewer than the preset's mixers, as `rgemma_presets` builds it); the pure SSMs have
+no MLP and no attention at all."""
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -140,6 +143,8 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.num_heads, cfg.n_groups)
     elif family in PURE_SSM_FAMILIES:  # Mamba-1 splits d_inner
         heads = (cfg.intermediate_size,)
+    elif family == "recurrent_gemma":  # RG-LRU gate blocks and channels
+        heads = (cfg.num_attention_heads, cfg.lru_width)
     else:
         heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
     if family not in PURE_SSM_FAMILIES:

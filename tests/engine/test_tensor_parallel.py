@@ -73,6 +73,7 @@ LOGIT_MODELS = (
     "falcon_mamba",
     "mamba2",
     "olmo_hybrid",
+    "recurrent_gemma",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully

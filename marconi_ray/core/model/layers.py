@@ -366,6 +366,43 @@ class ShortConvLayer(LayerSpec):
 
 
 @dataclass(frozen=True)
+class RGLRULayer(LayerSpec):
+    """RecurrentGemma's recurrent block: linear_x and linear_y D -> W, a depthwise causal
+    conv of kernel d_conv, the RG-LRU (block-diagonal input and recurrence gates of
+    n_heads blocks of W / n_heads), linear_out W -> D.
+
+    FLOPs per token: linear_x + linear_y 2*2*D*W, conv 2*W*d_conv, the two gates
+    2*2*W*(W / n_heads), linear_out 2*W*D (the elementwise recurrence, normalisation and
+    output gate, O(W), are not counted, like norms). Cached state: the LRU state, W
+    elements, and the conv window, W*d_conv elements (the last d_conv conv inputs, as the
+    engine keeps them).
+    """
+
+    kind: ClassVar[str] = KIND_SSM
+    d_model: int
+    lru_width: int
+    n_heads: int
+    d_conv: int
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "lru_width", "n_heads", "d_conv"):
+            require_positive(name, getattr(self, name))
+        if self.lru_width % self.n_heads:
+            raise ValueError(f"n_heads={self.n_heads} must divide lru_width={self.lru_width}")
+
+    def total_flops_coeffs(self) -> tuple[float, float]:
+        d, w = self.d_model, self.lru_width
+        gates = 2 * 2 * w * (w // self.n_heads)
+        return float(2 * 2 * d * w + 2 * w * self.d_conv + gates + 2 * w * d), 0.0
+
+    def state_elements(self) -> int:
+        return self.lru_width
+
+    def conv_elements(self) -> int:
+        return self.lru_width * self.d_conv
+
+
+@dataclass(frozen=True)
 class Mamba1Layer(LayerSpec):
     """Mamba-1 (selective scan) mixer, as in Jamba.
 

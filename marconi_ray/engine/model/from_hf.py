@@ -27,8 +27,10 @@ from marconi_ray.engine.model.model_config import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    RGLRUConfig,
     SharedBlockConfig,
     ShortConvConfig,
+    SlidingAttentionConfig,
 )
 
 FAMILIES: Final = (
@@ -49,6 +51,7 @@ FAMILIES: Final = (
     "falcon_mamba",
     "mamba2",
     "olmo_hybrid",
+    "recurrent_gemma",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -65,6 +68,8 @@ _C = TypeVar(
     MoEConfig,
     SharedBlockConfig,
     ShortConvConfig,
+    RGLRUConfig,
+    SlidingAttentionConfig,
 )
 
 
@@ -205,6 +210,9 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         post_norm=tuple(b.block.post_norm for b in blocks)
         if any(b.block.post_norm for b in blocks)
         else (),
+        rglru=_one(fam, blocks, "rglru", RGLRUConfig),
+        swa=_one(fam, blocks, "swa", SlidingAttentionConfig),
+        logits_soft_cap=arch.logits_soft_cap,
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

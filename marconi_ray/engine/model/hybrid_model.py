@@ -57,7 +57,9 @@ from marconi_ray.engine.model.layers.moe_layout import (
 )
 from marconi_ray.engine.model.layers.norm import RMSNorm, rms_norm
 from marconi_ray.engine.model.layers.packed import PackedPart
+from marconi_ray.engine.model.layers.rglru import RGLRUMixer
 from marconi_ray.engine.model.layers.short_conv import ShortConvMixer
+from marconi_ray.engine.model.layers.sliding_attention import SlidingWindowAttention
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.layers.zamba_shared import SharedBlock, SharedWeights
 from marconi_ray.engine.model.model_config import FEED_FORWARD_KINDS, HybridConfig
@@ -218,6 +220,14 @@ HF_NAMES = {
         "mlp",
         post_norms={"attention": "feedforward_layer_norm", "mlp": "post_feedforward_layernorm"},
     ),
+    "recurrent_gemma": HFNames(
+        "embed_tokens.weight",
+        "final_norm.weight",
+        "temporal_pre_norm",
+        "channel_pre_norm",
+        {"rglru": "temporal_block", "swa": "temporal_block"},
+        "mlp_block",
+    ),
 }
 
 
@@ -227,14 +237,16 @@ Mixer = (
     | Mamba1Mixer
     | GatedDeltaNetMixer
     | ShortConvMixer
+    | RGLRUMixer
     | MLP
     | FusedGatedMLP
     | MoE
     | SharedBlock
 )
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | RGLRUMixer
 KVMixer = Attention | SharedBlock
-"""Mixers that keep a KV cache (one `KVBuffer` per sequence)."""
+"""Mixers that keep a KV cache (one `KVBuffer` per sequence); `SlidingWindowAttention`
+is an `Attention`."""
 
 
 class Block(nn.Module):
@@ -324,6 +336,15 @@ class Block(nn.Module):
             mixer = ShortConvMixer(
                 d, cfg.shortconv, f"{layer}.{names.mixer['shortconv']}", tp, dtype, kernels
             )
+        elif self.kind == "rglru":
+            assert cfg.rglru is not None
+            prefix = f"{layer}.{names.mixer['rglru']}"
+            mixer = RGLRUMixer(d, cfg.rglru, prefix, tp, dtype, kernels)
+        elif self.kind == "swa":
+            assert cfg.swa is not None
+            prefix = f"{layer}.{names.mixer['swa']}"
+            off = cfg.unit_offset_norms
+            mixer = SlidingWindowAttention(d, cfg.swa, prefix, tp, dtype, cfg.norm_eps, off)
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -489,10 +510,13 @@ class HybridModel(nn.Module):
         return rms_norm(hidden, norm.weight, norm.eps, norm.unit_offset)
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
-        """Logits [L, V] (float32, times the logit multiplier) of normed rows [L, D]."""
+        """Logits [L, V] (float32, times the logit multiplier, soft-capped when the
+        config caps them) of normed rows [L, D]."""
         logits = F.linear(normed, self.lm_head).float()
         scale = self.cfg.scales.logits
-        return logits if scale == 1.0 else logits * scale
+        logits = logits if scale == 1.0 else logits * scale
+        cap = self.cfg.logits_soft_cap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [L, D] of ids [L], times the embedding multiplier."""

@@ -2,7 +2,8 @@
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
 mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `shortconv` (LFM2's gated short
-conv), `attention`, `mlp` or `moe`, except `shared_transformer` (Zamba2's shared block,
+conv), `rglru` (RecurrentGemma's RG-LRU block), `attention`, `swa` (sliding-window
+attention), `mlp` or `moe`, except `shared_transformer` (Zamba2's shared block,
 see `SharedBlockConfig`), whose output is added to the next block's input instead of the
 residual stream.
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`, `E`); Bamba,
@@ -32,8 +33,10 @@ from marconi_ray.core.model.hf.arch import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    RGLRUConfig,
     Scales,
     ShortConvConfig,
+    SlidingAttentionConfig,
 )
 
 __all__ = [
@@ -47,9 +50,11 @@ __all__ = [
     "Mamba1Config",
     "Mamba2Config",
     "MoEConfig",
+    "RGLRUConfig",
     "Scales",
     "SharedBlockConfig",
     "ShortConvConfig",
+    "SlidingAttentionConfig",
 ]
 
 BLOCK_KINDS = (
@@ -61,6 +66,8 @@ BLOCK_KINDS = (
     "mlp",
     "moe",
     "shared_transformer",
+    "rglru",
+    "swa",
 )
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
@@ -72,6 +79,8 @@ PATTERN_CHARS = {
     "-": "mlp",
     "E": "moe",
     "Z": "shared_transformer",
+    "R": "rglru",
+    "W": "swa",
 }
 
 
@@ -118,6 +127,10 @@ class HybridConfig:
             `hf_layer`); a shared block's is the first hybrid layer using its copy.
         post_norm: per block, its norm applies to its output, `x = x + norm(mixer(x))`
             (OLMo Hybrid's attention layers); empty: every block is pre-norm.
+        rglru: the config of the `rglru` blocks (RecurrentGemma's recurrent block).
+        swa: the config of the `swa` blocks (sliding-window attention), apart from
+            `attention` so a model may hold both.
+        logits_soft_cap: the logits are cap * tanh(logits / cap); None: not capped.
     """
 
     family: str
@@ -146,6 +159,9 @@ class HybridConfig:
     shared: SharedBlockConfig | None = None
     weights_layer: tuple[int, ...] = ()
     post_norm: tuple[bool, ...] = ()
+    rglru: RGLRUConfig | None = None
+    swa: SlidingAttentionConfig | None = None
+    logits_soft_cap: float | None = None
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -168,6 +184,8 @@ class HybridConfig:
             "moe": self.moe,
             "shared_transformer": self.shared,
             "shortconv": self.shortconv,
+            "rglru": self.rglru,
+            "swa": self.swa,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -248,6 +266,11 @@ class HybridConfig:
             sizes["intermediate_size"] = self.shared.mlp.intermediate_size
         if self.shortconv is not None and "shortconv" in self.blocks:
             sizes["hidden_size (short-conv channels)"] = self.hidden_size
+        if self.rglru is not None and "rglru" in self.blocks:
+            sizes["num_attention_heads (RG-LRU gate blocks)"] = self.rglru.n_heads
+        if self.swa is not None and "swa" in self.blocks:
+            sizes["num_attention_heads (windowed)"] = self.swa.attention.n_heads
+            sizes["num_key_value_heads (windowed)"] = self.swa.attention.n_kv_heads
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:

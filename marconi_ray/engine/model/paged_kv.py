@@ -33,11 +33,17 @@ from marconi_ray.engine.model.kv_buffer import KVBuffer
 
 PagedAttention = Callable[..., torch.Tensor]
 """`marconi_kernels` `paged_decode_attention`: (q [B, H, hd], k_pool, v_pool [KV, R, hd],
-table [B, W], lens [B], scale) -> [B, H, hd]."""
+table [B, W], lens [B], scale, window=) -> [B, H, hd]."""
 
 PackedAttention = Callable[..., torch.Tensor]
 """`marconi_kernels` `paged_prefill_attention`: (q [T, H, hd], k_pool, v_pool [KV, R, hd],
-table [S, W], cu_q [S + 1], lens [S], max_q, scale) -> [T, H, hd]."""
+table [S, W], cu_q [S + 1], lens [S], max_q, scale, window=) -> [T, H, hd]."""
+
+
+def window_kwargs(window: int | None) -> dict[str, int]:
+    """The attention kernels' keyword for a sliding window (none without one, so a call
+    without a window is the plain call)."""
+    return {} if window is None else {"window": window}
 
 
 class KVRows(Protocol):
@@ -51,10 +57,16 @@ class DecodeKV(Protocol):
     """Where one attention layer's decode step reads and writes its KV."""
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Store the step's k, v [KV, B, hd] and attend q [H, B, hd] over each sequence's
-        KV including them; returns [B, H * hd]."""
+        KV including them (only its last `window` positions with a window); returns
+        [B, H * hd]."""
         ...
 
 
@@ -145,16 +157,23 @@ class PackedPrefill:
     kernel: PackedAttention
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Write the packed k, v [KV, T, hd] into their rows and attend q [H, T, hd]
-        causally over each sequence's own rows; returns [T, H * hd]."""
+        causally over each sequence's own rows (the last `window` positions of each
+        query with a window); returns [T, H * hd]."""
         r = self.rows
         self.k_pool.index_copy_(1, r.new, k.to(self.k_pool.dtype))
         self.v_pool.index_copy_(1, r.new, v.to(self.v_pool.dtype))
         out = self.kernel(
-            q.transpose(0, 1), self.k_pool, self.v_pool, r.table, r.cu_q, r.lens, r.max_q, scale
-        )
+            q.transpose(0, 1), self.k_pool, self.v_pool, r.table, r.cu_q, r.lens, r.max_q, scale,
+            **window_kwargs(window),
+        )  # fmt: skip
         return out.reshape(q.shape[1], -1)
 
 
@@ -175,28 +194,44 @@ class PagedDecode:
     kernel: PagedAttention
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+        window: int | None = None,
     ) -> torch.Tensor:
         self.k_pool.index_copy_(1, self.new, k.to(self.k_pool.dtype))
         self.v_pool.index_copy_(1, self.new, v.to(self.v_pool.dtype))
-        out = self.kernel(q.transpose(0, 1), self.k_pool, self.v_pool, self.table, self.lens, scale)
+        out = self.kernel(
+            q.transpose(0, 1), self.k_pool, self.v_pool, self.table, self.lens, scale,
+            **window_kwargs(window),
+        )  # fmt: skip
         return out.reshape(q.shape[1], -1)
 
 
 @dataclass(frozen=True)
 class BufferDecode:
     """Decode over per-sequence `KVBuffer`s: appends sequence b's k, v to `kvs[b]` and
-    attends over its whole buffer, one SDPA per sequence."""
+    attends over its whole buffer (its last `window` rows with a window), one SDPA per
+    sequence."""
 
     kvs: Sequence[KVBuffer]
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float | None,
+        window: int | None = None,
     ) -> torch.Tensor:
         outs = []
         for b, kv in enumerate(self.kvs):
             kv.append(k[:, b : b + 1], v[:, b : b + 1])
             keys, values = kv.view()
+            if window is not None:
+                keys, values = keys[:, -window:], values[:, -window:]
             o = sdpa(
                 q[None, :, b : b + 1],
                 keys[None],

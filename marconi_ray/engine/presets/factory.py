@@ -71,6 +71,7 @@ from marconi_ray.engine.presets.model_presets import (
     check_family,
     get_preset,
 )
+from marconi_ray.engine.presets.rgemma_presets import rgemma_lift
 
 __all__ = [
     "DTYPES",
@@ -125,6 +126,7 @@ _FINAL_NORM: Final = {
     "mamba": "norm_f",
     "falcon_mamba": "norm_f",
     "mamba2": "norm_f",
+    "recurrent_gemma": "final_norm",
 }
 _BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
 """The config flag of the biases the lift needs, where it is not `mlp_bias`."""
@@ -154,6 +156,7 @@ _MODEL_CLASSES: Final = {
     "falcon_mamba": "FalconMambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "olmo_hybrid": "OlmoHybridForCausalLM",
+    "recurrent_gemma": "RecurrentGemmaForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -334,6 +337,8 @@ def _lift_projection(model: Any) -> Any:
         return _conv_lift(model)
     if family == "zamba2":
         return _mamba_lift(model)
+    if family == "recurrent_gemma":
+        return rgemma_lift(model)
     if family in MLP_LIFT_FAMILIES and not _has_moe(config):
         return _attach_mlp_biases(model)
     return _mixer_lift(model)

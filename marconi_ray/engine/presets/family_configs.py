@@ -26,6 +26,7 @@ from marconi_ray.engine.presets.model_presets import (
 )
 from marconi_ray.engine.presets.moe_presets import moe_preset_config
 from marconi_ray.engine.presets.olmo_presets import olmo_preset_config
+from marconi_ray.engine.presets.rgemma_presets import recurrent_gemma_kwargs
 from marconi_ray.engine.presets.ssm_presets import ssm_preset_config
 
 
@@ -67,6 +68,8 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return ssm_preset_config(p, family, initializer_range)
     if family == "olmo_hybrid":
         return olmo_preset_config(p, initializer_range)
+    if family == "recurrent_gemma":
+        return transformers.RecurrentGemmaConfig(**recurrent_gemma_kwargs(p))
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

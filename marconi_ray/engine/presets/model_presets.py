@@ -89,6 +89,7 @@ FAMILIES: Final = (
     "zamba2",
     *PURE_SSM_FAMILIES,
     "olmo_hybrid",
+    "recurrent_gemma",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

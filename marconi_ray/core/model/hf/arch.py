@@ -29,6 +29,8 @@ KIND_MOE: Final = "moe"
 KIND_LINEAR: Final = "linear"
 KIND_GDN: Final = "gdn"
 KIND_SHORTCONV: Final = "shortconv"
+KIND_RGLRU: Final = "rglru"
+KIND_SWA: Final = "swa"
 ROUTER_SCORINGS: Final = ("softmax", "sigmoid")
 MAMBA2_IN_PROJ_SEGMENTS: Final = 5
 """Mamba-2's in_proj output segments: z, x, B, C, dt."""
@@ -38,6 +40,8 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_MAMBA1,
     KIND_GDN,
     KIND_SHORTCONV,
+    KIND_RGLRU,
+    KIND_SWA,
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
@@ -357,6 +361,62 @@ class ShortConvConfig:
 
 
 @dataclass(frozen=True)
+class RGLRUConfig:
+    """RecurrentGemma's recurrent block (Griffin) over an LRU of `lru_width` channels.
+
+    y = act(linear_y(x)); u = conv(linear_x(x)) (a depthwise causal conv1d of kernel
+    `d_conv` with a bias, no activation); h = RG-LRU(u), whose input and recurrence gates
+    are block-diagonal (`n_heads` blocks of lru_width / n_heads channels);
+    out = linear_out(h * y). linear_x / linear_y / linear_out have biases. States: the
+    conv window (lru_width x d_conv) and the LRU state (lru_width, float32).
+
+    Attributes:
+        activation: the y branch's activation (`hidden_activation`).
+    """
+
+    kind: ClassVar[str] = KIND_RGLRU
+    lru_width: int
+    n_heads: int
+    d_conv: int
+    activation: str = "gelu_pytorch_tanh"
+
+    def __post_init__(self) -> None:
+        require_positive("lru_width", self.lru_width)
+        require_positive("num_attention_heads", self.n_heads)
+        require_positive("conv1d_width", self.d_conv)
+        if self.lru_width % self.n_heads:
+            raise ValueError(
+                f"num_attention_heads={self.n_heads} must divide lru_width={self.lru_width}"
+            )
+
+    @property
+    def block_width(self) -> int:
+        """Channels of one gate block."""
+        return self.lru_width // self.n_heads
+
+
+@dataclass(frozen=True)
+class SlidingAttentionConfig:
+    """Self-attention over a sliding window: a token attends to the last `window`
+    positions, itself included (key position k is seen from query q when
+    q - window < k <= q, transformers' `sliding_window` convention).
+
+    Attributes:
+        attention: the attention itself (heads, RoPE, biases of q/k/v).
+        window: the window in tokens (RecurrentGemma `attention_window_size`).
+        output_bias: o_proj has a bias even when q/k/v have none (RecurrentGemma).
+    """
+
+    kind: ClassVar[str] = KIND_SWA
+    attention: AttentionConfig
+    window: int
+    output_bias: bool = False
+
+    def __post_init__(self) -> None:
+        require_positive("attention_window_size", self.window)
+
+
+@dataclass(frozen=True)
 class LinearConfig:
     """A bare projection d_in -> d_out (Zamba2's shared-block adapters and output linear)."""
 
@@ -373,6 +433,8 @@ BlockConfig = (
     | Mamba1Config
     | GatedDeltaNetConfig
     | ShortConvConfig
+    | RGLRUConfig
+    | SlidingAttentionConfig
     | LinearConfig
 )
 
@@ -470,6 +532,8 @@ class HfArchitecture:
         mtp_blocks: the block kinds of one step, in order (`KIND_ATTENTION`, `KIND_MOE`,
             `KIND_MLP`), with the model's own configs of those kinds.
         scales: the scalar multipliers of muP-trained models (all 1 for the others).
+        logits_soft_cap: the logits are cap * tanh(logits / cap) (RecurrentGemma); None:
+            not capped.
     """
 
     family: str
@@ -487,6 +551,7 @@ class HfArchitecture:
     mtp_layers: int = 0
     mtp_blocks: tuple[str, ...] = ()
     scales: Scales = Scales()
+    logits_soft_cap: float | None = None
 
     def __post_init__(self) -> None:
         if not self.blocks:

@@ -398,3 +398,31 @@ LFM2_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {**LFM2_MOE_ALIASES, "intermediate_size": ("block_ff_dim",)}
 )
 """Legacy keys the LFM2 config classes pop in `__post_init__`."""
+
+RECURRENT_GEMMA: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "num_hidden_layers": 26,
+        "vocab_size": 256000,
+        "hidden_size": 2560,
+        "intermediate_size": 3 * 2560,
+        "num_attention_heads": 10,
+        "lru_width": None,
+        "attention_window_size": 2048,
+        "conv1d_width": 4,
+        "logits_soft_cap": 30.0,
+        "rms_norm_eps": 1e-6,
+        "eos_token_id": 1,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_parameters": None,
+        "block_types": ("recurrent", "recurrent", "attention"),
+        "num_key_value_heads": None,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": None,
+    }
+)
+"""RecurrentGemma (`RecurrentGemmaConfig`): `lru_width` None is hidden_size,
+`num_key_value_heads` None is num_attention_heads, head_dim is always
+hidden_size // num_attention_heads; RoPE defaults to theta 10000 over half of each head
+(`partial_rotary_factor` 0.5). The class has no `max_position_embeddings` (RoPE, a
+windowed attention and a recurrence: no limit of its own)."""

@@ -25,8 +25,11 @@ from marconi_ray.core.model.hf.arch import (
     Mamba2Config,
     MLPConfig,
     MoEConfig,
+    RGLRUConfig,
     ShortConvConfig,
+    SlidingAttentionConfig,
 )
+from marconi_ray.core.model.hf.recurrent_gemma import parse_recurrent_gemma
 from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
@@ -36,6 +39,7 @@ from marconi_ray.core.model.layers import (
     Mamba2Layer,
     MLPLayer,
     MoELayer,
+    RGLRULayer,
     ShortConvLayer,
 )
 from marconi_ray.core.model.model_spec import ModelSpec
@@ -63,6 +67,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "falcon_mamba": pure_ssm.parse_falcon_mamba,
         "mamba2": pure_ssm.parse_mamba2,
         "olmo_hybrid": olmo.parse_olmo_hybrid,
+        "recurrent_gemma": parse_recurrent_gemma,
     }
 )
 
@@ -126,6 +131,10 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             )
         case ShortConvConfig(d_conv=k):
             return ShortConvLayer(d_model, k)
+        case RGLRUConfig(lru_width=w, n_heads=h, d_conv=k):
+            return RGLRULayer(d_model, w, h, k)
+        case SlidingAttentionConfig(attention=attn):
+            return layer_spec(attn, d_model)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
     raise TypeError(f"not a block config: {config!r}")

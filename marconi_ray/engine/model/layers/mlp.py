@@ -18,11 +18,16 @@ def _relu2(x: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(x))
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "relu2": _relu2,
     "gelu": F.gelu,
     "relu": F.relu,
+    "gelu_pytorch_tanh": _gelu_tanh,
 }
 
 
