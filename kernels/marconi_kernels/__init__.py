@@ -40,6 +40,10 @@ _EXPORTS = {
     "paged_decode_attention_ref": "marconi_kernels.paged_attention",
     "paged_prefill_attention_ref": "marconi_kernels.paged_prefill",
     "grouped_matmul_ref": "marconi_kernels.grouped_matmul",
+    "kda_chunk_ref": "marconi_kernels.kda",
+    "kda_chunk_varlen_ref": "marconi_kernels.kda",
+    "kda_recurrent_ref": "marconi_kernels.kda",
+    "kda_step_ref": "marconi_kernels.kda",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

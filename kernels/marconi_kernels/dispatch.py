@@ -30,6 +30,7 @@ from .gated_delta import (
     gated_delta_step_ref,
 )
 from .grouped_matmul import grouped_matmul_ref
+from .kda import kda_chunk_ref, kda_chunk_varlen_ref, kda_step_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
 from .selective_scan import selective_scan_ref, selective_scan_varlen_ref
@@ -55,6 +56,9 @@ OPS = (
     "paged_decode_attention",
     "paged_prefill_attention",
     "grouped_matmul",
+    "kda_chunk",
+    "kda_chunk_varlen",
+    "kda_step",
 )
 
 
@@ -89,6 +93,8 @@ class KernelSet:
         [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd]).
     grouped_matmul: see ``grouped_matmul_ref`` (x [M, K] each row times its expert's
         w [E, N, K] -> [M, N]; the MoE dispatch, no host sync in the triton set).
+    kda_chunk, kda_chunk_varlen, kda_step: see ``kda_chunk_ref`` and its twins (KDA, the
+        gated delta rule with a per-channel decay g [..., H, K]; shapes as gated_delta).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -108,6 +114,9 @@ class KernelSet:
     paged_decode_attention: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
     grouped_matmul: Callable[..., torch.Tensor]
+    kda_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    kda_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    kda_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -135,6 +144,9 @@ def _build_ref() -> KernelSet:
         paged_decode_attention=paged_decode_attention_ref,
         paged_prefill_attention=paged_prefill_attention_ref,
         grouped_matmul=grouped_matmul_ref,
+        kda_chunk=kda_chunk_ref,
+        kda_chunk_varlen=kda_chunk_varlen_ref,
+        kda_step=kda_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -183,6 +195,9 @@ def _triton_set() -> KernelSet | str:
         paged_decode_attention=paged_decode_attention_triton,
         paged_prefill_attention=paged_prefill_attention_triton,
         grouped_matmul=grouped_matmul_triton,
+        kda_chunk=kda_chunk_ref,
+        kda_chunk_varlen=kda_chunk_varlen_ref,
+        kda_step=kda_step_ref,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -200,6 +215,9 @@ def _triton_set() -> KernelSet | str:
             "paged_decode_attention": "triton:marconi",
             "paged_prefill_attention": "triton:marconi",
             "grouped_matmul": "triton:marconi",
+            "kda_chunk": "ref",
+            "kda_chunk_varlen": "ref",
+            "kda_step": "ref",
         },
     )
 
