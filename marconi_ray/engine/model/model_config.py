@@ -35,6 +35,8 @@ from marconi_ray.core.model.hf.arch import (
     Scales,
     ShortConvConfig,
 )
+from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.mla_arch import MLAConfig
 
 __all__ = [
     "BLOCK_KINDS",
@@ -43,6 +45,8 @@ __all__ = [
     "AttentionConfig",
     "GatedDeltaNetConfig",
     "HybridConfig",
+    "KDAConfig",
+    "MLAConfig",
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
@@ -61,6 +65,8 @@ BLOCK_KINDS = (
     "mlp",
     "moe",
     "shared_transformer",
+    "kda",
+    "mla",
 )
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
@@ -72,6 +78,8 @@ PATTERN_CHARS = {
     "-": "mlp",
     "E": "moe",
     "Z": "shared_transformer",
+    "K": "kda",
+    "A": "mla",
 }
 
 
@@ -143,6 +151,8 @@ class HybridConfig:
     parallel_mixers: bool = False
     shared: SharedBlockConfig | None = None
     weights_layer: tuple[int, ...] = ()
+    kda: KDAConfig | None = None
+    mla: MLAConfig | None = None
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -161,6 +171,8 @@ class HybridConfig:
             "moe": self.moe,
             "shared_transformer": self.shared,
             "shortconv": self.shortconv,
+            "kda": self.kda,
+            "mla": self.mla,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -241,6 +253,10 @@ class HybridConfig:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:
                 sizes["shared_expert_intermediate_size"] = self.moe.shared_intermediate_size
+        if self.kda is not None and "kda" in self.blocks:
+            sizes["linear_attn_config.num_heads"] = self.kda.n_heads
+        if self.mla is not None and "mla" in self.blocks:
+            sizes["num_attention_heads (MLA)"] = self.mla.n_heads
         for name, size in sizes.items():
             if size % world:
                 raise ValueError(f"{name}={size} is not divisible by tensor-parallel size {world}")

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
+from marconi_ray.core.model.hf.kda_arch import KIND_KDA, KDAConfig
+from marconi_ray.core.model.hf.mla_arch import KIND_MLA, MLAConfig
 from marconi_ray.core.model.layers import Mamba2Sizes
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
 
@@ -41,6 +43,8 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
+    KIND_KDA,
+    KIND_MLA,
 )
 
 
@@ -349,6 +353,8 @@ BlockConfig = (
     | GatedDeltaNetConfig
     | ShortConvConfig
     | LinearConfig
+    | KDAConfig
+    | MLAConfig
 )
 
 
