@@ -24,10 +24,13 @@ def tiny_config(**overrides: Any) -> Any:
         "num_key_value_heads": 4, "kv_lora_rank": 12, "qk_rope_head_dim": 4,
         "qk_nope_head_dim": 6, "v_head_dim": 5, "linear_num_heads": 4, "linear_head_dim": 8,
         "linear_conv_kernel_dim": 4, "layer_types": ["linear_attention", "full_attention"],
-        "num_local_experts": 4, "num_experts_per_tok": 2,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2,
     }  # fmt: skip
     kw.update(overrides)
-    return KimiLinearConfig(**kw)
+    config = KimiLinearConfig(**kw)
+    config._attn_implementation = "eager"
+    return config
 
 
 def randomize(module: nn.Module, seed: int) -> dict[str, torch.Tensor]:
@@ -49,12 +52,27 @@ def randomize(module: nn.Module, seed: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+def checkpoint_layout(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A KDA module's in-memory weights in the checkpoint layout transformers saves: the
+    fused `conv1d.weight` split into `q_conv1d` / `k_conv1d` / `v_conv1d`, the forget
+    gate's weights beside the others (MLA weights pass unchanged)."""
+    out = {}
+    for key, value in weights.items():
+        if key == "conv1d.weight":
+            for name, part in zip(("q", "k", "v"), value.chunk(3), strict=True):
+                out[f"{name}_conv1d.weight"] = part
+        else:
+            out[key.removeprefix("forget_gate.")] = value
+    return out
+
+
 def load_shard(
     mixer: nn.Module, weights: dict[str, torch.Tensor], prefix: str, tp: TPGroup
 ) -> None:
     """Copy rank `tp.rank`'s slice of `weights` (keys without `prefix.`) into `mixer`
     through its `weight_specs` (the loader's slicing)."""
-    source = StateDictSource({f"{prefix}.{k}": v for k, v in weights.items()})
+    layout = checkpoint_layout(weights)
+    source = StateDictSource({f"{prefix}.{k}": v for k, v in layout.items()})
     owner = SimpleNamespace(tp=tp)
     params = dict(mixer.named_parameters())
     for name, spec in mixer.weight_specs().items():  # type: ignore[operator]

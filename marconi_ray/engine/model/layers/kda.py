@@ -54,10 +54,11 @@ def sigmoid_gated_head_norm(
 class KDAMixer(PackedMixer, nn.Module):
     """One KDA layer's shard. `prefix` is the HF sub-module (`self_attn`).
 
-    Checkpoint layout (transformers' `KimiLinearDeltaAttention`): `q_proj`, `k_proj`,
-    `v_proj` (D -> H*dk each), `conv1d.weight` [3*H*dk, 1, d_conv] over [q, k, v],
-    `forget_gate.f_a_proj` (D -> dk, replicated), `forget_gate.f_b_proj` (dk -> H*dk),
-    `forget_gate.dt_bias` [H*dk], `forget_gate.A_log` [1, 1, H, 1], `b_proj` (D -> H),
+    Checkpoint layout (Kimi Linear's, which transformers saves): `q_proj`, `k_proj`,
+    `v_proj` (D -> H*dk each), `q_conv1d`, `k_conv1d`, `v_conv1d` ([H*dk, 1, d_conv]
+    each; transformers concatenates them into one `conv1d` in memory), `f_a_proj`
+    (D -> dk, replicated), `f_b_proj` (dk -> H*dk), `dt_bias` [H*dk], `A_log`
+    [1, 1, H, 1], `b_proj` (D -> H),
     `g_a_proj` (D -> dk, replicated), `g_b_proj` (dk -> H*dk), `o_norm.weight` [dk],
     `o_proj` (H*dk -> D). Each rank keeps whole heads of every split part.
     """
@@ -97,15 +98,17 @@ class KDAMixer(PackedMixer, nn.Module):
         self.q_proj = column(d_model, (channels,), False, f"{prefix}.q_proj", tp, dtype)
         self.k_proj = column(d_model, (channels,), False, f"{prefix}.k_proj", tp, dtype)
         self.v_proj = column(d_model, (channels,), False, f"{prefix}.v_proj", tp, dtype)
-        gate = f"{prefix}.forget_gate"
-        self.f_a_proj = column(d_model, latent, False, f"{gate}.f_a_proj", tp, dtype)
-        self.f_b_proj = column(dk, (channels,), False, f"{gate}.f_b_proj", tp, dtype)
+        self.f_a_proj = column(d_model, latent, False, f"{prefix}.f_a_proj", tp, dtype)
+        self.f_b_proj = column(dk, (channels,), False, f"{prefix}.f_b_proj", tp, dtype)
         self.b_proj = column(d_model, (Segment(cfg.n_heads),), False, f"{prefix}.b_proj", tp, dtype)
         self.g_a_proj = column(d_model, latent, False, f"{prefix}.g_a_proj", tp, dtype)
         self.g_b_proj = column(dk, (channels,), False, f"{prefix}.g_b_proj", tp, dtype)
         self.o_proj = row((channels,), d_model, False, f"{prefix}.o_proj", tp, dtype)
-        self.conv_weight = nn.Parameter(
-            torch.empty(self.conv_dim, 1, cfg.d_conv, dtype=dtype), requires_grad=False
+        self.q_conv, self.k_conv, self.v_conv = (
+            nn.Parameter(
+                torch.empty(self.key_local, 1, cfg.d_conv, dtype=dtype), requires_grad=False
+            )
+            for _ in range(3)
         )
         self.dt_bias = nn.Parameter(
             torch.zeros(self.key_local, dtype=torch.float32), requires_grad=False
@@ -129,6 +132,10 @@ class KDAMixer(PackedMixer, nn.Module):
         g = -self.A_log.float().exp().view(self.heads, 1) * F.softplus(self._heads(f))
         return qkv, g, self.b_proj(x).sigmoid()
 
+    def _conv_weight(self) -> torch.Tensor:
+        """The conv's weight over [q, k, v], [3 * H' * dk, d_conv]."""
+        return torch.cat([self.q_conv[:, 0], self.k_conv[:, 0], self.v_conv[:, 0]])
+
     def _split(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Conv output [..., 3 * H' * dk] -> q, k, v [..., H', dk]."""
         q, k, v = torch.split(mixed, [self.key_local] * 3, dim=-1)
@@ -148,9 +155,7 @@ class KDAMixer(PackedMixer, nn.Module):
 
     def empty_state(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero conv [conv_local, d_conv] (model dtype) and ssm [H', dk, dk] (float32)."""
-        conv = torch.zeros(
-            self.conv_dim, self.cfg.d_conv, dtype=self.conv_weight.dtype, device=device
-        )
+        conv = torch.zeros(self.conv_dim, self.cfg.d_conv, dtype=self.q_conv.dtype, device=device)
         dk = self.cfg.head_dim
         return conv, torch.zeros(self.heads, dk, dk, dtype=torch.float32, device=device)
 
@@ -164,7 +169,7 @@ class KDAMixer(PackedMixer, nn.Module):
         (conv [C, K], ssm [H', dk, dk]) and those at its `emit_at`."""
         qkv, g, beta = self._project(x)
         k = self.kernels
-        mixed, convs = packed_conv(k, qkv, self.conv_weight[:, 0], None, parts, "silu")
+        mixed, convs = packed_conv(k, qkv, self._conv_weight(), None, parts, "silu")
         q, kk, v = self._split(mixed)
         if len(parts) == 1:
             (p,) = parts
@@ -192,7 +197,7 @@ class KDAMixer(PackedMixer, nn.Module):
         are updated in place. Returns [B, d_model]."""
         qkv, g, beta = self._project(x)
         k = self.kernels
-        mixed = k.causal_conv1d_update(qkv, conv, self.conv_weight[:, 0], None, activation="silu")
+        mixed = k.causal_conv1d_update(qkv, conv, self._conv_weight(), None, activation="silu")
         q, kk, v = self._split(mixed)
         o = k.kda_step(ssm, q, kk, v, g, beta, use_qk_l2norm=True)
         return self._output(o, x)
@@ -206,8 +211,10 @@ class KDAMixer(PackedMixer, nn.Module):
         ):  # fmt: skip
             mod = getattr(self, name)
             out.update({f"{name}.{k}": v for k, v in mod.weight_specs().items()})
-        out["conv_weight"] = WeightSpec(f"{p}.conv1d.weight", 0, self.conv_segments)
-        out["dt_bias"] = WeightSpec(f"{p}.forget_gate.dt_bias", 0, (Segment(self.cfg.key_dim),))
-        out["A_log"] = WeightSpec(f"{p}.forget_gate.A_log", 2, (Segment(self.cfg.n_heads),))
+        channels = (Segment(self.cfg.key_dim),)
+        for name in ("q_conv", "k_conv", "v_conv"):
+            out[name] = WeightSpec(f"{p}.{name}1d.weight", 0, channels)
+        out["dt_bias"] = WeightSpec(f"{p}.dt_bias", 0, channels)
+        out["A_log"] = WeightSpec(f"{p}.A_log", 2, (Segment(self.cfg.n_heads),))
         out["o_norm"] = WeightSpec(f"{p}.o_norm.weight")
         return out
