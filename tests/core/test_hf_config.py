@@ -12,6 +12,7 @@ from transformers import (
     FalconH1Config,
     GraniteMoeHybridConfig,
     JambaConfig,
+    KimiLinearConfig,
     Lfm2Config,
     Lfm2MoeConfig,
     NemotronHConfig,
@@ -54,6 +55,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "qwen3_next": Qwen3NextConfig,
     "lfm2": Lfm2Config,
     "lfm2_moe": Lfm2MoeConfig,
+    "kimi_linear": KimiLinearConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

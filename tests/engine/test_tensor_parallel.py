@@ -69,6 +69,7 @@ LOGIT_MODELS = (
     "lfm2_moe",
     "nemotron_h_moe",
     "granitemoehybrid",
+    "kimi_linear",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully

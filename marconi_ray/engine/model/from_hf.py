@@ -23,8 +23,10 @@ from marconi_ray.engine.model.model_config import (
     AttentionConfig,
     GatedDeltaNetConfig,
     HybridConfig,
+    KDAConfig,
     Mamba1Config,
     Mamba2Config,
+    MLAConfig,
     MLPConfig,
     MoEConfig,
     SharedBlockConfig,
@@ -45,6 +47,7 @@ FAMILIES: Final = (
     "zamba2",
     "lfm2",
     "lfm2_moe",
+    "kimi_linear",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -61,6 +64,8 @@ _C = TypeVar(
     MoEConfig,
     SharedBlockConfig,
     ShortConvConfig,
+    KDAConfig,
+    MLAConfig,
 )
 
 
@@ -198,6 +203,8 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         parallel_mixers=arch.parallel_mixers,
         shared=shared,
         weights_layer=tuple(b.block.source_layer for b in blocks) if shared else (),
+        kda=_one(fam, blocks, "kda", KDAConfig),
+        mla=_one(fam, blocks, "mla", MLAConfig),
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

@@ -42,14 +42,17 @@ from marconi_ray.engine.model.decode_batch import DecodeBatch
 from marconi_ray.engine.model.layers.attention import Attention, PrefillKV
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
+from marconi_ray.engine.model.layers.kda import KDAMixer
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column_major
 from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.model.layers.mla import MLAttention
 from marconi_ray.engine.model.layers.mlp import MLP
 from marconi_ray.engine.model.layers.moe import MoE
 from marconi_ray.engine.model.layers.moe_layout import (
     GRANITE_MOE,
     JAMBA_MOE,
+    KIMI_LINEAR_MOE,
     LFM2_MOE,
     NEMOTRON_H_MOE,
     QWEN_MOE,
@@ -199,6 +202,19 @@ HF_NAMES = {
             moe=LFM2_MOE,
         ),
     ),
+    "kimi_linear": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"kda": "self_attn", "mla": "self_attn"},
+        "block_sparse_moe",
+        renames=tuple(
+            (f"experts.{{e}}.{ours}_proj.weight", f"experts.{{e}}.{theirs}.weight")
+            for ours, theirs in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+        ),
+        moe=KIMI_LINEAR_MOE,
+    ),
 }
 
 
@@ -212,10 +228,19 @@ Mixer = (
     | FusedGatedMLP
     | MoE
     | SharedBlock
+    | KDAMixer
+    | MLAttention
 )
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer
-KVMixer = Attention | SharedBlock
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | KDAMixer
+KVMixer = Attention | SharedBlock | MLAttention
 """Mixers that keep a KV cache (one `KVBuffer` per sequence)."""
+
+
+def _kv_shape(mixer: KVMixer) -> tuple[int, int]:
+    """(this rank's KV heads, head_dim) of a KV mixer's pool tensors."""
+    if isinstance(mixer, MLAttention):
+        return mixer.kv_shape
+    return mixer.n_kv, mixer.cfg.head_dim
 
 
 class Block(nn.Module):
@@ -302,6 +327,14 @@ class Block(nn.Module):
             mixer = ShortConvMixer(
                 d, cfg.shortconv, f"{layer}.{names.mixer['shortconv']}", tp, dtype, kernels
             )
+        elif self.kind == "kda":
+            assert cfg.kda is not None
+            mixer = KDAMixer(
+                d, cfg.kda, cfg.norm_eps, f"{layer}.{names.mixer['kda']}", tp, dtype, kernels
+            )
+        elif self.kind == "mla":
+            assert cfg.mla is not None
+            mixer = MLAttention(d, cfg.mla, f"{layer}.{names.mixer['mla']}", tp, dtype)
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -407,9 +440,7 @@ class HybridModel(nn.Module):
 
     def kv_shapes(self) -> dict[int, tuple[int, int]]:
         """Attention block index -> (this rank's KV heads, head_dim): a KV pool's shapes."""
-        return {
-            i: (self.attention(i).n_kv, self.attention(i).cfg.head_dim) for i in self.attn_blocks
-        }
+        return {i: _kv_shape(self.attention(i)) for i in self.attn_blocks}
 
     def attention(self, i: int) -> KVMixer:
         """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
@@ -735,7 +766,7 @@ class HybridModel(nn.Module):
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
-            if not isinstance(mixer, (SharedBlock, Attention, SSMMixer)):
+            if not isinstance(mixer, (SharedBlock, Attention, MLAttention, SSMMixer)):
                 out: torch.Tensor = mixer(h)  # an MLP or MoE: every row at once
                 return out
             return torch.cat([decode(i, h[:n]), prefill(i, h[n:])])
@@ -789,7 +820,7 @@ class HybridModel(nn.Module):
             mixer = self.layers[i].mixer
             if isinstance(mixer, SharedBlock):
                 return mixer.decode(self.shared_weights(mixer), h, emb, positions, kv[i])
-            if isinstance(mixer, Attention):
+            if isinstance(mixer, (Attention, MLAttention)):
                 return mixer.decode(h, positions, kv[i])
             if isinstance(mixer, SSMMixer):
                 conv, ssm = ssm_rows[i]
@@ -889,7 +920,7 @@ class HybridModel(nn.Module):
                 return each(
                     h, lambda k, hk, ek, pk: mixer.prefill(weights, hk, ek, pk, part_kv(i, k))
                 )
-            if isinstance(mixer, Attention):
+            if isinstance(mixer, (Attention, MLAttention)):
                 if packed is not None:
                     return mixer.prefill(h, positions, packed(i))
                 return each(h, lambda k, hk, _, pk: mixer.prefill(hk, pk, part_kv(i, k)))

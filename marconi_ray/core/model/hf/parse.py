@@ -27,6 +27,10 @@ from marconi_ray.core.model.hf.arch import (
     MoEConfig,
     ShortConvConfig,
 )
+from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
+from marconi_ray.core.model.hf.mla_arch import MLAConfig
+from marconi_ray.core.model.kimi_layers import kimi_layer_spec
 from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
@@ -59,6 +63,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "qwen3_next": families.parse_qwen3_next,
         "lfm2": families.parse_lfm2,
         "lfm2_moe": families.parse_lfm2_moe,
+        "kimi_linear": parse_kimi_linear,
     }
 )
 
@@ -124,6 +129,8 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             return ShortConvLayer(d_model, k)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
+        case KDAConfig() | MLAConfig():
+            return kimi_layer_spec(config, d_model)
     raise TypeError(f"not a block config: {config!r}")
 
 

@@ -1,0 +1,107 @@
+"""Kimi Linear (KDA + MLA + MoE): the engine against transformers on the same random fp32
+weights through the real serving path (`Engine` with the Marconi cache), resumption from
+the states emitted at any depth, batched decode, what the store holds per token and per
+state against the cost model, and two tensor-parallel ranks against one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from engine_helpers import prompts
+from family_checks import (
+    check_batched_decode,
+    check_greedy_and_second_turn,
+    check_resume_at_depths,
+)
+from test_tensor_parallel import run_tp2
+
+from marconi_ray.core.model.hf.parse import spec_from_hf_config
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.layers.kda import KDAMixer
+from marconi_ray.engine.model.layers.mla import MLAttention
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+from marconi_ray.protocol.sampling import SamplingParams
+
+FAMILY = "kimi_linear"
+
+
+def test_greedy_and_cached_second_turn_equal_transformers(model_dirs):
+    """See `family_checks.check_greedy_and_second_turn` (the store holds exactly what the
+    cache accounts); the tiny preset is K K K A with a dense first feed-forward."""
+    engine = check_greedy_and_second_turn(model_dirs[FAMILY])
+    assert engine.config.pattern == "K-KEKEAE"
+
+
+def _kda_states(model: HybridModel, ck: StateCheckpoint, resumed: SeqState) -> None:
+    """A KDA state is its conv window over [q, k, v] (model dtype) and the float32 delta
+    rule state [heads, dk, dk]; an MLA block keeps no recurrent state."""
+    for i in model.ssm_blocks:
+        mixer = model.ssm(i)
+        assert isinstance(mixer, KDAMixer)
+        conv, ssm = mixer.empty_state(torch.device("cpu"))
+        assert ck.conv[i].shape == conv.shape and ck.ssm[i].shape == ssm.shape
+        assert ck.ssm[i].dtype == torch.float32
+    assert len(resumed.kv) == 1 and resumed.kv[model.attn_blocks[0]].length == ck.depth
+
+
+def test_resume_from_states_at_any_depth_equals_uncached(model_dirs):
+    """Resuming from KDA states and MLA latent rows at depths around the chunk edges and
+    the conv window (see `family_checks.check_resume_at_depths`)."""
+    check_resume_at_depths(model_dirs[FAMILY], on_checkpoint=_kda_states)
+
+
+def test_batched_decode_equals_each_sequence_alone(model_dirs):
+    check_batched_decode(model_dirs[FAMILY])
+
+
+def test_store_bytes_equal_the_cost_model(model_dirs):
+    """Per token the store holds MLA's latent and shared key part only (never expanded
+    keys and values); per state each KDA block's conv window and float32 state: exactly
+    the cost model's figures."""
+    cfg, raw = read_config(model_dirs[FAMILY])
+    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7)
+    spec = spec_from_hf_config(raw, dtype_bytes=4, state_dtype_bytes=4)
+    store = engine.store
+    mla = cfg.mla
+    assert mla is not None and cfg.kda is not None
+    assert store.kv_bytes_per_token == spec.kv_bytes_per_token == 4 * mla.cache_width
+    assert store.state_bytes == spec.ssm_state_bytes
+    k = cfg.kda
+    per_block = 4 * (k.conv_dim * k.d_conv + k.n_heads * k.head_dim**2)
+    assert store.state_bytes == len(cfg.layers_of("kda")) * per_block
+    attn = engine.worker.model.attention(engine.worker.model.attn_blocks[0])
+    assert isinstance(attn, MLAttention) and attn.kv_shape == (1, mla.cache_width // 2)
+
+
+def _tp_job(model_dir: str, ids: list[int], tp: TPGroup) -> dict[str, Any]:
+    """Logits of a prompt and greedy tokens of the served engine on one rank."""
+    model = load_model(model_dir, tp=tp)
+    logits = model.forward_logits(torch.tensor(ids)).numpy()
+    engine = Engine(model_dir, system="marconi", cache_bytes=10**7, tp=tp)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    first = engine.generate(ids, params)
+    second = engine.generate(ids + list(first.tokens) + ids[:9], params)
+    return {
+        "logits": logits,
+        "tokens": [list(first.tokens), list(second.tokens)],
+        "cached": second.usage.cached_tokens,
+    }
+
+
+def test_tp2_equals_tp1(model_dirs):
+    """Two ranks (KDA and MLA heads, MLP and expert widths split; MLA's latent row
+    replicated) give the one-rank logits and greedy tokens, a cached second turn too."""
+    d = model_dirs[FAMILY]
+    vocab = read_config(d)[0].vocab_size
+    ids = prompts(77, 1, 70, vocab)[0]
+    ranks = run_tp2([("kimi", _tp_job, (str(d), ids))])["kimi"]
+    want = _tp_job(str(d), ids, TPGroup())
+    for got in ranks:
+        np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4, rtol=0)
+        assert got["tokens"] == want["tokens"]
+        assert got["cached"] == want["cached"] == len(ids) + 12
