@@ -3,7 +3,7 @@
 ``get_kernels(device, prefer)`` returns a frozen :class:`KernelSet`; callers never import
 mamba_ssm or triton themselves. The "triton" set combines mamba-ssm's Triton kernels (the
 Mamba-2 chunked scan and the single-step state updates) with our own (the causal conv1d
-and its step, the Mamba-1 selective scan, the gated delta rule's prefill and step, and
+and its step, the Mamba-1 selective scan, the gated delta rule's and KDA's prefill and step, and
 the varlen forms of the conv and every scan that several requests' prefills share). It runs
 on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``),
 which is how CI tests it.
@@ -170,6 +170,7 @@ def _triton_set() -> KernelSet | str:
             gated_delta_step_triton,
         )
         from .triton_grouped_matmul import grouped_matmul_triton
+        from .triton_kda import kda_chunk_triton, kda_chunk_varlen_triton, kda_step_triton
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_selective_scan import selective_scan_triton, selective_scan_varlen_triton
@@ -195,9 +196,9 @@ def _triton_set() -> KernelSet | str:
         paged_decode_attention=paged_decode_attention_triton,
         paged_prefill_attention=paged_prefill_attention_triton,
         grouped_matmul=grouped_matmul_triton,
-        kda_chunk=kda_chunk_ref,
-        kda_chunk_varlen=kda_chunk_varlen_ref,
-        kda_step=kda_step_ref,
+        kda_chunk=kda_chunk_triton,
+        kda_chunk_varlen=kda_chunk_varlen_triton,
+        kda_step=kda_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -215,9 +216,9 @@ def _triton_set() -> KernelSet | str:
             "paged_decode_attention": "triton:marconi",
             "paged_prefill_attention": "triton:marconi",
             "grouped_matmul": "triton:marconi",
-            "kda_chunk": "ref",
-            "kda_chunk_varlen": "ref",
-            "kda_step": "ref",
+            "kda_chunk": "triton:marconi",
+            "kda_chunk_varlen": "triton:marconi",
+            "kda_step": "triton:marconi",
         },
     )
 
