@@ -15,6 +15,7 @@ from family_checks import (
     check_greedy_and_second_turn,
     check_resume_at_depths,
 )
+from safetensors.torch import load_file
 from test_tensor_parallel import run_tp2
 
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
@@ -76,6 +77,19 @@ def test_store_bytes_equal_the_cost_model(model_dirs):
     assert store.state_bytes == len(cfg.layers_of("kda")) * per_block
     attn = engine.worker.model.attention(engine.worker.model.attn_blocks[0])
     assert isinstance(attn, MLAttention) and attn.kv_shape == (1, mla.cache_width // 2)
+
+
+def test_loads_the_checkpoint_layout_with_the_dense_mlp_apart(model_dirs):
+    """Kimi Linear's own files keep a dense layer's MLP under `mlp.` (transformers saves
+    it under `block_sparse_moe.`, beside the experts of the other layers): both load."""
+    d = model_dirs[FAMILY]
+    saved = load_file(str(d / "model.safetensors"))
+    dense = "model.layers.0.block_sparse_moe."
+    moved = {k.replace(dense, "model.layers.0.mlp."): v for k, v in saved.items()}
+    assert sum(k.startswith("model.layers.0.mlp.") for k in moved) == 3
+    ids = torch.tensor(prompts(5, 1, 20, 512)[0])
+    want = load_model(d).forward_logits(ids)
+    torch.testing.assert_close(load_model(d, weights=moved).forward_logits(ids), want)
 
 
 def _tp_job(model_dir: str, ids: list[int], tp: TPGroup) -> dict[str, Any]:

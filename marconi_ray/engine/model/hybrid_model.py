@@ -93,7 +93,10 @@ class HFNames:
     attention's `o_proj.weight`); a block weight key ending with the first is read from
     the key ending with the second instead. `moe` says where a mixture-of-experts block's
     weights are (see `MoELayout`); `fused_mlp`: the dense feed-forward is Granite's fused
-    `input_linear` / `output_linear`.
+    `input_linear` / `output_linear`. `alternates`: (infix, alternate) pairs; a weight key
+    the checkpoint lacks is read from the key with the infix replaced, when that one exists
+    (Kimi Linear's own files keep the dense MLP under `.mlp.`, where transformers saves it
+    under `.block_sparse_moe.`).
     """
 
     embed: str
@@ -107,6 +110,18 @@ class HFNames:
     renames: tuple[tuple[str, str], ...] = ()
     moe: MoELayout = QWEN_MOE
     fused_mlp: bool = False
+    alternates: tuple[tuple[str, str], ...] = ()
+
+    def present(self, key: str, where: Mapping[str, str]) -> str:
+        """`key`, or its first alternate (see `alternates`) that `where` holds when it
+        does not hold `key` (`key` itself when none does)."""
+        if key in where:
+            return key
+        for infix, alternate in self.alternates:
+            other = key.replace(infix, alternate)
+            if other != key and other in where:
+                return other
+        return key
 
     def checkpoint_key(self, key: str) -> str:
         """`key` with its suffix renamed per `renames` (unchanged when none matches)."""
@@ -214,6 +229,7 @@ HF_NAMES = {
             for ours, theirs in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
         ),
         moe=KIMI_LINEAR_MOE,
+        alternates=((".block_sparse_moe.", ".mlp."),),
     ),
 }
 
