@@ -84,3 +84,25 @@ def test_two_shards_sum_to_the_whole_layer():
         assert ssm.shape == (2, 8, 8) and conv.shape == (48, 4)
         total += y
     torch.testing.assert_close(total, want, atol=TOL, rtol=0)
+
+
+def test_packed_parts_equal_each_part_alone():
+    """Two sequences' prefills in one call (the varlen conv and KDA), one resuming from
+    states, emitting at its own depths, equal each run alone."""
+    from marconi_ray.engine.model.layers.packed import PackedPart
+
+    config, _, mixer = _layers()
+    x = torch.randn(30, config.hidden_size, generator=torch.Generator().manual_seed(6))
+    _, conv0, ssm0, _, _ = mixer.prefill(x[20:], None, None)
+    y, outs = mixer.prefill_packed(
+        x[:20], [PackedPart(0, 7, emit_at=(3, 7)), PackedPart(7, 20, conv0, ssm0, (1, 13))]
+    )
+    alone = [mixer.prefill(x[:7], None, None, (3, 7)), mixer.prefill(x[7:20], conv0, ssm0, (1, 13))]
+    for (ya, conv, ssm, conv_e, ssm_e), out, rows in zip(
+        alone, outs, (slice(0, 7), slice(7, 20)), strict=True
+    ):
+        torch.testing.assert_close(y[rows], ya, atol=TOL, rtol=0)
+        torch.testing.assert_close(out.conv, conv, atol=0, rtol=0)
+        torch.testing.assert_close(out.ssm, ssm, atol=TOL, rtol=0)
+        torch.testing.assert_close(out.conv_emitted, conv_e, atol=0, rtol=0)
+        torch.testing.assert_close(out.ssm_emitted, ssm_e, atol=TOL, rtol=0)

@@ -112,3 +112,18 @@ def test_two_shards_sum_to_the_whole_layer():
         step_total += shard.decode(x[:1], pos[:1], BufferDecode([buf]))
     torch.testing.assert_close(total, want, atol=TOL, rtol=0)
     torch.testing.assert_close(step_total, step_want, atol=TOL, rtol=0)
+
+
+def test_decode_never_expands_the_latent():
+    """A decode step multiplies the query into the latent: `kv_b_proj` (the expansion to
+    per-head keys and values) is never run on cached rows, only its weight is read."""
+    config, _, layer = _layers()
+    x = torch.randn(6, config.hidden_size, generator=torch.Generator().manual_seed(8))
+    buf = layer.empty_cache(torch.device("cpu"))
+    layer.prefill(x[:5], torch.arange(5), buf)
+    calls = []
+    layer.kv_b_proj.register_forward_hook(lambda *_: calls.append(1))
+    layer.decode(x[5:], torch.tensor([5]), BufferDecode([buf]))
+    assert calls == [] and buf.length == 6
+    layer.prefill(x[:2], torch.arange(2), layer.empty_cache(torch.device("cpu")))
+    assert calls == [1]  # a prefill expands
