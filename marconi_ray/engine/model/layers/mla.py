@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from marconi_ray.core.model.hf.mla_arch import MLA_NORM_EPS
 from marconi_ray.engine.model.kv_buffer import KVBuffer
@@ -160,17 +161,27 @@ class MLAttention(nn.Module):
     def _packed(
         self, q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kv: PackedPrefill
     ) -> torch.Tensor:
-        """Several sequences' packed queries over their own pool rows (one at a time)."""
+        """Several sequences' packed queries q [T, H', qk] over their own pool rows, in one
+        masked SDPA (as `paged_prefill_attention_ref` lays them out: queries padded to the
+        longest part, every table row expanded); no host sync. Returns [T, H' * dv]."""
         r = kv.rows
         kv.k_pool.index_copy_(1, r.new, a.to(kv.k_pool.dtype))
         kv.v_pool.index_copy_(1, r.new, b.to(kv.v_pool.dtype))
-        cu, lens = r.cu_q.tolist(), r.lens.tolist()
-        outs = []
-        for s, n in enumerate(lens):
-            rows_s = r.table[s, :n]
-            cached = torch.cat([kv.k_pool[0, rows_s], kv.v_pool[0, rows_s]], dim=-1)
-            outs.append(self._attend_expanded(q[cu[s] : cu[s + 1]], cached.to(q.dtype)))
-        return torch.cat(outs)
+        n_seq, width = r.table.shape
+        total, dev = q.shape[0], q.device
+        n_q = r.cu_q[1:] - r.cu_q[:-1]
+        seq = torch.repeat_interleave(torch.arange(n_seq, device=dev), n_q, output_size=total)
+        slot = torch.arange(total, device=dev) - r.cu_q[seq]
+        padded = q.new_zeros(n_seq, r.max_q, self.heads, self.cfg.qk_head_dim)
+        padded[seq, slot] = q
+        cached = torch.cat([kv.k_pool[0][r.table], kv.v_pool[0][r.table]], dim=-1)
+        k, v = self._expand(cached.to(q.dtype).reshape(n_seq * width, -1))
+        k = k.view(self.heads, n_seq, width, -1).transpose(0, 1)
+        v = v.view(self.heads, n_seq, width, -1).transpose(0, 1)
+        position = (r.lens - n_q)[:, None] + torch.arange(r.max_q, device=dev)[None, :]
+        mask = torch.arange(width, device=dev)[None, None, :] <= position[:, :, None]
+        out = sdpa(padded.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=self.cfg.scale)
+        return out.transpose(1, 2)[seq, slot].reshape(total, -1)
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor, kv: DecodeKV) -> torch.Tensor:
         """One new token per sequence, x [B, D]: its row joins `kv` and its query,
