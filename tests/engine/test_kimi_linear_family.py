@@ -9,11 +9,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from engine_helpers import prompts
+from engine_helpers import hf_model, prompts
 from family_checks import (
+    NEW_TOKENS,
+    PROMPT_LEN,
     check_batched_decode,
     check_greedy_and_second_turn,
     check_resume_at_depths,
+    hf_greedy,
 )
 from safetensors.torch import load_file
 from test_tensor_parallel import run_tp2
@@ -31,13 +34,23 @@ from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILY = "kimi_linear"
+GREEDY32 = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
-def test_greedy_and_cached_second_turn_equal_transformers(model_dirs):
+def test_greedy_and_two_cached_turns_equal_transformers(model_dirs):
     """See `family_checks.check_greedy_and_second_turn` (the store holds exactly what the
-    cache accounts); the tiny preset is K K K A with a dense first feed-forward."""
+    cache accounts), then a third turn on the cached second; the tiny preset is K K K A
+    with a dense first feed-forward."""
     engine = check_greedy_and_second_turn(model_dirs[FAMILY])
     assert engine.config.pattern == "K-KEKEAE"
+    # a third turn, extending the second (whose prompt and reply the cache holds)
+    vocab = engine.config.vocab_size
+    first = prompts(31, 1, PROMPT_LEN, vocab)[0]
+    second = first + list(engine.generate(first, GREEDY32).tokens) + prompts(32, 1, 40, vocab)[0]
+    third = second + list(engine.generate(second, GREEDY32).tokens) + prompts(34, 1, 25, vocab)[0]
+    out = engine.generate(third, GREEDY32)
+    assert out.usage.cached_tokens == len(second) + NEW_TOKENS
+    assert list(out.tokens) == hf_greedy(hf_model(model_dirs[FAMILY]), third, NEW_TOKENS)
 
 
 def _kda_states(model: HybridModel, ck: StateCheckpoint, resumed: SeqState) -> None:
