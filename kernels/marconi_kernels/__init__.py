@@ -43,6 +43,10 @@ _EXPORTS = {
     "rglru_scan_ref": "marconi_kernels.rglru",
     "rglru_scan_varlen_ref": "marconi_kernels.rglru",
     "rglru_step_ref": "marconi_kernels.rglru",
+    "kda_chunk_ref": "marconi_kernels.kda",
+    "kda_chunk_varlen_ref": "marconi_kernels.kda",
+    "kda_recurrent_ref": "marconi_kernels.kda",
+    "kda_step_ref": "marconi_kernels.kda",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

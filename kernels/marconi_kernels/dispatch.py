@@ -3,7 +3,7 @@
 ``get_kernels(device, prefer)`` returns a frozen :class:`KernelSet`; callers never import
 mamba_ssm or triton themselves. The "triton" set combines mamba-ssm's Triton kernels (the
 Mamba-2 chunked scan and the single-step state updates) with our own (the causal conv1d
-and its step, the Mamba-1 selective scan, the gated delta rule's prefill and step, and
+and its step, the Mamba-1 selective scan, the gated delta rule's and KDA's prefill and step, and
 the varlen forms of the conv and every scan that several requests' prefills share). It runs
 on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``),
 which is how CI tests it.
@@ -30,6 +30,7 @@ from .gated_delta import (
     gated_delta_step_ref,
 )
 from .grouped_matmul import grouped_matmul_ref
+from .kda import kda_chunk_ref, kda_chunk_varlen_ref, kda_step_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
 from .rglru import rglru_scan_ref, rglru_scan_varlen_ref, rglru_step_ref
@@ -59,6 +60,9 @@ OPS = (
     "rglru_scan",
     "rglru_scan_varlen",
     "rglru_step",
+    "kda_chunk",
+    "kda_chunk_varlen",
+    "kda_step",
 )
 
 
@@ -99,6 +103,8 @@ class KernelSet:
     rglru_scan_varlen: see ``rglru_scan_varlen_ref`` (S sequences packed in x [D, T],
         each from its own state -> y, states [S, D], emitted).
     rglru_step: see ``rglru_step_ref`` (state [B, D] in place).
+    kda_chunk, kda_chunk_varlen, kda_step: see ``kda_chunk_ref`` and its twins (KDA, the
+        gated delta rule with a per-channel decay g [..., H, K]; shapes as gated_delta).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -121,6 +127,9 @@ class KernelSet:
     rglru_scan: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     rglru_scan_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     rglru_step: Callable[..., torch.Tensor]
+    kda_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    kda_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    kda_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -151,6 +160,9 @@ def _build_ref() -> KernelSet:
         rglru_scan=rglru_scan_ref,
         rglru_scan_varlen=rglru_scan_varlen_ref,
         rglru_step=rglru_step_ref,
+        kda_chunk=kda_chunk_ref,
+        kda_chunk_varlen=kda_chunk_varlen_ref,
+        kda_step=kda_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -174,6 +186,7 @@ def _triton_set() -> KernelSet | str:
             gated_delta_step_triton,
         )
         from .triton_grouped_matmul import grouped_matmul_triton
+        from .triton_kda import kda_chunk_triton, kda_chunk_varlen_triton, kda_step_triton
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_rglru import rglru_scan_triton, rglru_scan_varlen_triton, rglru_step_triton
@@ -203,6 +216,9 @@ def _triton_set() -> KernelSet | str:
         rglru_scan=rglru_scan_triton,
         rglru_scan_varlen=rglru_scan_varlen_triton,
         rglru_step=rglru_step_triton,
+        kda_chunk=kda_chunk_triton,
+        kda_chunk_varlen=kda_chunk_varlen_triton,
+        kda_step=kda_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -223,6 +239,9 @@ def _triton_set() -> KernelSet | str:
             "rglru_scan": "triton:marconi",
             "rglru_scan_varlen": "triton:marconi",
             "rglru_step": "triton:marconi",
+            "kda_chunk": "triton:marconi",
+            "kda_chunk_varlen": "triton:marconi",
+            "kda_step": "triton:marconi",
         },
     )
 

@@ -13,6 +13,7 @@ from transformers import (
     FalconMambaConfig,
     GraniteMoeHybridConfig,
     JambaConfig,
+    KimiLinearConfig,
     Lfm2Config,
     Lfm2MoeConfig,
     Mamba2Config,
@@ -64,6 +65,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "mamba2": Mamba2Config,
     "olmo_hybrid": OlmoHybridConfig,
     "recurrent_gemma": RecurrentGemmaConfig,
+    "kimi_linear": KimiLinearConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

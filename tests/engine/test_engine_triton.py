@@ -32,19 +32,20 @@ FAMILY_OPS = {
     "qwen3_next": {"gated_delta_chunk", "gated_delta_chunk_varlen", "gated_delta_step", *CONV},
     "lfm2": CONV,  # the short conv is the causal conv alone (no activation)
     "recurrent_gemma": {"rglru_scan", "rglru_scan_varlen", "rglru_step", *CONV},
+    "kimi_linear": {"kda_chunk", "kda_chunk_varlen", "kda_step", *CONV},  # MLA: torch
 }
-RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2", "recurrent_gemma")
+RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2", "recurrent_gemma", "kimi_linear")
 """One family per recurrent kernel set (Mamba-2, Mamba-1, Gated DeltaNet, short conv,
-RG-LRU):
+RG-LRU, KDA):
 Bamba, FalconH1, Zamba2 and Granite run NemotronH's Mamba-2 ops (`FAMILY_OPS`), and a
 kernel's states do not depend on the layers around it (CI time: each resume is a
 Triton prefill in the interpreter)."""
-FEW_DEPTHS = {"qwen3_next", "lfm2", "jamba", "recurrent_gemma"}
-"""Families resumed at the fixed depths only (the Gated DeltaNet and Mamba-1 prefills are
-the slowest kernels in the interpreter, the short conv has nothing but the conv to
-check, the RG-LRU's depths 1, 16, 39 and 40 cross its window of 16); NemotronH adds a
-random one (each resume is a Triton prefill in the interpreter; the kernels' states at
-every depth are checked in tests/kernels)."""
+FEW_DEPTHS = {"qwen3_next", "lfm2", "jamba", "recurrent_gemma", "kimi_linear"}
+"""Families resumed at the fixed depths only (the Gated DeltaNet, KDA and Mamba-1
+prefills are the slowest kernels in the interpreter, the short conv has nothing but the
+conv to check, the RG-LRU's depths 1, 16, 39 and 40 cross its window of 16); NemotronH
+adds a random one (each resume is a Triton prefill in the interpreter; the kernels'
+states at every depth are checked in tests/kernels)."""
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         )
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
+    "kimi_linear": preset_config("tiny", "kimi_linear").to_dict(),
 }  # fmt: skip
 
 
@@ -73,7 +74,8 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     cfg = hybrid_config(raw)
     spec = spec_from_hf_config(raw)
     assert tuple(zip(cfg.blocks, cfg.hf_layer, strict=True)) == _engine_view(arch)
-    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv", "rglru", "swa"):
+    kinds = ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv", "rglru", "swa")
+    for kind in (*kinds, "kda", "mla"):
         own = tuple(dict.fromkeys(b.config for b in arch.blocks if b.kind == kind and not b.shared))
         assert (getattr(cfg, kind),) == (own or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
@@ -84,8 +86,9 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     assert cfg.max_position == arch.max_position == spec.max_position
     assert len(spec.layers) == len(arch.blocks)
     n_shared = cfg.blocks.count("shared_transformer")
-    assert spec.n_attention == cfg.blocks.count("attention") + cfg.blocks.count("swa") + n_shared
-    recurrent = ("mamba2", "mamba1", "gdn", "shortconv", "rglru")
+    attention = sum(cfg.blocks.count(k) for k in ("attention", "swa", "mla"))
+    assert spec.n_attention == attention + n_shared
+    recurrent = ("mamba2", "mamba1", "gdn", "shortconv", "rglru", "kda")
     assert spec.n_ssm == sum(cfg.blocks.count(k) for k in recurrent)
     assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe") + n_shared
     attn = cfg.attention or (cfg.shared.attention if cfg.shared is not None else None)

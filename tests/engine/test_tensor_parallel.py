@@ -74,6 +74,7 @@ LOGIT_MODELS = (
     "mamba2",
     "olmo_hybrid",
     "recurrent_gemma",
+    "kimi_linear",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully

@@ -23,8 +23,10 @@ from marconi_ray.engine.model.model_config import (
     AttentionConfig,
     GatedDeltaNetConfig,
     HybridConfig,
+    KDAConfig,
     Mamba1Config,
     Mamba2Config,
+    MLAConfig,
     MLPConfig,
     MoEConfig,
     RGLRUConfig,
@@ -52,6 +54,7 @@ FAMILIES: Final = (
     "mamba2",
     "olmo_hybrid",
     "recurrent_gemma",
+    "kimi_linear",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -70,6 +73,8 @@ _C = TypeVar(
     ShortConvConfig,
     RGLRUConfig,
     SlidingAttentionConfig,
+    KDAConfig,
+    MLAConfig,
 )
 
 
@@ -213,6 +218,8 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         rglru=_one(fam, blocks, "rglru", RGLRUConfig),
         swa=_one(fam, blocks, "swa", SlidingAttentionConfig),
         logits_soft_cap=arch.logits_soft_cap,
+        kda=_one(fam, blocks, "kda", KDAConfig),
+        mla=_one(fam, blocks, "mla", MLAConfig),
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

@@ -42,14 +42,17 @@ from marconi_ray.engine.model.decode_batch import DecodeBatch
 from marconi_ray.engine.model.layers.attention import Attention, PrefillKV
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
+from marconi_ray.engine.model.layers.kda import KDAMixer
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column_major
 from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
+from marconi_ray.engine.model.layers.mla import MLAttention
 from marconi_ray.engine.model.layers.mlp import MLP
 from marconi_ray.engine.model.layers.moe import MoE
 from marconi_ray.engine.model.layers.moe_layout import (
     GRANITE_MOE,
     JAMBA_MOE,
+    KIMI_LINEAR_MOE,
     LFM2_MOE,
     NEMOTRON_H_MOE,
     QWEN_MOE,
@@ -93,7 +96,11 @@ class HFNames:
     the key ending with the second instead. `moe` says where a mixture-of-experts block's
     weights are (see `MoELayout`); `fused_mlp`: the dense feed-forward is Granite's fused
     `input_linear` / `output_linear`. `post_norms`: block kind -> the norm of a post-norm
-    block of that kind (OLMo Hybrid's attention layers).
+    block of that kind (OLMo Hybrid's attention layers). `alternates`: (infix, alternate)
+    pairs; a weight key
+    the checkpoint lacks is read from the key with the infix replaced, when that one exists
+    (Kimi Linear's own files keep the dense MLP under `.mlp.`, where transformers saves it
+    under `.block_sparse_moe.`).
     """
 
     embed: str
@@ -108,6 +115,18 @@ class HFNames:
     moe: MoELayout = QWEN_MOE
     fused_mlp: bool = False
     post_norms: Mapping[str, str] = field(default_factory=dict)
+    alternates: tuple[tuple[str, str], ...] = ()
+
+    def present(self, key: str, where: Mapping[str, str]) -> str:
+        """`key`, or its first alternate (see `alternates`) that `where` holds when it
+        does not hold `key` (`key` itself when none does)."""
+        if key in where:
+            return key
+        for infix, alternate in self.alternates:
+            other = key.replace(infix, alternate)
+            if other != key and other in where:
+                return other
+        return key
 
     def checkpoint_key(self, key: str) -> str:
         """`key` with its suffix renamed per `renames` (unchanged when none matches)."""
@@ -228,6 +247,20 @@ HF_NAMES = {
         {"rglru": "temporal_block", "swa": "temporal_block"},
         "mlp_block",
     ),
+    "kimi_linear": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"kda": "self_attn", "mla": "self_attn"},
+        "block_sparse_moe",
+        renames=tuple(
+            (f"experts.{{e}}.{ours}_proj.weight", f"experts.{{e}}.{theirs}.weight")
+            for ours, theirs in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+        ),
+        moe=KIMI_LINEAR_MOE,
+        alternates=((".block_sparse_moe.", ".mlp."),),
+    ),
 }
 
 
@@ -242,11 +275,20 @@ Mixer = (
     | FusedGatedMLP
     | MoE
     | SharedBlock
+    | KDAMixer
+    | MLAttention
 )
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | RGLRUMixer
-KVMixer = Attention | SharedBlock
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | RGLRUMixer | KDAMixer
+KVMixer = Attention | SharedBlock | MLAttention
 """Mixers that keep a KV cache (one `KVBuffer` per sequence); `SlidingWindowAttention`
 is an `Attention`."""
+
+
+def _kv_shape(mixer: KVMixer) -> tuple[int, int]:
+    """(this rank's KV heads, head_dim) of a KV mixer's pool tensors."""
+    if isinstance(mixer, MLAttention):
+        return mixer.kv_shape
+    return mixer.n_kv, mixer.cfg.head_dim
 
 
 class Block(nn.Module):
@@ -345,6 +387,14 @@ class Block(nn.Module):
             prefix = f"{layer}.{names.mixer['swa']}"
             off = cfg.unit_offset_norms
             mixer = SlidingWindowAttention(d, cfg.swa, prefix, tp, dtype, cfg.norm_eps, off)
+        elif self.kind == "kda":
+            assert cfg.kda is not None
+            mixer = KDAMixer(
+                d, cfg.kda, cfg.norm_eps, f"{layer}.{names.mixer['kda']}", tp, dtype, kernels
+            )
+        elif self.kind == "mla":
+            assert cfg.mla is not None
+            mixer = MLAttention(d, cfg.mla, f"{layer}.{names.mixer['mla']}", tp, dtype)
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -450,9 +500,7 @@ class HybridModel(nn.Module):
 
     def kv_shapes(self) -> dict[int, tuple[int, int]]:
         """Attention block index -> (this rank's KV heads, head_dim): a KV pool's shapes."""
-        return {
-            i: (self.attention(i).n_kv, self.attention(i).cfg.head_dim) for i in self.attn_blocks
-        }
+        return {i: _kv_shape(self.attention(i)) for i in self.attn_blocks}
 
     def attention(self, i: int) -> KVMixer:
         """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
@@ -785,7 +833,7 @@ class HybridModel(nn.Module):
 
         def run(i: int, h: torch.Tensor) -> torch.Tensor:
             mixer = self.layers[i].mixer
-            if not isinstance(mixer, (SharedBlock, Attention, SSMMixer)):
+            if not isinstance(mixer, (SharedBlock, Attention, MLAttention, SSMMixer)):
                 out: torch.Tensor = mixer(h)  # an MLP or MoE: every row at once
                 return out
             return torch.cat([decode(i, h[:n]), prefill(i, h[n:])])
@@ -839,7 +887,7 @@ class HybridModel(nn.Module):
             mixer = self.layers[i].mixer
             if isinstance(mixer, SharedBlock):
                 return mixer.decode(self.shared_weights(mixer), h, emb, positions, kv[i])
-            if isinstance(mixer, Attention):
+            if isinstance(mixer, (Attention, MLAttention)):
                 return mixer.decode(h, positions, kv[i])
             if isinstance(mixer, SSMMixer):
                 conv, ssm = ssm_rows[i]
@@ -939,7 +987,7 @@ class HybridModel(nn.Module):
                 return each(
                     h, lambda k, hk, ek, pk: mixer.prefill(weights, hk, ek, pk, part_kv(i, k))
                 )
-            if isinstance(mixer, Attention):
+            if isinstance(mixer, (Attention, MLAttention)):
                 if packed is not None:
                     return mixer.prefill(h, positions, packed(i))
                 return each(h, lambda k, hk, _, pk: mixer.prefill(hk, pk, part_kv(i, k)))

@@ -22,7 +22,7 @@ import torch
 
 from marconi_kernels import KernelSet
 from marconi_ray.engine.model.from_hf import hybrid_config
-from marconi_ray.engine.model.hybrid_model import HybridModel
+from marconi_ray.engine.model.hybrid_model import HF_NAMES, HybridModel
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import HybridConfig
 from marconi_ray.engine.model.parallel import Segment, TPGroup, rank_ranges
@@ -199,9 +199,11 @@ def copy_weights(model: HybridModel, source: WeightSource, model_dir: str | Path
     specs = model.weight_specs()
     prefix = _prefix(where, specs["embed"].key, model.cfg.weights_prefix)
     params = dict(model.named_parameters(remove_duplicate=False))
+    names = HF_NAMES[model.cfg.family]
     used: set[str] = set()
     for name, spec in specs.items():
         keys = [k if k == "lm_head.weight" else prefix + k for k in spec.checkpoint_keys()]
+        keys = [names.present(k, where) for k in keys]
         copy_param(model, params[name], name, spec, keys, source)
         used.update(keys)
     skipped = {k for k in where if k.startswith(model.cfg.skipped_weights)}

@@ -38,6 +38,8 @@ from marconi_ray.core.model.hf.arch import (
     ShortConvConfig,
     SlidingAttentionConfig,
 )
+from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.mla_arch import MLAConfig
 
 __all__ = [
     "BLOCK_KINDS",
@@ -46,6 +48,8 @@ __all__ = [
     "AttentionConfig",
     "GatedDeltaNetConfig",
     "HybridConfig",
+    "KDAConfig",
+    "MLAConfig",
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
@@ -68,6 +72,8 @@ BLOCK_KINDS = (
     "shared_transformer",
     "rglru",
     "swa",
+    "kda",
+    "mla",
 )
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
@@ -81,6 +87,8 @@ PATTERN_CHARS = {
     "Z": "shared_transformer",
     "R": "rglru",
     "W": "swa",
+    "K": "kda",
+    "A": "mla",
 }
 
 
@@ -162,6 +170,8 @@ class HybridConfig:
     rglru: RGLRUConfig | None = None
     swa: SlidingAttentionConfig | None = None
     logits_soft_cap: float | None = None
+    kda: KDAConfig | None = None
+    mla: MLAConfig | None = None
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -186,6 +196,8 @@ class HybridConfig:
             "shortconv": self.shortconv,
             "rglru": self.rglru,
             "swa": self.swa,
+            "kda": self.kda,
+            "mla": self.mla,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -275,6 +287,10 @@ class HybridConfig:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:
                 sizes["shared_expert_intermediate_size"] = self.moe.shared_intermediate_size
+        if self.kda is not None and "kda" in self.blocks:
+            sizes["linear_attn_config.num_heads"] = self.kda.n_heads
+        if self.mla is not None and "mla" in self.blocks:
+            sizes["num_attention_heads (MLA)"] = self.mla.n_heads
         for name, size in sizes.items():
             if size % world:
                 raise ValueError(f"{name}={size} is not divisible by tensor-parallel size {world}")

@@ -149,6 +149,7 @@ _MODEL_CLASSES: Final = {
     "zamba2": "Zamba2ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "lfm2_moe": "Lfm2MoeForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
     "nemotron_h_moe": "NemotronHForCausalLM",
     "jamba": "JambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from marconi_ray.engine.presets.kimi_presets import kimi_linear_kwargs
 from marconi_ray.engine.presets.model_presets import (
     LFM2_FAMILIES,
     MOE_HYBRIDS,
@@ -62,6 +63,8 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
     if family in LFM2_FAMILIES:
         cls = transformers.Lfm2Config if family == "lfm2" else transformers.Lfm2MoeConfig
         return cls(**lfm2_kwargs(p, family, initializer_range))
+    if family == "kimi_linear":
+        return transformers.KimiLinearConfig(**kimi_linear_kwargs(p, initializer_range))
     if family in MOE_HYBRIDS:
         return moe_preset_config(p, family, initializer_range)
     if family in PURE_SSM_FAMILIES:

@@ -90,6 +90,7 @@ FAMILIES: Final = (
     *PURE_SSM_FAMILIES,
     "olmo_hybrid",
     "recurrent_gemma",
+    "kimi_linear",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
+from marconi_ray.core.model.hf.kda_arch import KIND_KDA, KDAConfig
+from marconi_ray.core.model.hf.mla_arch import KIND_MLA, MLAConfig
 from marconi_ray.core.model.layers import Mamba2Sizes
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
 
@@ -45,6 +47,8 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
+    KIND_KDA,
+    KIND_MLA,
 )
 
 
@@ -436,6 +440,8 @@ BlockConfig = (
     | RGLRUConfig
     | SlidingAttentionConfig
     | LinearConfig
+    | KDAConfig
+    | MLAConfig
 )
 
 

@@ -426,3 +426,54 @@ RECURRENT_GEMMA: Final[Mapping[str, object]] = MappingProxyType(
 hidden_size // num_attention_heads; RoPE defaults to theta 10000 over half of each head
 (`partial_rotary_factor` 0.5). The class has no `max_position_embeddings` (RoPE, a
 windowed attention and a recurrence: no limit of its own)."""
+KIMI_LINEAR: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 163840,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "moe_intermediate_size": 1024,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 32,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 2.446,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "qk_nope_head_dim": 128,
+        "n_group": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "max_position_embeddings": 1048576,
+        "rms_norm_eps": 1e-5,
+        "eos_token_id": 163586,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "num_local_experts": 256,
+        "mlp_layer_types": None,
+        "layer_types": None,
+        "linear_head_dim": 128,
+        "linear_num_heads": 32,
+        "linear_conv_kernel_dim": 4,
+        "linear_attn_config": {},
+        "first_k_dense_replace": 1,
+    }
+)
+"""Kimi Linear (`KimiLinearConfig`). The checkpoint's `linear_attn_config` (head_dim,
+num_heads, short_conv_kernel_size; 1-indexed kda_layers / full_attn_layers) overrides the
+`linear_*` keys, and gives the layer types when `layer_types` is null; without either,
+every 4th layer but the first is attention. `mlp_layer_types` null: the first
+`first_k_dense_replace` layers are dense."""
+KIMI_LINEAR_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "max_position_embeddings": ("model_max_length",),
+        "norm_topk_prob": ("moe_renormalize",),
+        "n_group": ("num_expert_group",),
+        "num_local_experts": ("num_experts",),
+        "num_experts_per_tok": ("num_experts_per_token",),
+        "n_shared_experts": ("num_shared_experts",),
+    }
+)
+"""`KimiLinearConfig.attribute_map`: the names its config.json files use."""

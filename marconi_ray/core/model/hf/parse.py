@@ -29,7 +29,11 @@ from marconi_ray.core.model.hf.arch import (
     ShortConvConfig,
     SlidingAttentionConfig,
 )
+from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
+from marconi_ray.core.model.hf.mla_arch import MLAConfig
 from marconi_ray.core.model.hf.recurrent_gemma import parse_recurrent_gemma
+from marconi_ray.core.model.kimi_layers import kimi_layer_spec
 from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
@@ -68,6 +72,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "mamba2": pure_ssm.parse_mamba2,
         "olmo_hybrid": olmo.parse_olmo_hybrid,
         "recurrent_gemma": parse_recurrent_gemma,
+        "kimi_linear": parse_kimi_linear,
     }
 )
 
@@ -137,6 +142,8 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             return layer_spec(attn, d_model)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
+        case KDAConfig() | MLAConfig():
+            return kimi_layer_spec(config, d_model)
     raise TypeError(f"not a block config: {config!r}")
 
 

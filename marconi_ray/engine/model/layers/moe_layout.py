@@ -89,3 +89,12 @@ LFM2_MOE: Final = MoELayout(
 )
 """LFM2-MoE: per-expert `w1` / `w3` / `w2` (the family's `HFNames.renames` map the
 engine's gate / up / down names onto them), the selection bias beside the router."""
+KIMI_LINEAR_MOE: Final = MoELayout(
+    experts="block_sparse_moe.experts",
+    router="block_sparse_moe.gate.weight",
+    selection_bias="block_sparse_moe.gate.e_score_correction_bias",
+    shared="block_sparse_moe.shared_experts",
+    router_fp32=True,
+)
+"""Kimi Linear: per-expert `w1` / `w3` / `w2` (renamed like LFM2-MoE's), DeepSeek-V3's
+router (float32) and shared experts."""
