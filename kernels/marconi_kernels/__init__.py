@@ -40,6 +40,10 @@ _EXPORTS = {
     "paged_decode_attention_ref": "marconi_kernels.paged_attention",
     "paged_prefill_attention_ref": "marconi_kernels.paged_prefill",
     "grouped_matmul_ref": "marconi_kernels.grouped_matmul",
+    "lightning_chunk_ref": "marconi_kernels.lightning",
+    "lightning_chunk_varlen_ref": "marconi_kernels.lightning",
+    "lightning_recurrent_ref": "marconi_kernels.lightning",
+    "lightning_step_ref": "marconi_kernels.lightning",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

@@ -30,6 +30,7 @@ from .gated_delta import (
     gated_delta_step_ref,
 )
 from .grouped_matmul import grouped_matmul_ref
+from .lightning import lightning_chunk_ref, lightning_chunk_varlen_ref, lightning_step_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
 from .selective_scan import selective_scan_ref, selective_scan_varlen_ref
@@ -55,6 +56,9 @@ OPS = (
     "paged_decode_attention",
     "paged_prefill_attention",
     "grouped_matmul",
+    "lightning_chunk",
+    "lightning_chunk_varlen",
+    "lightning_step",
 )
 
 
@@ -89,6 +93,11 @@ class KernelSet:
         [T, H, hd] of S sequences, causal over each one's pool rows -> [T, H, hd]).
     grouped_matmul: see ``grouped_matmul_ref`` (x [M, K] each row times its expert's
         w [E, N, K] -> [M, N]; the MoE dispatch, no host sync in the triton set).
+    lightning_chunk: see ``lightning_chunk_ref`` (MiniMax lightning attention: q, k
+        [b, L, H, K], v [b, L, H, V], slope [H] -> o, state [b, H, K, V], emitted).
+    lightning_chunk_varlen: see ``lightning_chunk_varlen_ref`` (S sequences packed in
+        q, k [T, H, K], each from its own state -> o, states [S, H, K, V], emitted).
+    lightning_step: see ``lightning_step_ref`` (state [b, H, K, V] in place).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -108,6 +117,9 @@ class KernelSet:
     paged_decode_attention: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
     grouped_matmul: Callable[..., torch.Tensor]
+    lightning_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    lightning_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    lightning_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -135,6 +147,9 @@ def _build_ref() -> KernelSet:
         paged_decode_attention=paged_decode_attention_ref,
         paged_prefill_attention=paged_prefill_attention_ref,
         grouped_matmul=grouped_matmul_ref,
+        lightning_chunk=lightning_chunk_ref,
+        lightning_chunk_varlen=lightning_chunk_varlen_ref,
+        lightning_step=lightning_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -158,6 +173,11 @@ def _triton_set() -> KernelSet | str:
             gated_delta_step_triton,
         )
         from .triton_grouped_matmul import grouped_matmul_triton
+        from .triton_lightning import (
+            lightning_chunk_triton,
+            lightning_chunk_varlen_triton,
+            lightning_step_triton,
+        )
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_selective_scan import selective_scan_triton, selective_scan_varlen_triton
@@ -183,6 +203,9 @@ def _triton_set() -> KernelSet | str:
         paged_decode_attention=paged_decode_attention_triton,
         paged_prefill_attention=paged_prefill_attention_triton,
         grouped_matmul=grouped_matmul_triton,
+        lightning_chunk=lightning_chunk_triton,
+        lightning_chunk_varlen=lightning_chunk_varlen_triton,
+        lightning_step=lightning_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -200,6 +223,9 @@ def _triton_set() -> KernelSet | str:
             "paged_decode_attention": "triton:marconi",
             "paged_prefill_attention": "triton:marconi",
             "grouped_matmul": "triton:marconi",
+            "lightning_chunk": "triton:marconi",
+            "lightning_chunk_varlen": "triton:marconi",
+            "lightning_step": "triton:marconi",
         },
     )
 
