@@ -14,6 +14,7 @@ from transformers import (
     JambaConfig,
     Lfm2Config,
     Lfm2MoeConfig,
+    MiniMaxConfig,
     NemotronHConfig,
     Qwen3_5Config,
     Qwen3_5MoeConfig,
@@ -54,6 +55,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "qwen3_next": Qwen3NextConfig,
     "lfm2": Lfm2Config,
     "lfm2_moe": Lfm2MoeConfig,
+    "minimax": MiniMaxConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

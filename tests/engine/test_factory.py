@@ -126,6 +126,8 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     elif family in LFM2_FAMILIES:
         heads = (cfg.hidden_size,)  # the short convs' channels
+    elif family == "minimax":
+        heads = ()  # lightning attention splits the attention heads
     else:
         heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
     for value in (cfg.num_attention_heads, cfg.num_key_value_heads, *heads):

@@ -38,7 +38,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ).to_dict(),
     **{
         family: preset_config("tiny", family).to_dict()
-        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES, "falcon_h1")
+        for family in (*QWEN_FAMILIES, *LFM2_FAMILIES, "falcon_h1", "minimax")
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
 }  # fmt: skip
@@ -62,7 +62,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     cfg = hybrid_config(raw)
     spec = spec_from_hf_config(raw)
     assert tuple(zip(cfg.blocks, cfg.hf_layer, strict=True)) == _engine_view(arch)
-    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv"):
+    for kind in ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv", "lightning"):
         own = tuple(dict.fromkeys(b.config for b in arch.blocks if b.kind == kind and not b.shared))
         assert (getattr(cfg, kind),) == (own or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
@@ -74,7 +74,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     assert len(spec.layers) == len(arch.blocks)
     n_shared = cfg.blocks.count("shared_transformer")
     assert spec.n_attention == cfg.blocks.count("attention") + n_shared
-    recurrent = ("mamba2", "mamba1", "gdn", "shortconv")
+    recurrent = ("mamba2", "mamba1", "gdn", "shortconv", "lightning")
     assert spec.n_ssm == sum(cfg.blocks.count(k) for k in recurrent)
     assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe") + n_shared
     attn = cfg.attention or (cfg.shared.attention if cfg.shared is not None else None)

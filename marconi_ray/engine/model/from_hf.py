@@ -23,6 +23,7 @@ from marconi_ray.engine.model.model_config import (
     AttentionConfig,
     GatedDeltaNetConfig,
     HybridConfig,
+    LightningConfig,
     Mamba1Config,
     Mamba2Config,
     MLPConfig,
@@ -45,6 +46,7 @@ FAMILIES: Final = (
     "zamba2",
     "lfm2",
     "lfm2_moe",
+    "minimax",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -61,6 +63,7 @@ _C = TypeVar(
     MoEConfig,
     SharedBlockConfig,
     ShortConvConfig,
+    LightningConfig,
 )
 
 
@@ -160,6 +163,17 @@ def _one(family: str, blocks: list[_EngineBlock], kind: str, cls: type[_C]) -> _
     return config
 
 
+def _residual_factors(
+    blocks: list[_EngineBlock],
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`HybridConfig`'s per-block residual (alpha, beta) factors; empty when all are 1."""
+    alpha = tuple(b.block.residual_alpha for b in blocks)
+    beta = tuple(b.block.residual_beta for b in blocks)
+    if all(a == 1.0 for a in alpha) and all(b == 1.0 for b in beta):
+        return (), ()
+    return alpha, beta
+
+
 def from_architecture(arch: HfArchitecture) -> HybridConfig:
     """The engine's view of one parse: block kinds and owning HF layers in order, one
     config per mixer kind (None for a kind the model does not use), and a context limit
@@ -172,6 +186,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         _check(arch.family, eb)
     fam = arch.family
     shared = _one(fam, blocks, "shared_transformer", SharedBlockConfig)
+    alpha, beta = _residual_factors(blocks)
     cfg = HybridConfig(
         family=arch.family,
         vocab_size=arch.vocab_size,
@@ -198,6 +213,10 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         parallel_mixers=arch.parallel_mixers,
         shared=shared,
         weights_layer=tuple(b.block.source_layer for b in blocks) if shared else (),
+        lightning=_one(fam, blocks, "lightning", LightningConfig),
+        residual_alpha=alpha,
+        residual_beta=beta,
+        norm_residual=arch.norm_residual,
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

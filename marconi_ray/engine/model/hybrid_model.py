@@ -42,6 +42,7 @@ from marconi_ray.engine.model.decode_batch import DecodeBatch
 from marconi_ray.engine.model.layers.attention import Attention, PrefillKV
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
+from marconi_ray.engine.model.layers.lightning import LightningMixer
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column_major
 from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
@@ -199,6 +200,20 @@ HF_NAMES = {
             moe=LFM2_MOE,
         ),
     ),
+    "minimax": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"lightning": "self_attn", "attention": "self_attn"},
+        "block_sparse_moe",
+        renames=(
+            ("gate_proj.weight", "w1.weight"),
+            ("up_proj.weight", "w3.weight"),
+            ("down_proj.weight", "w2.weight"),
+        ),
+        moe=MoELayout(experts="block_sparse_moe.experts", router="block_sparse_moe.gate.weight"),
+    ),
 }
 
 
@@ -208,12 +223,13 @@ Mixer = (
     | Mamba1Mixer
     | GatedDeltaNetMixer
     | ShortConvMixer
+    | LightningMixer
     | MLP
     | FusedGatedMLP
     | MoE
     | SharedBlock
 )
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer
+SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | LightningMixer
 KVMixer = Attention | SharedBlock
 """Mixers that keep a KV cache (one `KVBuffer` per sequence)."""
 
@@ -301,6 +317,17 @@ class Block(nn.Module):
             assert cfg.shortconv is not None
             mixer = ShortConvMixer(
                 d, cfg.shortconv, f"{layer}.{names.mixer['shortconv']}", tp, dtype, kernels
+            )
+        elif self.kind == "lightning":
+            assert cfg.lightning is not None
+            mixer = LightningMixer(
+                d,
+                cfg.lightning,
+                cfg.hf_layer[index],
+                f"{layer}.{names.mixer['lightning']}",
+                tp,
+                dtype,
+                kernels,
             )
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
@@ -482,9 +509,12 @@ class HybridModel(nn.Module):
         scale = self.cfg.scales.embedding
         return x if scale == 1.0 else x * scale
 
-    def _residual(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """x + h, the block output `h` times the residual multiplier."""
-        scale = self.cfg.scales.residual
+    def _residual(self, x: torch.Tensor, h: torch.Tensor, index: int) -> torch.Tensor:
+        """alpha * x + h, the output `h` of block `index` times its beta and the residual
+        multiplier (alpha, beta: `HybridConfig.residual_factors`, 1 unless MiniMax)."""
+        alpha, beta = self.cfg.residual_factors(index)
+        scale = self.cfg.scales.residual * beta
+        x = x if alpha == 1.0 else x * alpha
         return x + h if scale == 1.0 else x + h * scale
 
     def _run_groups(
@@ -493,7 +523,8 @@ class HybridModel(nn.Module):
         """The residual stream x [L, D] through every residual group: x + the sum over
         the group's blocks i of `run(i, norm(x))` (the block's mixer output, states
         updated by `run`), all-reduced once for a group of several blocks, whose output
-        projections leave it to this sum. A Zamba2 shared block (a group of its own) is
+        projections leave it to this sum (with `norm_residual`, norm(x) replaces x as the
+        residual; see `_residual` for the factors). A Zamba2 shared block (a group of its own) is
         `run(i, x)` on the stream itself; its output e joins the next group's input but
         not the residual: x + sum_i run(i, norm(x + e))."""
         extra: torch.Tensor | None = None
@@ -510,7 +541,7 @@ class HybridModel(nn.Module):
                 out = out + run(i, h)
             if len(group) > 1:
                 out = self.tp.all_reduce(out)
-            x = self._residual(x, out)
+            x = self._residual(h if self.cfg.norm_residual else x, out, group[0])
         return x
 
     # ------------------------------------------------------------------ forward

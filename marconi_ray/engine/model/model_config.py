@@ -35,6 +35,7 @@ from marconi_ray.core.model.hf.arch import (
     Scales,
     ShortConvConfig,
 )
+from marconi_ray.core.model.hf.lightning import LightningConfig
 
 __all__ = [
     "BLOCK_KINDS",
@@ -43,6 +44,7 @@ __all__ = [
     "AttentionConfig",
     "GatedDeltaNetConfig",
     "HybridConfig",
+    "LightningConfig",
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
@@ -61,6 +63,7 @@ BLOCK_KINDS = (
     "mlp",
     "moe",
     "shared_transformer",
+    "lightning",
 )
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
@@ -72,6 +75,7 @@ PATTERN_CHARS = {
     "-": "mlp",
     "E": "moe",
     "Z": "shared_transformer",
+    "L": "lightning",
 }
 
 
@@ -116,6 +120,11 @@ class HybridConfig:
         shared: the config of the `shared_transformer` blocks (Zamba2).
         weights_layer: per block, the HF layer whose sub-module holds its weights (empty:
             `hf_layer`); a shared block's is the first hybrid layer using its copy.
+        lightning: the config of the `lightning` blocks (MiniMax lightning attention).
+        residual_alpha, residual_beta: per block, the residual update is
+            `alpha * r + beta * mixer(norm(x))` (empty: all 1; MiniMax's factors).
+        norm_residual: r is the block's normed input, not the stream (MiniMax's
+            post-norm layers); otherwise r = x.
     """
 
     family: str
@@ -143,6 +152,10 @@ class HybridConfig:
     parallel_mixers: bool = False
     shared: SharedBlockConfig | None = None
     weights_layer: tuple[int, ...] = ()
+    lightning: LightningConfig | None = None
+    residual_alpha: tuple[float, ...] = ()
+    residual_beta: tuple[float, ...] = ()
+    norm_residual: bool = False
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -152,6 +165,9 @@ class HybridConfig:
             raise ValueError("hf_layer must give one HF layer index per block")
         if self.weights_layer and len(self.weights_layer) != len(self.blocks):
             raise ValueError("weights_layer must give one HF layer index per block (or none)")
+        for name in ("residual_alpha", "residual_beta"):
+            if getattr(self, name) and len(getattr(self, name)) != len(self.blocks):
+                raise ValueError(f"{name} must give one factor per block (or none)")
         needs = {
             "attention": self.attention,
             "mlp": self.mlp,
@@ -161,6 +177,7 @@ class HybridConfig:
             "moe": self.moe,
             "shared_transformer": self.shared,
             "shortconv": self.shortconv,
+            "lightning": self.lightning,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -194,6 +211,12 @@ class HybridConfig:
             else:
                 groups.append([i])
         return tuple(tuple(g) for g in groups)
+
+    def residual_factors(self, index: int) -> tuple[float, float]:
+        """(alpha, beta) of block `index`'s residual update (1, 1 when none are set)."""
+        alpha = self.residual_alpha[index] if self.residual_alpha else 1.0
+        beta = self.residual_beta[index] if self.residual_beta else 1.0
+        return alpha, beta
 
     def source_layer(self, index: int) -> int:
         """The HF layer whose sub-module holds block `index`'s weights."""
@@ -237,6 +260,8 @@ class HybridConfig:
             sizes["intermediate_size"] = self.shared.mlp.intermediate_size
         if self.shortconv is not None and "shortconv" in self.blocks:
             sizes["hidden_size (short-conv channels)"] = self.hidden_size
+        if self.lightning is not None and "lightning" in self.blocks:
+            sizes["num_attention_heads (lightning)"] = self.lightning.n_heads
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:

@@ -60,6 +60,7 @@ import torch
 
 from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE, save_tokenizer
 from marconi_ray.engine.presets.family_configs import preset_config
+from marconi_ray.engine.presets.minimax_lift import lift_through_embedding
 from marconi_ray.engine.presets.model_presets import (
     BUILD_VERSION,
     DTYPE_NAMES,
@@ -147,6 +148,7 @@ _MODEL_CLASSES: Final = {
     "nemotron_h_moe": "NemotronHForCausalLM",
     "jamba": "JambaForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "minimax": "MiniMaxForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -389,8 +391,12 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     logits_scaling = getattr(config, "logits_scaling", 1.0)
     std = LOGIT_STD * logits_scaling / math.sqrt(hidden_size)
     fresh = torch.randn(head.shape, dtype=torch.float32) * std
-    bias = LIFT_RATIO * _final_residual_norm(model) / residual
-    down = _lift_projection(model)
+    down = None
+    if config.model_type == "minimax":  # no bias: the embedding table writes the channel
+        lift_through_embedding(model, LIFT_CHANNEL, LIFT_RATIO)
+    else:
+        bias = LIFT_RATIO * _final_residual_norm(model) / residual
+        down = _lift_projection(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
     # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
@@ -405,7 +411,8 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     logit_mult, down_mult = _output_multipliers(model.config)
     with torch.no_grad():
         head.copy_((fresh / logit_mult).to(head.dtype))
-        down.bias[LIFT_CHANNEL] = bias / down_mult
+        if down is not None:
+            down.bias[LIFT_CHANNEL] = bias / down_mult
 
 
 def check_logit_separation(model: Any) -> float:

@@ -85,6 +85,7 @@ FAMILIES: Final = (
     *LFM2_FAMILIES,
     "falcon_h1",
     "zamba2",
+    "minimax",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

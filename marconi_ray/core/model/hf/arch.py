@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
+from marconi_ray.core.model.hf.lightning import KIND_LIGHTNING, LightningConfig
 from marconi_ray.core.model.layers import Mamba2Sizes
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
 
@@ -38,6 +39,7 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_MAMBA1,
     KIND_GDN,
     KIND_SHORTCONV,
+    KIND_LIGHTNING,
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
@@ -348,6 +350,7 @@ BlockConfig = (
     | Mamba1Config
     | GatedDeltaNetConfig
     | ShortConvConfig
+    | LightningConfig
     | LinearConfig
 )
 
@@ -365,17 +368,23 @@ class Block:
             is not `hf_layer` (Zamba2: a hybrid layer's shared block, and the adapters
             that live beside it, are stored under the first hybrid layer using the same
             copy of the shared weights); None means `hf_layer`.
+        residual_alpha, residual_beta: the residual update is
+            `alpha * r + beta * op(norm(x))` (r is x, or norm(x) with
+            `HfArchitecture.norm_residual`): MiniMax's `*_alpha_factor` / `*_beta_factor`.
     """
 
     config: BlockConfig
     hf_layer: int
     shared: bool = False
     weights_layer: int | None = None
+    residual_alpha: float = 1.0
+    residual_beta: float = 1.0
 
     def __post_init__(self) -> None:
         require_non_negative("hf_layer", self.hf_layer)
         if self.weights_layer is not None:
             require_non_negative("weights_layer", self.weights_layer)
+        require_finite(self, "residual_alpha", "residual_beta")
 
     @property
     def source_layer(self) -> int:
@@ -442,6 +451,8 @@ class HfArchitecture:
         mtp_blocks: the block kinds of one step, in order (`KIND_ATTENTION`, `KIND_MOE`,
             `KIND_MLP`), with the model's own configs of those kinds.
         scales: the scalar multipliers of muP-trained models (all 1 for the others).
+        norm_residual: each block's residual is its normed input, not the stream itself:
+            `x = alpha * norm(x) + beta * op(norm(x))` (MiniMax's post-norm layers).
     """
 
     family: str
@@ -459,6 +470,7 @@ class HfArchitecture:
     mtp_layers: int = 0
     mtp_blocks: tuple[str, ...] = ()
     scales: Scales = Scales()
+    norm_residual: bool = False
 
     def __post_init__(self) -> None:
         if not self.blocks:

@@ -27,6 +27,8 @@ from marconi_ray.core.model.hf.arch import (
     MoEConfig,
     ShortConvConfig,
 )
+from marconi_ray.core.model.hf.lightning import LightningConfig
+from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
@@ -38,6 +40,7 @@ from marconi_ray.core.model.layers import (
     MoELayer,
     ShortConvLayer,
 )
+from marconi_ray.core.model.lightning_layer import LightningLayer
 from marconi_ray.core.model.model_spec import ModelSpec
 from marconi_ray.core.model.spec_checks import require_positive
 
@@ -59,6 +62,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "qwen3_next": families.parse_qwen3_next,
         "lfm2": families.parse_lfm2,
         "lfm2_moe": families.parse_lfm2_moe,
+        "minimax": parse_minimax,
     }
 )
 
@@ -122,6 +126,8 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             )
         case ShortConvConfig(d_conv=k):
             return ShortConvLayer(d_model, k)
+        case LightningConfig(n_heads=h, head_dim=hd):
+            return LightningLayer(d_model, h, hd)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
     raise TypeError(f"not a block config: {config!r}")
