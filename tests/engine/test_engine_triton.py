@@ -31,12 +31,13 @@ FAMILY_OPS = {
     "jamba": {"selective_scan", "selective_scan_varlen", "mamba1_state_update", *CONV},
     "qwen3_next": {"gated_delta_chunk", "gated_delta_chunk_varlen", "gated_delta_step", *CONV},
     "lfm2": CONV,  # the short conv is the causal conv alone (no activation)
+    "minimax": {"lightning_chunk", "lightning_chunk_varlen", "lightning_step"},  # no conv
 }
-RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2")
-"""One family per recurrent kernel set (Mamba-2, Mamba-1, Gated DeltaNet, short conv):
-Bamba, FalconH1, Zamba2 and Granite run NemotronH's Mamba-2 ops (`FAMILY_OPS`), and a
-kernel's states do not depend on the layers around it (CI time: each resume is a
-Triton prefill in the interpreter)."""
+RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2", "minimax")
+"""One family per recurrent kernel set (Mamba-2, Mamba-1, Gated DeltaNet, short conv,
+lightning attention): Bamba, FalconH1, Zamba2 and Granite run NemotronH's Mamba-2 ops
+(`FAMILY_OPS`), and a kernel's states do not depend on the layers around it (CI time:
+each resume is a Triton prefill in the interpreter)."""
 FEW_DEPTHS = {"qwen3_next", "lfm2", "jamba"}
 """Families resumed at the fixed depths only (the Gated DeltaNet and Mamba-1 prefills are
 the slowest kernels in the interpreter, the short conv has nothing but the conv to
