@@ -137,3 +137,12 @@ def test_sliding_window_without_softmax_layers_is_accepted():
     """The window only concerns softmax attention layers."""
     arch = parse_hf_config({**SMALL, "layer_types": ["linear_attention"] * 4, "sliding_window": 8})
     assert {b.kind for b in arch.blocks} == {"lightning", "moe"}
+
+
+def test_bare_config_parses_like_the_class_defaults():
+    """Every field of a bare {"model_type": "minimax"} equals the parse of
+    `MiniMaxConfig()`: the defaults in `hf.defaults` match transformers'."""
+    full = parse_hf_config(MiniMaxConfig().to_dict())
+    assert parse_hf_config({"model_type": "minimax"}) == full
+    assert (full.hidden_size, full.vocab_size, full.max_position) == (4096, 32000, 131072)
+    assert full.eos_token_ids == (2,) and not full.tie_embeddings
