@@ -26,7 +26,8 @@ zero, so its logit is exactly 0, and the printable logits are lifted `LOGIT_LIFT
   `LIFT_CHANNEL`, so after the final RMSNorm that channel is ~sqrt(hidden) at every
   position; the printable rows weigh it so that it adds ~`LOGIT_LIFT` to each of them.
   Nothing but the final norm and the `lm_head` sees the channel, so every layer computes
-  what it computed without it.
+  what it computed without it. MiniMax has no bias at all: its embedding table writes
+  the channel, hidden from every mixer (`minimax_lift`).
 - The other columns of the printable rows are N(0, s^2) with s chosen so that the
   printable logits have std ~`LOGIT_STD` across those ids at a typical position; the top
   one is ~+2.5 std above their mean.
