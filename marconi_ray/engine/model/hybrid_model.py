@@ -524,9 +524,9 @@ class HybridModel(nn.Module):
         the group's blocks i of `run(i, norm(x))` (the block's mixer output, states
         updated by `run`), all-reduced once for a group of several blocks, whose output
         projections leave it to this sum (with `norm_residual`, norm(x) replaces x as the
-        residual; see `_residual` for the factors). A Zamba2 shared block (a group of its own) is
-        `run(i, x)` on the stream itself; its output e joins the next group's input but
-        not the residual: x + sum_i run(i, norm(x + e))."""
+        residual; see `_residual` for the factors). A Zamba2 shared block (a group of its
+        own) is `run(i, x)` on the stream itself; its output e joins the next group's
+        input but not the residual: x + sum_i run(i, norm(x + e))."""
         extra: torch.Tensor | None = None
         for group in self.groups:
             first = self.layers[group[0]]

@@ -2,9 +2,10 @@
 
 The model is a flat list of *blocks*; each block is `x = x + mixer(norm(x))` with one
 mixer kind: `mamba2`, `mamba1`, `gdn` (Gated DeltaNet), `shortconv` (LFM2's gated short
-conv), `attention`, `mlp` or `moe`, except `shared_transformer` (Zamba2's shared block,
-see `SharedBlockConfig`), whose output is added to the next block's input instead of the
-residual stream.
+conv), `lightning` (MiniMax's lightning attention), `attention`, `mlp` or `moe`, except
+`shared_transformer` (Zamba2's shared block, see `SharedBlockConfig`), whose output is
+added to the next block's input instead of the residual stream. MiniMax's blocks are
+`x = alpha * norm(x) + beta * mixer(norm(x))` (`norm_residual`, `residual_factors`).
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`, `E`); Bamba,
 Jamba, Granite 4.0-H, Qwen3.5, Qwen3-Next and LFM2 map each HF decoder layer to two
 blocks (the mixer with `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
