@@ -7,6 +7,7 @@ layer), its tensor-parallel shard, and the store's bytes against the cost model.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import pytest
@@ -21,7 +22,7 @@ from marconi_kernels import get_kernels
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.layers.lightning import LightningMixer
-from marconi_ray.engine.model.loader import read_config
+from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.model_config import LightningConfig
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
@@ -45,6 +46,30 @@ def test_greedy_and_cached_second_turn_equal_transformers(model_dirs):
     assert engine.store.state_bytes == spec.ssm_state_bytes
     assert spec.ssm_state_bytes == n * cfg.lightning.n_heads * cfg.lightning.head_dim**2 * 4
     assert engine.store.kv_bytes_per_token == spec.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("kind", ["lightning", "attention", "moe", "factors"])
+def test_every_part_of_the_preset_moves_the_tokens(model_dirs, kind):
+    """The tiny preset's blocks write a real share of the (post-norm) residual stream
+    (`minimax_lift.balance_writes`), so the comparisons with transformers above would
+    see a broken lightning layer, softmax attention, MoE or residual factor: dropping
+    any of them changes the greedy token at many positions of a 120-token prompt."""
+    model = load_model(model_dirs["minimax"])
+    ids = torch.randint(3, 250, (120,), generator=torch.Generator().manual_seed(8))
+    want = model.forward_logits(ids).argmax(-1)
+    with torch.no_grad():
+        if kind == "factors":
+            model.cfg = dataclasses.replace(model.cfg, residual_alpha=(), residual_beta=())
+        for i, block in enumerate(model.layers):
+            mixer = block.mixer
+            if kind == "lightning" and isinstance(mixer, LightningMixer):
+                mixer.out_proj.weight.zero_()
+            elif kind == "attention" and model.cfg.blocks[i] == "attention":
+                mixer.o.weight.zero_()
+            elif kind == "moe" and model.cfg.blocks[i] == "moe":
+                mixer.w_down.zero_()
+    changed = (model.forward_logits(ids).argmax(-1) != want).float().mean().item()
+    assert changed > 0.05, changed
 
 
 def _lightning_state_only(model: HybridModel, ck: StateCheckpoint, resumed: SeqState) -> None:

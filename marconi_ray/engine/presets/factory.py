@@ -27,7 +27,8 @@ zero, so its logit is exactly 0, and the printable logits are lifted `LOGIT_LIFT
   position; the printable rows weigh it so that it adds ~`LOGIT_LIFT` to each of them.
   Nothing but the final norm and the `lm_head` sees the channel, so every layer computes
   what it computed without it. MiniMax has no bias at all: its embedding table writes
-  the channel, hidden from every mixer (`minimax_lift`).
+  the channel, hidden from every mixer, and its blocks' writes are scaled up so that the
+  tokens depend on them (`minimax_lift`).
 - The other columns of the printable rows are N(0, s^2) with s chosen so that the
   printable logits have std ~`LOGIT_STD` across those ids at a typical position; the top
   one is ~+2.5 std above their mean.
@@ -61,7 +62,7 @@ import torch
 
 from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE, save_tokenizer
 from marconi_ray.engine.presets.family_configs import preset_config
-from marconi_ray.engine.presets.minimax_lift import lift_through_embedding
+from marconi_ray.engine.presets.minimax_lift import balance_writes, lift_through_embedding
 from marconi_ray.engine.presets.model_presets import (
     BUILD_VERSION,
     DTYPE_NAMES,
@@ -395,6 +396,7 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     down = None
     if config.model_type == "minimax":  # no bias: the embedding table writes the channel
         lift_through_embedding(model, LIFT_CHANNEL, LIFT_RATIO)
+        balance_writes(model)
     else:
         bias = LIFT_RATIO * _final_residual_norm(model) / residual
         down = _lift_projection(model)
