@@ -9,7 +9,8 @@ transformers' own lightning chunk (`block_size`) is the preset's chunk, unlike t
 engine's 64, so the tests also show the result does not depend on it.
 
 MiniMax has no bias anywhere, so its printable logits are lifted through the embedding
-table instead (see `engine.presets.minimax_lift`).
+table instead, and its blocks' writes to the post-norm residual are scaled so that the
+tokens depend on every block (see `engine.presets.minimax_lift`).
 
 Exact parameter counts (from `factory.count_parameters`, meta device):
 
