@@ -47,6 +47,10 @@ _EXPORTS = {
     "kda_chunk_varlen_ref": "marconi_kernels.kda",
     "kda_recurrent_ref": "marconi_kernels.kda",
     "kda_step_ref": "marconi_kernels.kda",
+    "lightning_chunk_ref": "marconi_kernels.lightning",
+    "lightning_chunk_varlen_ref": "marconi_kernels.lightning",
+    "lightning_recurrent_ref": "marconi_kernels.lightning",
+    "lightning_step_ref": "marconi_kernels.lightning",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

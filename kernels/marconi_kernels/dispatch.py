@@ -31,6 +31,7 @@ from .gated_delta import (
 )
 from .grouped_matmul import grouped_matmul_ref
 from .kda import kda_chunk_ref, kda_chunk_varlen_ref, kda_step_ref
+from .lightning import lightning_chunk_ref, lightning_chunk_varlen_ref, lightning_step_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
 from .rglru import rglru_scan_ref, rglru_scan_varlen_ref, rglru_step_ref
@@ -63,6 +64,9 @@ OPS = (
     "kda_chunk",
     "kda_chunk_varlen",
     "kda_step",
+    "lightning_chunk",
+    "lightning_chunk_varlen",
+    "lightning_step",
 )
 
 
@@ -105,6 +109,11 @@ class KernelSet:
     rglru_step: see ``rglru_step_ref`` (state [B, D] in place).
     kda_chunk, kda_chunk_varlen, kda_step: see ``kda_chunk_ref`` and its twins (KDA, the
         gated delta rule with a per-channel decay g [..., H, K]; shapes as gated_delta).
+    lightning_chunk: see ``lightning_chunk_ref`` (MiniMax lightning attention: q, k
+        [b, L, H, K], v [b, L, H, V], slope [H] -> o, state [b, H, K, V], emitted).
+    lightning_chunk_varlen: see ``lightning_chunk_varlen_ref`` (S sequences packed in
+        q, k [T, H, K], each from its own state -> o, states [S, H, K, V], emitted).
+    lightning_step: see ``lightning_step_ref`` (state [b, H, K, V] in place).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -130,6 +139,9 @@ class KernelSet:
     kda_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     kda_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     kda_step: Callable[..., torch.Tensor]
+    lightning_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    lightning_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    lightning_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -163,6 +175,9 @@ def _build_ref() -> KernelSet:
         kda_chunk=kda_chunk_ref,
         kda_chunk_varlen=kda_chunk_varlen_ref,
         kda_step=kda_step_ref,
+        lightning_chunk=lightning_chunk_ref,
+        lightning_chunk_varlen=lightning_chunk_varlen_ref,
+        lightning_step=lightning_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -187,6 +202,11 @@ def _triton_set() -> KernelSet | str:
         )
         from .triton_grouped_matmul import grouped_matmul_triton
         from .triton_kda import kda_chunk_triton, kda_chunk_varlen_triton, kda_step_triton
+        from .triton_lightning import (
+            lightning_chunk_triton,
+            lightning_chunk_varlen_triton,
+            lightning_step_triton,
+        )
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_rglru import rglru_scan_triton, rglru_scan_varlen_triton, rglru_step_triton
@@ -219,6 +239,9 @@ def _triton_set() -> KernelSet | str:
         kda_chunk=kda_chunk_triton,
         kda_chunk_varlen=kda_chunk_varlen_triton,
         kda_step=kda_step_triton,
+        lightning_chunk=lightning_chunk_triton,
+        lightning_chunk_varlen=lightning_chunk_varlen_triton,
+        lightning_step=lightning_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -242,6 +265,9 @@ def _triton_set() -> KernelSet | str:
             "kda_chunk": "triton:marconi",
             "kda_chunk_varlen": "triton:marconi",
             "kda_step": "triton:marconi",
+            "lightning_chunk": "triton:marconi",
+            "lightning_chunk_varlen": "triton:marconi",
+            "lightning_step": "triton:marconi",
         },
     )
 

@@ -18,6 +18,7 @@ from transformers import (
     Lfm2MoeConfig,
     Mamba2Config,
     MambaConfig,
+    MiniMaxConfig,
     NemotronHConfig,
     OlmoHybridConfig,
     Qwen3_5Config,
@@ -66,6 +67,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "olmo_hybrid": OlmoHybridConfig,
     "recurrent_gemma": RecurrentGemmaConfig,
     "kimi_linear": KimiLinearConfig,
+    "minimax": MiniMaxConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -33,19 +33,27 @@ FAMILY_OPS = {
     "lfm2": CONV,  # the short conv is the causal conv alone (no activation)
     "recurrent_gemma": {"rglru_scan", "rglru_scan_varlen", "rglru_step", *CONV},
     "kimi_linear": {"kda_chunk", "kda_chunk_varlen", "kda_step", *CONV},  # MLA: torch
+    "minimax": {"lightning_chunk", "lightning_chunk_varlen", "lightning_step"},  # no conv
 }
-RESUMED = ("nemotron_h", "jamba", "qwen3_next", "lfm2", "recurrent_gemma", "kimi_linear")
+RESUMED = (
+    "nemotron_h",
+    "jamba",
+    "qwen3_next",
+    "lfm2",
+    "recurrent_gemma",
+    "kimi_linear",
+    "minimax",
+)
 """One family per recurrent kernel set (Mamba-2, Mamba-1, Gated DeltaNet, short conv,
-RG-LRU, KDA):
-Bamba, FalconH1, Zamba2 and Granite run NemotronH's Mamba-2 ops (`FAMILY_OPS`), and a
-kernel's states do not depend on the layers around it (CI time: each resume is a
-Triton prefill in the interpreter)."""
+RG-LRU, KDA, lightning attention): Bamba, FalconH1, Zamba2 and Granite run NemotronH's
+Mamba-2 ops (`FAMILY_OPS`), and a kernel's states do not depend on the layers around it
+(CI time: each resume is a Triton prefill in the interpreter)."""
 FEW_DEPTHS = {"qwen3_next", "lfm2", "jamba", "recurrent_gemma", "kimi_linear"}
 """Families resumed at the fixed depths only (the Gated DeltaNet, KDA and Mamba-1
 prefills are the slowest kernels in the interpreter, the short conv has nothing but the
-conv to check, the RG-LRU's depths 1, 16, 39 and 40 cross its window of 16); NemotronH
-adds a random one (each resume is a Triton prefill in the interpreter; the kernels'
-states at every depth are checked in tests/kernels)."""
+conv to check, the RG-LRU's depths 1, 16, 39 and 40 cross its window of 16); NemotronH and
+MiniMax add a random one (each resume is a Triton prefill in the interpreter; the
+kernels' states at every depth are checked in tests/kernels)."""
 
 
 @pytest.fixture(scope="module")

@@ -147,6 +147,8 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.num_attention_heads, cfg.lru_width)
     elif family == "kimi_linear":  # KDA heads, expert and dense MLP widths
         heads = (cfg.linear_num_heads, cfg.moe_intermediate_size, cfg.intermediate_size)
+    elif family == "minimax":
+        heads = ()  # lightning attention splits the attention heads
     else:
         heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
     if family not in PURE_SSM_FAMILIES:

@@ -24,6 +24,7 @@ FAMILIES = (
     "zamba2",
     "lfm2",
     "lfm2_moe",
+    "minimax",
 )
 
 

@@ -13,7 +13,8 @@ holds: `n_kv_heads / world` KV heads per attention block, and per Mamba-2 block
 `heads / world` recurrent states plus a conv state over
 `d_inner / world + 2 * (n_groups / world or n_groups) * d_state` channels (Mamba-1:
 `d_inner / world` channels of both; an LFM2 short conv: a conv window over
-`hidden_size / world` channels and no recurrent state). So on every rank `store.bytes_used ==
+`hidden_size / world` channels and no recurrent state; a MiniMax lightning layer:
+`heads / world` recurrent states and no conv state). So on every rank `store.bytes_used ==
 cache.bytes_used <= cache_bytes` after every request; when everything splits evenly a
 rank's per-token and per-state bytes are exactly the whole model's / world, and with
 replicated B/C groups (n_groups % world != 0) a state costs
@@ -75,6 +76,7 @@ LOGIT_MODELS = (
     "olmo_hybrid",
     "recurrent_gemma",
     "kimi_linear",
+    "minimax",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully
@@ -88,6 +90,7 @@ CACHE_BYTES = {
     "falcon_h1": 180_000,
     "zamba2": 354_000,
     "lfm2": 59_000,
+    "minimax": 85_000,
 }
 ENGINE_MODELS = tuple(CACHE_BYTES)
 SPEC_MODELS = ("nemotron_h", "qwen3_next", "lfm2")

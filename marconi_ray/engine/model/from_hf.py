@@ -24,6 +24,7 @@ from marconi_ray.engine.model.model_config import (
     GatedDeltaNetConfig,
     HybridConfig,
     KDAConfig,
+    LightningConfig,
     Mamba1Config,
     Mamba2Config,
     MLAConfig,
@@ -55,6 +56,7 @@ FAMILIES: Final = (
     "olmo_hybrid",
     "recurrent_gemma",
     "kimi_linear",
+    "minimax",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -75,6 +77,7 @@ _C = TypeVar(
     SlidingAttentionConfig,
     KDAConfig,
     MLAConfig,
+    LightningConfig,
 )
 
 
@@ -174,6 +177,17 @@ def _one(family: str, blocks: list[_EngineBlock], kind: str, cls: type[_C]) -> _
     return config
 
 
+def _residual_factors(
+    blocks: list[_EngineBlock],
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`HybridConfig`'s per-block residual (alpha, beta) factors; empty when all are 1."""
+    alpha = tuple(b.block.residual_alpha for b in blocks)
+    beta = tuple(b.block.residual_beta for b in blocks)
+    if all(a == 1.0 for a in alpha) and all(b == 1.0 for b in beta):
+        return (), ()
+    return alpha, beta
+
+
 def from_architecture(arch: HfArchitecture) -> HybridConfig:
     """The engine's view of one parse: block kinds and owning HF layers in order, one
     config per mixer kind (None for a kind the model does not use), and a context limit
@@ -186,6 +200,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         _check(arch.family, eb)
     fam = arch.family
     shared = _one(fam, blocks, "shared_transformer", SharedBlockConfig)
+    alpha, beta = _residual_factors(blocks)
     cfg = HybridConfig(
         family=arch.family,
         vocab_size=arch.vocab_size,
@@ -220,6 +235,10 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         logits_soft_cap=arch.logits_soft_cap,
         kda=_one(fam, blocks, "kda", KDAConfig),
         mla=_one(fam, blocks, "mla", MLAConfig),
+        lightning=_one(fam, blocks, "lightning", LightningConfig),
+        residual_alpha=alpha,
+        residual_beta=beta,
+        norm_residual=arch.norm_residual,
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

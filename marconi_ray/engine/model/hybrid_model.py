@@ -43,6 +43,7 @@ from marconi_ray.engine.model.layers.attention import Attention, PrefillKV
 from marconi_ray.engine.model.layers.fused_mlp import FusedGatedMLP
 from marconi_ray.engine.model.layers.gated_deltanet import GatedDeltaNetMixer
 from marconi_ray.engine.model.layers.kda import KDAMixer
+from marconi_ray.engine.model.layers.lightning import LightningMixer
 from marconi_ray.engine.model.layers.linear import ParallelLinear, column_major
 from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
@@ -261,6 +262,20 @@ HF_NAMES = {
         moe=KIMI_LINEAR_MOE,
         alternates=((".block_sparse_moe.", ".mlp."),),
     ),
+    "minimax": HFNames(
+        "embed_tokens.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"lightning": "self_attn", "attention": "self_attn"},
+        "block_sparse_moe",
+        renames=(
+            ("gate_proj.weight", "w1.weight"),
+            ("up_proj.weight", "w3.weight"),
+            ("down_proj.weight", "w2.weight"),
+        ),
+        moe=MoELayout(experts="block_sparse_moe.experts", router="block_sparse_moe.gate.weight"),
+    ),
 }
 
 
@@ -271,6 +286,7 @@ Mixer = (
     | GatedDeltaNetMixer
     | ShortConvMixer
     | RGLRUMixer
+    | LightningMixer
     | MLP
     | FusedGatedMLP
     | MoE
@@ -278,7 +294,15 @@ Mixer = (
     | KDAMixer
     | MLAttention
 )
-SSMMixer = Mamba2Mixer | Mamba1Mixer | GatedDeltaNetMixer | ShortConvMixer | RGLRUMixer | KDAMixer
+SSMMixer = (
+    Mamba2Mixer
+    | Mamba1Mixer
+    | GatedDeltaNetMixer
+    | ShortConvMixer
+    | RGLRUMixer
+    | KDAMixer
+    | LightningMixer
+)
 KVMixer = Attention | SharedBlock | MLAttention
 """Mixers that keep a KV cache (one `KVBuffer` per sequence); `SlidingWindowAttention`
 is an `Attention`."""
@@ -395,6 +419,17 @@ class Block(nn.Module):
         elif self.kind == "mla":
             assert cfg.mla is not None
             mixer = MLAttention(d, cfg.mla, f"{layer}.{names.mixer['mla']}", tp, dtype)
+        elif self.kind == "lightning":
+            assert cfg.lightning is not None
+            mixer = LightningMixer(
+                d,
+                cfg.lightning,
+                cfg.hf_layer[index],
+                f"{layer}.{names.mixer['lightning']}",
+                tp,
+                dtype,
+                kernels,
+            )
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(
@@ -576,9 +611,12 @@ class HybridModel(nn.Module):
         scale = self.cfg.scales.embedding
         return x if scale == 1.0 else x * scale
 
-    def _residual(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """x + h, the block output `h` times the residual multiplier."""
-        scale = self.cfg.scales.residual
+    def _residual(self, x: torch.Tensor, h: torch.Tensor, index: int) -> torch.Tensor:
+        """alpha * x + h, the output `h` of block `index` times its beta and the residual
+        multiplier (alpha, beta: `HybridConfig.residual_factors`, 1 unless MiniMax)."""
+        alpha, beta = self.cfg.residual_factors(index)
+        scale = self.cfg.scales.residual * beta
+        x = x if alpha == 1.0 else x * alpha
         return x + h if scale == 1.0 else x + h * scale
 
     def _run_groups(
@@ -587,9 +625,10 @@ class HybridModel(nn.Module):
         """The residual stream x [L, D] through every residual group: x + the sum over
         the group's blocks i of `run(i, norm(x))` (the block's mixer output, states
         updated by `run`), all-reduced once for a group of several blocks, whose output
-        projections leave it to this sum; a post-norm block is x + norm(run(i, x)). A
-        Zamba2 shared block (a group of its own) is `run(i, x)` on the stream itself; its
-        output e joins the next group's input but not the residual:
+        projections leave it to this sum (with `norm_residual`, norm(x) replaces x as the
+        residual; see `_residual` for the factors); a post-norm block is
+        x + norm(run(i, x)). A Zamba2 shared block (a group of its own) is `run(i, x)` on
+        the stream itself; its output e joins the next group's input but not the residual:
         x + sum_i run(i, norm(x + e))."""
         extra: torch.Tensor | None = None
         for group in self.groups:
@@ -599,7 +638,7 @@ class HybridModel(nn.Module):
                 continue
             assert first.norm is not None
             if first.post_norm:  # a group of its own: x + norm(mixer(x))
-                x = self._residual(x, first.norm(run(group[0], x)))
+                x = self._residual(x, first.norm(run(group[0], x)), group[0])
                 continue
             h = first.norm(x if extra is None else x + extra)
             extra = None
@@ -608,7 +647,7 @@ class HybridModel(nn.Module):
                 out = out + run(i, h)
             if len(group) > 1:
                 out = self.tp.all_reduce(out)
-            x = self._residual(x, out)
+            x = self._residual(h if self.cfg.norm_residual else x, out, group[0])
         return x
 
     # ------------------------------------------------------------------ forward

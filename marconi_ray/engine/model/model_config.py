@@ -6,6 +6,10 @@ conv), `rglru` (RecurrentGemma's RG-LRU block), `attention`, `swa` (sliding-wind
 attention), `mlp` or `moe`, except `shared_transformer` (Zamba2's shared block,
 see `SharedBlockConfig`), whose output is added to the next block's input instead of the
 residual stream.
+conv), `lightning` (MiniMax's lightning attention), `attention`, `mlp` or `moe`, except
+`shared_transformer` (Zamba2's shared block, see `SharedBlockConfig`), whose output is
+added to the next block's input instead of the residual stream. MiniMax's blocks are
+`x = alpha * norm(x) + beta * mixer(norm(x))` (`norm_residual`, `residual_factors`).
 NemotronH maps one HF layer to one block (pattern string `M`, `*`, `-`, `E`); Bamba,
 Jamba, Granite 4.0-H, Qwen3.5, Qwen3-Next and LFM2 map each HF decoder layer to two
 blocks (the mixer with `input_layernorm`, then the feed-forward with `pre_ff_layernorm` /
@@ -39,6 +43,7 @@ from marconi_ray.core.model.hf.arch import (
     SlidingAttentionConfig,
 )
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
 
 __all__ = [
@@ -49,6 +54,7 @@ __all__ = [
     "GatedDeltaNetConfig",
     "HybridConfig",
     "KDAConfig",
+    "LightningConfig",
     "MLAConfig",
     "MLPConfig",
     "Mamba1Config",
@@ -74,6 +80,7 @@ BLOCK_KINDS = (
     "swa",
     "kda",
     "mla",
+    "lightning",
 )
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
@@ -89,6 +96,7 @@ PATTERN_CHARS = {
     "W": "swa",
     "K": "kda",
     "A": "mla",
+    "L": "lightning",
 }
 
 
@@ -139,6 +147,11 @@ class HybridConfig:
         swa: the config of the `swa` blocks (sliding-window attention), apart from
             `attention` so a model may hold both.
         logits_soft_cap: the logits are cap * tanh(logits / cap); None: not capped.
+        lightning: the config of the `lightning` blocks (MiniMax lightning attention).
+        residual_alpha, residual_beta: per block, the residual update is
+            `alpha * r + beta * mixer(norm(x))` (empty: all 1; MiniMax's factors).
+        norm_residual: r is the block's normed input, not the stream (MiniMax's
+            post-norm layers); otherwise r = x.
     """
 
     family: str
@@ -172,6 +185,10 @@ class HybridConfig:
     logits_soft_cap: float | None = None
     kda: KDAConfig | None = None
     mla: MLAConfig | None = None
+    lightning: LightningConfig | None = None
+    residual_alpha: tuple[float, ...] = ()
+    residual_beta: tuple[float, ...] = ()
+    norm_residual: bool = False
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -185,6 +202,9 @@ class HybridConfig:
             raise ValueError("post_norm must give one flag per block (or none)")
         if any(self.post_norm) and self.parallel_mixers:
             raise ValueError("post-norm blocks cannot run as parallel mixers")
+        for name in ("residual_alpha", "residual_beta"):
+            if getattr(self, name) and len(getattr(self, name)) != len(self.blocks):
+                raise ValueError(f"{name} must give one factor per block (or none)")
         needs = {
             "attention": self.attention,
             "mlp": self.mlp,
@@ -198,6 +218,7 @@ class HybridConfig:
             "swa": self.swa,
             "kda": self.kda,
             "mla": self.mla,
+            "lightning": self.lightning,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -235,6 +256,12 @@ class HybridConfig:
     def is_post_norm(self, index: int) -> bool:
         """Block `index` normalises its output rather than its input."""
         return bool(self.post_norm) and self.post_norm[index]
+
+    def residual_factors(self, index: int) -> tuple[float, float]:
+        """(alpha, beta) of block `index`'s residual update (1, 1 when none are set)."""
+        alpha = self.residual_alpha[index] if self.residual_alpha else 1.0
+        beta = self.residual_beta[index] if self.residual_beta else 1.0
+        return alpha, beta
 
     def source_layer(self, index: int) -> int:
         """The HF layer whose sub-module holds block `index`'s weights."""
@@ -283,6 +310,8 @@ class HybridConfig:
         if self.swa is not None and "swa" in self.blocks:
             sizes["num_attention_heads (windowed)"] = self.swa.attention.n_heads
             sizes["num_key_value_heads (windowed)"] = self.swa.attention.n_kv_heads
+        if self.lightning is not None and "lightning" in self.blocks:
+            sizes["num_attention_heads (lightning)"] = self.lightning.n_heads
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:

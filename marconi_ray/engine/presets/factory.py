@@ -26,7 +26,9 @@ zero, so its logit is exactly 0, and the printable logits are lifted `LOGIT_LIFT
   `LIFT_CHANNEL`, so after the final RMSNorm that channel is ~sqrt(hidden) at every
   position; the printable rows weigh it so that it adds ~`LOGIT_LIFT` to each of them.
   Nothing but the final norm and the `lm_head` sees the channel, so every layer computes
-  what it computed without it.
+  what it computed without it. MiniMax has no bias at all: its embedding table writes
+  the channel, hidden from every mixer, and its blocks' writes are scaled up so that the
+  tokens depend on them (`minimax_lift`).
 - The other columns of the printable rows are N(0, s^2) with s chosen so that the
   printable logits have std ~`LOGIT_STD` across those ids at a typical position; the top
   one is ~+2.5 std above their mean.
@@ -60,6 +62,7 @@ import torch
 
 from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE, save_tokenizer
 from marconi_ray.engine.presets.family_configs import preset_config
+from marconi_ray.engine.presets.minimax_lift import balance_writes, lift_through_embedding
 from marconi_ray.engine.presets.model_presets import (
     BUILD_VERSION,
     DTYPE_NAMES,
@@ -158,6 +161,7 @@ _MODEL_CLASSES: Final = {
     "mamba2": "Mamba2ForCausalLM",
     "olmo_hybrid": "OlmoHybridForCausalLM",
     "recurrent_gemma": "RecurrentGemmaForCausalLM",
+    "minimax": "MiniMaxForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -403,8 +407,13 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     logits_scaling = getattr(config, "logits_scaling", 1.0)
     std = LOGIT_STD * logits_scaling / math.sqrt(hidden_size)
     fresh = torch.randn(head.shape, dtype=torch.float32) * std
-    bias = LIFT_RATIO * _final_residual_norm(model) / residual
-    down = _lift_projection(model)
+    down = None
+    if config.model_type == "minimax":  # no bias: the embedding table writes the channel
+        lift_through_embedding(model, LIFT_CHANNEL, LIFT_RATIO)
+        balance_writes(model)
+    else:
+        bias = LIFT_RATIO * _final_residual_norm(model) / residual
+        down = _lift_projection(model)
     scale = math.sqrt(1.0 + LIFT_RATIO**2)
     # With the bias R * median|residual| (R = LIFT_RATIO), after the final RMSNorm the lift
     # channel is sqrt(hidden) * R / sqrt(R^2 + r^2) and the other channels have norm
@@ -419,7 +428,8 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     logit_mult, down_mult = _output_multipliers(model.config)
     with torch.no_grad():
         head.copy_((fresh / logit_mult).to(head.dtype))
-        down.bias[LIFT_CHANNEL] = bias / down_mult
+        if down is not None:
+            down.bias[LIFT_CHANNEL] = bias / down_mult
 
 
 def check_logit_separation(model: Any) -> float:

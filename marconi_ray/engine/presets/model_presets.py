@@ -91,6 +91,7 @@ FAMILIES: Final = (
     "olmo_hybrid",
     "recurrent_gemma",
     "kimi_linear",
+    "minimax",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Final
 
 from marconi_ray.core.model.hf.kda_arch import KIND_KDA, KDAConfig
+from marconi_ray.core.model.hf.lightning import KIND_LIGHTNING, LightningConfig
 from marconi_ray.core.model.hf.mla_arch import KIND_MLA, MLAConfig
 from marconi_ray.core.model.layers import Mamba2Sizes
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
@@ -44,6 +45,7 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_SHORTCONV,
     KIND_RGLRU,
     KIND_SWA,
+    KIND_LIGHTNING,
     KIND_MLP,
     KIND_MOE,
     KIND_LINEAR,
@@ -439,6 +441,7 @@ BlockConfig = (
     | ShortConvConfig
     | RGLRUConfig
     | SlidingAttentionConfig
+    | LightningConfig
     | LinearConfig
     | KDAConfig
     | MLAConfig
@@ -460,6 +463,9 @@ class Block:
             copy of the shared weights); None means `hf_layer`.
         post_norm: the block's norm is applied to its output, `x = x + norm(op(x))`
             (OLMo Hybrid's attention layers), instead of to its input.
+        residual_alpha, residual_beta: the residual update is
+            `alpha * r + beta * op(norm(x))` (r is x, or norm(x) with
+            `HfArchitecture.norm_residual`): MiniMax's `*_alpha_factor` / `*_beta_factor`.
     """
 
     config: BlockConfig
@@ -467,11 +473,14 @@ class Block:
     shared: bool = False
     weights_layer: int | None = None
     post_norm: bool = False
+    residual_alpha: float = 1.0
+    residual_beta: float = 1.0
 
     def __post_init__(self) -> None:
         require_non_negative("hf_layer", self.hf_layer)
         if self.weights_layer is not None:
             require_non_negative("weights_layer", self.weights_layer)
+        require_finite(self, "residual_alpha", "residual_beta")
 
     @property
     def source_layer(self) -> int:
@@ -540,6 +549,8 @@ class HfArchitecture:
         scales: the scalar multipliers of muP-trained models (all 1 for the others).
         logits_soft_cap: the logits are cap * tanh(logits / cap) (RecurrentGemma); None:
             not capped.
+        norm_residual: each block's residual is its normed input, not the stream itself:
+            `x = alpha * norm(x) + beta * op(norm(x))` (MiniMax's post-norm layers).
     """
 
     family: str
@@ -558,6 +569,7 @@ class HfArchitecture:
     mtp_blocks: tuple[str, ...] = ()
     scales: Scales = Scales()
     logits_soft_cap: float | None = None
+    norm_residual: bool = False
 
     def __post_init__(self) -> None:
         if not self.blocks:

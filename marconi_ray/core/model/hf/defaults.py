@@ -477,3 +477,48 @@ KIMI_LINEAR_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     }
 )
 """`KimiLinearConfig.attribute_map`: the names its config.json files use."""
+MINIMAX: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "max_position_embeddings": 4096 * 32,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 8,
+        "layer_types": None,
+        "attn_type_list": None,
+        "sliding_window": None,
+        "full_attn_alpha_factor": 1,
+        "full_attn_beta_factor": 1,
+        "linear_attn_alpha_factor": 1,
+        "linear_attn_beta_factor": 1,
+        "mlp_alpha_factor": 1,
+        "mlp_beta_factor": 1,
+        # details
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "rope_parameters": MappingProxyType({"rope_theta": 1000000.0, "rope_type": "default"}),
+    }
+)
+"""MiniMax-Text-01 / MiniMax-M1 (`MiniMaxConfig`; `rope_theta` is its `default_theta`).
+Without `layer_types` (nor the original checkpoints' `attn_type_list`) even layers are
+full attention and odd ones lightning, as `MiniMaxConfig.__post_init__` sets them."""
+MINIMAX_ALIASES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "num_local_experts": ("num_experts",),
+        "full_attn_alpha_factor": ("layernorm_full_attention_alpha",),
+        "full_attn_beta_factor": ("layernorm_full_attention_beta",),
+        "linear_attn_alpha_factor": ("layernorm_linear_attention_alpha",),
+        "linear_attn_beta_factor": ("layernorm_linear_attention_beta",),
+        "mlp_alpha_factor": ("layernorm_mlp_alpha",),
+        "mlp_beta_factor": ("layernorm_mlp_beta",),
+    }
+)
+"""The original MiniMax checkpoints' names of the residual factors (their
+`layernorm_*_alpha` / `_beta`), and the `num_experts` attribute alias."""

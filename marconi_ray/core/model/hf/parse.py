@@ -31,6 +31,8 @@ from marconi_ray.core.model.hf.arch import (
 )
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
+from marconi_ray.core.model.hf.lightning import LightningConfig
+from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
 from marconi_ray.core.model.hf.recurrent_gemma import parse_recurrent_gemma
 from marconi_ray.core.model.kimi_layers import kimi_layer_spec
@@ -46,6 +48,7 @@ from marconi_ray.core.model.layers import (
     RGLRULayer,
     ShortConvLayer,
 )
+from marconi_ray.core.model.lightning_layer import LightningLayer
 from marconi_ray.core.model.model_spec import ModelSpec
 from marconi_ray.core.model.spec_checks import require_positive
 
@@ -73,6 +76,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "olmo_hybrid": olmo.parse_olmo_hybrid,
         "recurrent_gemma": parse_recurrent_gemma,
         "kimi_linear": parse_kimi_linear,
+        "minimax": parse_minimax,
     }
 )
 
@@ -140,6 +144,8 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             return RGLRULayer(d_model, w, h, k)
         case SlidingAttentionConfig(attention=attn):
             return layer_spec(attn, d_model)
+        case LightningConfig(n_heads=h, head_dim=hd):
+            return LightningLayer(d_model, h, hd)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
         case KDAConfig() | MLAConfig():
