@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from marconi_ray.core.cache.host_tier import DEFAULT_HOST_GBPS, DEFAULT_PREFILL_TFLOPS, HostTier
 from marconi_ray.core.cache.tuner import TunerConfig
@@ -224,13 +224,27 @@ class ServeSettings:
         return KVMemory(self.kv_memory_bytes, self.kv_memory_fraction)
 
     @property
-    def host_tier(self) -> HostTier | None:
-        """The caches' host tier, or None without one (`host_cache_bytes` 0)."""
-        if not self.host_cache_bytes:
-            return None
+    def host_settings(self) -> HostTier:
+        """The host tier as set, budget 0 included (what `host_tier` turns into None), so
+        settings that a missing tier ignores can be named (`core.cache.findings`)."""
         return HostTier(
             self.host_cache_bytes, self.host_gbps, self.prefill_tflops, self.host_placement
         )
+
+    @property
+    def tuner_set(self) -> tuple[str, ...]:
+        """The tuner options set away from their defaults, by name."""
+        default = TunerSettings()
+        return tuple(
+            f.name
+            for f in fields(self.tuner)
+            if getattr(self.tuner, f.name) != getattr(default, f.name)
+        )
+
+    @property
+    def host_tier(self) -> HostTier | None:
+        """The caches' host tier, or None without one (`host_cache_bytes` 0)."""
+        return self.host_settings if self.host_cache_bytes else None
 
     def local_model_dir(self) -> str:
         """The model folder on this node: `model_dir`, or for a Hugging Face model its

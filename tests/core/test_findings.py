@@ -76,4 +76,31 @@ def test_every_code_is_listed() -> None:
     codes = set(_codes(system=get_system("vanilla"), capacity_bytes=1, alpha=1.0))
     fast = HostTier(10**8, gbps=0.001, prefill_tflops=4000.0)
     codes |= set(_codes(host=fast))
+    codes |= set(_codes(host=HostTier(0, placement="lru"), alpha=1.0, tuner_set=("grid",)))
     assert codes == set(FINDING_CODES)
+
+
+def test_host_settings_without_a_host_tier_are_named_as_ignored() -> None:
+    """Placement, bandwidth or prefill clock set while host_cache_bytes is 0 do nothing;
+    their defaults, or a tier with a budget, say nothing."""
+    assert _codes(host=HostTier(0)) == []
+    (finding,) = find(COST, get_system("marconi"), 10**8, HostTier(0, placement="lru"), 2048)
+    assert finding.code == "host_settings_ignored"
+    assert "host_placement 'lru'" in finding.message and "host_cache_bytes is 0" in finding.message
+    both = find(COST, get_system("marconi"), 10**8, HostTier(0, gbps=3.0, prefill_tflops=7.0), 2048)
+    assert [f.code for f in both] == ["host_settings_ignored"]
+    assert "host_gbps 3.0" in both[0].message and "prefill_tflops 7.0" in both[0].message
+    assert _codes(host=HostTier(10**8, gbps=50.0, prefill_tflops=0.05, placement="lru")) == []
+
+
+def test_tuner_options_with_nothing_to_tune_are_named_as_ignored() -> None:
+    """Tuner options count only when marconi tunes alpha (alpha unset, FLOP-aware
+    eviction); a fixed alpha or an LRU system makes them do nothing."""
+    assert _codes(tuner_set=("grid",)) == []
+    fixed = find(COST, get_system("marconi"), 10**8, NO_HOST_TIER, 2048, 1.0, ("grid",))
+    assert [f.code for f in fixed] == ["tuner_ignored"] and "alpha is fixed at 1.0" in fixed[
+        0
+    ].message
+    lru = find(COST, get_system("sglang+"), 10**8, NO_HOST_TIER, 2048, None, ("multiplier",))
+    assert [f.code for f in lru] == ["tuner_ignored"] and "'sglang+' evicts by" in lru[0].message
+    assert set(FINDING_CODES) >= {"host_settings_ignored", "tuner_ignored"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from marconi_ray.serve.coordinator.journal import MemoryJournal
 from marconi_ray.serve.ingress.metrics import IngressMetrics, render_metrics
 from marconi_ray.serve.ingress.ray_backend import RayBackend
 from marconi_ray.serve.messages import ReplicaStats
+from marconi_ray.serve.settings import TunerSettings
 
 KV, STATE = 512, 33_792  # the tiny preset's prices
 
@@ -55,6 +57,22 @@ def test_a_host_tier_flop_aware_placement_never_uses_is_said_once_and_again_afte
     quiet = CacheCoordinator(lru, journal=MemoryJournal())
     quiet.register_replica("r0", KV, STATE)
     assert _codes(quiet) == []
+
+
+def test_settings_that_do_nothing_are_named(model_dir: Path) -> None:
+    """`host_placement: lru` with no host budget, and tuner options beside a fixed alpha,
+    are said to be ignored; the same settings where they work are not."""
+    settings = make_settings(model_dir, host_placement="lru", alpha=1.0)
+    tuned = make_settings(model_dir, host_cache_bytes=4_000_000, host_placement="lru")
+    for s, want in ((settings, ["host_settings_ignored"]), (tuned, [])):
+        coord = CacheCoordinator(s, journal=MemoryJournal())
+        coord.register_replica("r0", KV, STATE)
+        assert _codes(coord) == want
+    grid = replace(settings, tuner=TunerSettings(grid=(0.0, 1.0)))
+    coord = CacheCoordinator(grid, journal=MemoryJournal())
+    coord.register_replica("r0", KV, STATE)
+    assert _codes(coord) == ["host_settings_ignored", "tuner_ignored"]
+    assert "alpha is fixed at 1.0" in coord.health()["findings"][1]["message"]
 
 
 def test_findings_reach_health_and_metrics_across_a_group(model_dir: Path) -> None:

@@ -13,7 +13,11 @@ against the model's prices (`CostModel`) before any request, with no replay:
   so such victims are all dropped and the host tier stays all but empty (the prefill a
   hit saves grows as a*L + b*L**2 and the copy as c + d*L: their difference is convex in
   L, so checking the shortest and the longest turn covers every depth);
-- `alpha_ignored`: a fixed alpha was set for a system whose eviction does not weigh FLOPs.
+- `alpha_ignored`: a fixed alpha was set for a system whose eviction does not weigh FLOPs;
+- `host_settings_ignored`: the host tier's placement, bandwidth or prefill clock was set
+  away from its default while there is no host tier (its budget is 0);
+- `tuner_ignored`: tuner options were set while nothing is tuned (a fixed alpha, or a
+  system whose eviction does not weigh FLOPs).
 
 Each finding has a stable `code` (a metric label) and a message naming the values.
 """
@@ -22,14 +26,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marconi_ray.core.cache.host_tier import HostTier
+from marconi_ray.core.cache.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.cache.systems import SystemSpec
 from marconi_ray.core.model.cost_model import CostModel
 
 PROBE_TOKENS = 256
 """Tokens of KV a cached entry is probed with (`budget_below_one_entry`)."""
 
-FINDING_CODES = ("caches_nothing", "budget_below_one_entry", "host_tier_unused", "alpha_ignored")
+FINDING_CODES = (
+    "caches_nothing",
+    "budget_below_one_entry",
+    "host_tier_unused",
+    "alpha_ignored",
+    "host_settings_ignored",
+    "tuner_ignored",
+)
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,13 @@ def find(
     host: HostTier,
     context_limit: int,
     alpha: float | None = None,
+    tuner_set: tuple[str, ...] = (),
 ) -> tuple[Finding, ...]:
-    """What the cache of `system` with `capacity_bytes` per replica (and `host`) will not
-    do for a model priced by `cost` whose context holds `context_limit` tokens; `alpha`:
-    the fixed alpha set, None when tuned or unset. Empty when it can do its job."""
+    """What the cache of `system` with `capacity_bytes` per replica (and `host`, whose
+    placement settings are checked even with no budget) will not do for a model priced
+    by `cost` whose context holds `context_limit` tokens; `alpha`: the fixed alpha set,
+    None when tuned or unset; `tuner_set`: the tuner options set away from their
+    defaults. Empty when it can do its job."""
     out: list[Finding] = []
     if system.admission == "none":
         out.append(
@@ -81,7 +95,48 @@ def find(
                 f"{system.eviction}, which does not weigh FLOPs",
             )
         )
+    out.extend(_ignored(system, host, alpha, tuner_set))
     return tuple(out)
+
+
+def _ignored(
+    system: SystemSpec, host: HostTier, alpha: float | None, tuner_set: tuple[str, ...]
+) -> list[Finding]:
+    """`host_settings_ignored` and `tuner_ignored` (see the module docstring)."""
+    out: list[Finding] = []
+    if not host.enabled:
+        default = NO_HOST_TIER
+        changed = [
+            f"{name} {getattr(host, attr)!r}"
+            for name, attr in (
+                ("host_placement", "placement"),
+                ("host_gbps", "gbps"),
+                ("prefill_tflops", "prefill_tflops"),
+            )
+            if getattr(host, attr) != getattr(default, attr)
+        ]
+        if changed:
+            out.append(
+                Finding(
+                    "host_settings_ignored",
+                    f"{', '.join(changed)} ignored: host_cache_bytes is 0, so there is no "
+                    "host tier; give it a budget to use them",
+                )
+            )
+    tuned = alpha is None and system.eviction == "flop_aware"
+    if tuner_set and not tuned:
+        why = (
+            f"alpha is fixed at {alpha}"
+            if alpha is not None
+            else f"system {system.name!r} evicts by {system.eviction}"
+        )
+        out.append(
+            Finding(
+                "tuner_ignored",
+                f"tuner options {', '.join(tuner_set)} ignored: nothing is tuned ({why})",
+            )
+        )
+    return out
 
 
 def _host_tier(cost: CostModel, host: HostTier, context_limit: int) -> list[Finding]:

@@ -71,7 +71,6 @@ import numpy.typing as npt
 import ray
 
 from marconi_ray.core.cache.findings import Finding, find
-from marconi_ray.core.cache.host_tier import NO_HOST_TIER
 from marconi_ray.core.cache.systems import get_system
 from marconi_ray.core.cache.tuner import TuneJob, TuneResult
 from marconi_ray.core.model.cost_model import CostModel
@@ -222,9 +221,10 @@ class CacheCoordinator:
             self.state.cost(replica_id),
             get_system(s.system),
             s.cache_bytes,
-            s.host_tier or NO_HOST_TIER,
+            s.host_settings,
             self._context_limit,
             s.alpha,
+            s.tuner_set,
         )
         for finding in found:
             if finding.code not in self.findings:
