@@ -113,3 +113,38 @@ def per_sequence(
         finals.append(final[0])
         emitted.append(out[:, 0])
     return torch.cat(ys, dim=dim), torch.stack(finals), torch.cat(emitted)
+
+
+def token_by_token(
+    step: Callable[[torch.Tensor, int], torch.Tensor],
+    state: torch.Tensor,
+    length: int,
+    emit_at: Sequence[int],
+    empty_out: torch.Tensor,
+) -> Outputs:
+    """A recurrent op's ground truth, one token at a time: `step(state, t)` updates
+    `state` in place with token t and returns its output [b, ...], for t in 0..length-1;
+    the state is copied after each token that ends at a position of `emit_at` (checked
+    positions). Returns (outputs stacked on dim 1, `empty_out` when `length` is 0; the
+    final state; emitted [len(emit_at), *state.shape])."""
+    wanted = set(emit_at)
+    outs, emitted = [], []
+    for t in range(length):
+        outs.append(step(state, t))
+        if t + 1 in wanted:
+            emitted.append(state.clone())
+    o = torch.stack(outs, dim=1) if outs else empty_out
+    emitted_t = torch.stack(emitted) if emitted else state.new_empty((0, *state.shape))
+    return o, state, emitted_t
+
+
+def start_state(
+    initial_state: torch.Tensor | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """A scan's running state: a copy of `initial_state` in `dtype`, or zeros of `shape`."""
+    if initial_state is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return initial_state.to(dtype).clone()

@@ -30,7 +30,15 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import Outputs, check_emit_at, check_varlen, compute_dtype, per_sequence
+from ._util import (
+    Outputs,
+    check_emit_at,
+    check_varlen,
+    compute_dtype,
+    per_sequence,
+    start_state,
+    token_by_token,
+)
 
 L2_EPS = 1e-6  # ``x * rsqrt(sum(x * x) + eps)``, like fla and transformers
 
@@ -287,26 +295,15 @@ def gated_delta_recurrent_ref(
     float64, emitted [len(emit_at), b, H, K, V]).
     """
     b, L, H, K, V = check_gated_delta_shapes(q, k, v, g, beta, initial_state)
-    wanted = set(check_positions(emit_at, L))
     cdt = compute_dtype(q, k, v, g, beta, initial_state)
-    if initial_state is None:
-        state = torch.zeros(b, H, K, V, dtype=cdt, device=q.device)
-    else:
-        state = initial_state.to(cdt).clone()
-    outs: list[torch.Tensor] = []
-    emitted: list[torch.Tensor] = []
-    for t in range(L):
-        outs.append(
-            gated_delta_step_ref(
-                state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
-                use_qk_l2norm=use_qk_l2norm,
-            )
-        )  # fmt: skip
-        if t + 1 in wanted:
-            emitted.append(state.clone())
-    o = torch.stack(outs, dim=1) if outs else q.new_empty((b, 0, H, V))
-    emitted_t = torch.stack(emitted) if emitted else state.new_empty((0, b, H, K, V))
-    return o, state, emitted_t
+    state = start_state(initial_state, (b, H, K, V), cdt, q.device)
+
+    def step(s: torch.Tensor, t: int) -> torch.Tensor:
+        return gated_delta_step_ref(
+            s, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], use_qk_l2norm=use_qk_l2norm
+        )
+
+    return token_by_token(step, state, L, check_positions(emit_at, L), q.new_empty((b, 0, H, V)))
 
 
 def check_delta_varlen(

@@ -28,7 +28,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import Outputs, check_varlen, compute_dtype, per_sequence
+from ._util import (
+    Outputs,
+    check_varlen,
+    compute_dtype,
+    per_sequence,
+    start_state,
+    token_by_token,
+)
 from .gated_delta import check_positions, prepare_qk
 
 
@@ -266,26 +273,15 @@ def kda_recurrent_ref(
     Same arguments, shapes and results as :func:`kda_chunk_ref` without ``chunk_size``.
     """
     b, L, H, K, V = check_kda_shapes(q, k, v, g, beta, initial_state)
-    wanted = set(check_positions(emit_at, L))
     cdt = compute_dtype(q, k, v, g, beta, initial_state)
-    if initial_state is None:
-        state = torch.zeros(b, H, K, V, dtype=cdt, device=q.device)
-    else:
-        state = initial_state.to(cdt).clone()
-    outs: list[torch.Tensor] = []
-    emitted: list[torch.Tensor] = []
-    for t in range(L):
-        outs.append(
-            kda_step_ref(
-                state, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t],
-                use_qk_l2norm=use_qk_l2norm,
-            )
-        )  # fmt: skip
-        if t + 1 in wanted:
-            emitted.append(state.clone())
-    o = torch.stack(outs, dim=1) if outs else q.new_empty((b, 0, H, V))
-    emitted_t = torch.stack(emitted) if emitted else state.new_empty((0, b, H, K, V))
-    return o, state, emitted_t
+    state = start_state(initial_state, (b, H, K, V), cdt, q.device)
+
+    def step(s: torch.Tensor, t: int) -> torch.Tensor:
+        return kda_step_ref(
+            s, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], use_qk_l2norm=use_qk_l2norm
+        )
+
+    return token_by_token(step, state, L, check_positions(emit_at, L), q.new_empty((b, 0, H, V)))
 
 
 def check_kda_varlen(
