@@ -27,11 +27,9 @@ from marconi_ray.engine.model.layers.packed import (
     PackedMixer,
     PackedPart,
     PartStates,
-    cu_seqlens,
+    delta_rule_parts,
     packed_conv,
     part_states,
-    split_states,
-    stacked_states,
 )
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import KDAConfig
@@ -171,25 +169,10 @@ class KDAMixer(PackedMixer, nn.Module):
         k = self.kernels
         mixed, convs = packed_conv(k, qkv, self._conv_weight(), None, parts, "silu")
         q, kk, v = self._split(mixed)
-        if len(parts) == 1:
-            (p,) = parts
-            o, final, emitted = k.kda_chunk(
-                q[None], kk[None], v[None], g[None], beta[None],
-                chunk_size=self._chunk(p.length),
-                initial_state=None if p.ssm is None else p.ssm[None],
-                emit_at=p.emit_at, use_qk_l2norm=True,
-            )  # fmt: skip
-            o, ssms = o[0], [(final[0], emitted[:, 0])]
-        else:
-            o, finals, emitted = k.kda_chunk_varlen(
-                q, kk, v, g, beta, cu_seqlens=cu_seqlens(parts),
-                chunk_size=self._chunk(max(p.length for p in parts)),
-                initial_states=stacked_states(
-                    [p.ssm for p in parts], lambda: self.empty_state(x.device)[1]
-                ),
-                emit_at=[p.emit_at for p in parts], use_qk_l2norm=True,
-            )  # fmt: skip
-            ssms = split_states(parts, finals, emitted)
+        o, ssms = delta_rule_parts(
+            k.kda_chunk, k.kda_chunk_varlen, (q, kk, v, g, beta), parts,
+            self._chunk, lambda: self.empty_state(x.device)[1],
+        )  # fmt: skip
         return self._output(o, x), part_states(convs, ssms)
 
     def decode(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:

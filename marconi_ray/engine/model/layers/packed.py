@@ -119,6 +119,40 @@ def split_states(
     return out
 
 
+def delta_rule_parts(
+    one: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    many: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    qkvgb: tuple[torch.Tensor, ...],
+    parts: Sequence[PackedPart],
+    chunk_size: Callable[[int], int],
+    empty_state: Callable[[], torch.Tensor],
+) -> tuple[torch.Tensor, list[Pair]]:
+    """A delta-rule scan (Gated DeltaNet, KDA) over packed parts: `one` (the kernel set's
+    `*_chunk`) for a single part, else `many` (`*_chunk_varlen`), each part from its own
+    state (`empty_state()` for none), q and k L2-normalised in the kernel.
+
+    Args:
+        qkvgb: (q, k [T, H, K], v [T, H, V], g [T, H] or [T, H, K], beta [T, H]).
+        chunk_size: the chunk length for a prefill of the given number of tokens.
+    Returns: o [T, H, V] and per part (final state, emitted states [len(emit_at), ...]).
+    """
+    if len(parts) == 1:
+        (p,) = parts
+        o, final, emitted = one(
+            *(t[None] for t in qkvgb), chunk_size=chunk_size(p.length),
+            initial_state=None if p.ssm is None else p.ssm[None],
+            emit_at=p.emit_at, use_qk_l2norm=True,
+        )  # fmt: skip
+        return o[0], [(final[0], emitted[:, 0])]
+    o, finals, emitted = many(
+        *qkvgb, cu_seqlens=cu_seqlens(parts),
+        chunk_size=chunk_size(max(p.length for p in parts)),
+        initial_states=stacked_states([p.ssm for p in parts], empty_state),
+        emit_at=[p.emit_at for p in parts], use_qk_l2norm=True,
+    )  # fmt: skip
+    return o, split_states(parts, finals, emitted)
+
+
 class PackedMixer:
     """`prefill` of one sequence as a packed prefill of one part, for mixers that define
     `prefill_packed(x [T, D], parts) -> (y [T, D], [PartStates per part])`."""
