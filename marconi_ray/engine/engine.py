@@ -102,6 +102,7 @@ def build_planner(
         alpha,
         tuner,
         host=host,
+        windows=spec.window_terms(),
     )
 
 

@@ -26,6 +26,7 @@ from marconi_ray.core.cache.tuner import (
     run_grid,
 )
 from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.window_term import WindowTerm
 from marconi_ray.core.tree.tree_types import KVHandle, Reclaimed
 from marconi_ray.core.wire import SCHEMA_VERSION, Record, check_header, check_int
 from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release, Slots, no_slots
@@ -104,16 +105,18 @@ class Planner:
         tuner: TunerConfig | None = None,
         on_tune_job: Callable[[TuneJob], None] | None = None,
         host: HostTier | None = None,
+        windows: tuple[WindowTerm, ...] = (),
     ) -> Planner:
         """A planner for a named caching system (`core.cache.systems`).
 
-        Its cache prices FLOPs with the spec's (linear, quadratic) coefficients `flops` and
+        Its cache prices FLOPs with the spec's (linear, quadratic) coefficients `flops`
+        and its sliding-window terms `windows` (`ModelSpec.window_terms`), and
         bytes as the replica's store holds them, `cache_bytes` on the device and `host`'s
         budget in host memory (None: no host tier). A tuned system with `alpha` None gets
         a bootstrap tuner (`tuner`, or the defaults); otherwise alpha is fixed.
         """
         spec = get_system(system)
-        cost = CostModel(flops[0], flops[1], kv_bytes_per_token, state_bytes)
+        cost = CostModel(flops[0], flops[1], kv_bytes_per_token, state_bytes, windows)
         config = spec.cache_config(int(cache_bytes), alpha or 0.0, host=host or NO_HOST_TIER)
         cache = PrefixCache(cost, config)
         bootstrap = BootstrapTuner(tuner or TunerConfig()) if spec.tuned and alpha is None else None

@@ -12,6 +12,7 @@ from marconi_ray.core.cache.invariants import check_tree
 from marconi_ray.core.cache.prefix_cache import CacheConfig, PrefixCache
 from marconi_ray.core.model.cost_model import EFFICIENCY_FORMULAS, CostModel, validate_efficiency
 from marconi_ray.core.model.presets import get_preset
+from marconi_ray.core.model.window_term import WindowTerm
 from marconi_ray.core.sim.replay import RunConfig, run_replay
 from marconi_ray.core.tree.radix_tree import RadixTree
 from marconi_ray.traces.registry import load_sample
@@ -67,7 +68,14 @@ def test_evicting_the_inner_node_updates_anchor_and_edge() -> None:
 
 
 @pytest.mark.parametrize("formula", sorted(EFFICIENCY_FORMULAS))
-@pytest.mark.parametrize("cost", [SMALL_COST, CostModel.from_spec(get_preset("paper-7b"))])
+@pytest.mark.parametrize(
+    "cost",
+    [
+        SMALL_COST,
+        CostModel.from_spec(get_preset("paper-7b")),
+        CostModel(1e3, 1.0, 10, 100, (WindowTerm(8.0, 4096), WindowTerm(3.0, 50_000))),
+    ],
+)
 def test_vectorised_equals_the_scalar_reference_exactly(formula: str, cost: CostModel) -> None:
     rng = np.random.default_rng(0)
     n = 2000

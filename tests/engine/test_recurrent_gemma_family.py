@@ -98,6 +98,21 @@ def test_batched_decode_equals_each_sequence_alone(model_dirs):
     check_batched_decode(model_dirs[FAMILY])
 
 
+def test_the_cache_prices_the_window_not_a_square(model_dirs):
+    """The engine's cache and a coordinator's planner price the windowed attention
+    layers' FLOPs as n * min(n, W) (`core.model.window_term`), not n * n: a token past the
+    window costs the same at any depth."""
+    from marconi_ray.engine.engine import Engine
+
+    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7)
+    cost = engine.cache.cost
+    assert [t.window for t in cost.windows] == [W] and cost.flops_quadratic == 0.0
+    assert (
+        cost.prefill_flops(1, W) == cost.prefill_flops(1, 10 * W) == cost.prefill_flops(1, 100 * W)
+    )
+    assert cost.prefill_flops(1, 2) < cost.prefill_flops(1, W // 2)  # below W: it grows
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_store_bytes_equal_the_cost_model(model_dirs, dtype):
     """The store prices a token's KV and a checkpoint's states as the cost model does,

@@ -102,3 +102,14 @@ def test_misses_for_want_of_a_state_reach_metrics() -> None:
     assert 'marconi_cache_stateless_misses_total{replica="r0"} 1.0' in body
     assert 'marconi_cache_stateless_miss_tokens_total{replica="r0"} 60.0' in body
     assert 'marconi_cache_stateless_miss_share{replica="r0"} 0.5' in body
+
+
+def test_a_coordinator_prices_sliding_windows(tmp_path: Path) -> None:
+    """The coordinator's planners price a windowed model's attention by its window
+    (`ModelSpec.window_terms` through `CacheState`), as the engine's cache does."""
+    rgemma = make_model("tiny", "recurrent_gemma", tmp_path / "rgemma")
+    coord = CacheCoordinator(make_settings(rgemma), journal=MemoryJournal())
+    coord.register_replica("r0", KV, STATE)
+    cost = coord.state.planners["r0"].cache.cost
+    assert cost.windows and cost.flops_quadratic == 0.0
+    assert cost.prefill_flops(1, 10_000) == cost.prefill_flops(1, 20_000)

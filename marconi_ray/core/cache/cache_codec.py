@@ -34,6 +34,7 @@ from marconi_ray.core.cache.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.cache.prefix_cache import CacheConfig, Plan, PrefixCache, as_tokens
 from marconi_ray.core.cache.stats import ADMISSION_REASONS, CacheStats
 from marconi_ray.core.model.cost_model import DEFAULT_EFFICIENCY, CostModel
+from marconi_ray.core.model.window_term import WindowTerm
 from marconi_ray.core.tree.radix_tree import FlatTree, RadixTree
 from marconi_ray.core.tree.tree_types import NO_STATE, Reclaimed
 from marconi_ray.core.wire import (
@@ -41,6 +42,7 @@ from marconi_ray.core.wire import (
     SCHEMA_VERSION,
     Fields,
     Record,
+    check_float,
     check_header,
     check_int,
     encode_array,
@@ -66,7 +68,7 @@ _CACHE_KEYS = (
     "reasons",
     "admission_state",
 )
-_COST_KEYS = ("flops_linear", "flops_quadratic", "kv_bytes_per_token", "state_bytes")
+_COST_KEYS = ("flops_linear", "flops_quadratic", "kv_bytes_per_token", "state_bytes", "windows")
 _CONFIG_KEYS = (
     "capacity_bytes",
     "admission",
@@ -102,6 +104,7 @@ _OPTIONAL_KEYS: dict[str, object] = {
     "states_hit": {},
     "reasons": None,
     "admission_state": {},
+    "windows": [],
 }
 """Keys later versions of the form added, and the value a form without one means (so
 snapshots written before them still restore as before)."""
@@ -188,6 +191,7 @@ def to_record(cache: PrefixCache, open_plans: bool = True) -> Record:
             "flops_quadratic": float(cost.flops_quadratic),
             "kv_bytes_per_token": int(cost.kv_bytes_per_token),
             "state_bytes": int(cost.state_bytes),
+            "windows": [[float(t.coefficient), int(t.window)] for t in cost.windows],
         },
         "config": {
             "capacity_bytes": int(config.capacity_bytes),
@@ -261,12 +265,13 @@ def _plan_locks(
 def from_record(state: object) -> PrefixCache:
     """Validate a `to_state` structure and rebuild the cache; ValueError if malformed."""
     top = check_header(_with_defaults(state, _CACHE_KEYS), "cache", CACHE_KIND, _CACHE_KEYS)
-    cost_f = Fields(top.get("cost"), "cache.cost", _COST_KEYS)
+    cost_f = Fields(_with_defaults(top.get("cost"), _COST_KEYS), "cache.cost", _COST_KEYS)
     cost = CostModel(
         cost_f.get_float("flops_linear"),
         cost_f.get_float("flops_quadratic"),
         cost_f.get_int("kv_bytes_per_token"),
         cost_f.get_int("state_bytes"),
+        _windows_from(cost_f.get("windows"), cost_f.where("windows")),
     )
     config_f = Fields(_with_defaults(top.get("config"), _CONFIG_KEYS), "cache.config", _CONFIG_KEYS)
     config = CacheConfig(
@@ -309,6 +314,19 @@ def _host_from(obj: object) -> HostTier:
         f.get_float("prefill_tflops"),
         f.get_str("placement"),
     )
+
+
+def _windows_from(obj: object, where: str) -> tuple[WindowTerm, ...]:
+    """The cost's window terms from [[coefficient, window], ...]; ValueError naming `where`."""
+    if not isinstance(obj, list):
+        raise ValueError(f"{where}: expected a list, got {type(obj).__name__}")
+    out = []
+    for i, item in enumerate(obj):
+        if not isinstance(item, list) or len(item) != 2:
+            raise ValueError(f"{where}[{i}]: expected [coefficient, window], got {item!r}")
+        coefficient = check_float(item[0], f"{where}[{i}][0]")
+        out.append(WindowTerm(coefficient, check_int(item[1], f"{where}[{i}][1]", 1)))
+    return tuple(out)
 
 
 def _with_defaults(obj: object, keys: tuple[str, ...]) -> object:

@@ -3,8 +3,9 @@
 A `ModelSpec` knows every layer; the cache only needs four scalars, because the FLOPs to
 prefill a full sequence of n tokens from scratch are a quadratic polynomial
 `total(n) = linear * n + quadratic * n**2` (attention's score/AV term is the only
-quadratic one), so prefilling `n_new` tokens after a cached prefix of `n_prefix` costs
-`total(n_prefix + n_new) - total(n_prefix)`.
+quadratic one), plus one `WindowTerm` per sliding window (`c * n * min(n, W)`: a windowed
+layer's queries see at most W keys), so prefilling `n_new` tokens after a cached prefix
+of `n_prefix` costs `total(n_prefix + n_new) - total(n_prefix)`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from marconi_ray.core.model.window_term import WindowTerm
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -32,6 +35,8 @@ class SpecLike(Protocol):
 
     def flops_coeffs(self) -> tuple[float, float]: ...
 
+    def window_terms(self) -> tuple[WindowTerm, ...]: ...
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -42,12 +47,15 @@ class CostModel:
         flops_quadratic: coefficient of n**2 in the from-scratch prefill FLOPs.
         kv_bytes_per_token: KV bytes of one token over all attention layers.
         state_bytes: bytes of one SSM checkpoint (SSM + conv state, all SSM layers).
+        windows: the sliding-window attention FLOPs, one term per window (see
+            `core.model.window_term`); none for a model without such layers.
     """
 
     flops_linear: float
     flops_quadratic: float
     kv_bytes_per_token: int
     state_bytes: int
+    windows: tuple[WindowTerm, ...] = ()
 
     def __post_init__(self) -> None:
         if self.flops_linear < 0 or self.flops_quadratic < 0:
@@ -62,16 +70,24 @@ class CostModel:
     @classmethod
     def from_spec(cls, spec: SpecLike) -> CostModel:
         linear, quadratic = spec.flops_coeffs()
-        return cls(linear, quadratic, spec.kv_bytes_per_token, spec.ssm_state_bytes)
+        return cls(
+            linear, quadratic, spec.kv_bytes_per_token, spec.ssm_state_bytes, spec.window_terms()
+        )
 
     def total_flops(self, n: int) -> float:
         """FLOPs to prefill n tokens from scratch."""
-        return self.flops_linear * n + self.flops_quadratic * n * n
+        out = self.flops_linear * n + self.flops_quadratic * n * n
+        for t in self.windows:
+            out = out + t.coefficient * t.pairs(n)
+        return out
 
     def prefill_flops(self, n_new: int, n_prefix: int = 0) -> float:
         """FLOPs to prefill `n_new` tokens after a cached prefix of `n_prefix` tokens."""
         end = n_prefix + n_new
-        return self.flops_linear * n_new + self.flops_quadratic * (end * end - n_prefix * n_prefix)
+        out = self.flops_linear * n_new + self.flops_quadratic * (end * end - n_prefix * n_prefix)
+        for t in self.windows:
+            out = out + t.coefficient * (t.pairs(end) - t.pairs(n_prefix))
+        return out
 
     def kv_bytes(self, n_tokens: int) -> int:
         return self.kv_bytes_per_token * n_tokens
@@ -140,6 +156,8 @@ class CostModel:
 def _prefill(cost: CostModel, n_new: IntArray, n_prefix: IntArray, end: IntArray) -> FloatArray:
     """`CostModel.prefill_flops(n_new, n_prefix)`, given `end == n_prefix + n_new`."""
     out: FloatArray = cost.flops_linear * n_new + cost.flops_quadratic * (n_new * (end + n_prefix))
+    for t in cost.windows:
+        out = out + t.coefficient * (t.pairs_array(end) - t.pairs_array(n_prefix))
     return out
 
 
@@ -163,6 +181,8 @@ def _eff_paper(
     leaf: npt.NDArray[np.bool_],
 ) -> FloatArray:
     flops = cost.flops_linear * depth + cost.flops_quadratic * depth * depth
+    for t in cost.windows:
+        flops = flops + t.coefficient * t.pairs_array(depth)
     out: FloatArray = flops / (cost.state_bytes + cost.kv_bytes_per_token * depth)
     return out
 

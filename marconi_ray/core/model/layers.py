@@ -8,6 +8,8 @@ Contract shared by every layer spec:
 - `kv_bytes_per_token(dtype_bytes)`: bytes of cached K and V per token (attention only).
 - `state_bytes(dtype_bytes)` / `conv_bytes(dtype_bytes)`: bytes of one cached recurrent
   state and of one cached conv state (SSM layers only). Layers without such state return 0.
+- `window_term()`: a sliding-window attention's score/AV FLOPs, `c*n*min(n, W)`, kept
+  apart from the coefficients (None for every other layer).
 - `kind` is one of `LAYER_KINDS`, so callers can sum FLOPs and bytes by kind.
 
 All dimensions are ints > 0 (ValueError naming the bad one otherwise). Norms, biases,
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Final
 
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
+from marconi_ray.core.model.window_term import WindowTerm
 
 KIND_ATTENTION: Final = "attention"
 KIND_SSM: Final = "ssm"
@@ -52,6 +55,11 @@ class LayerSpec(ABC):
     def conv_elements(self) -> int:
         """Elements of one cached conv1d state; 0 for layers without one."""
         return 0
+
+    def window_term(self) -> WindowTerm | None:
+        """FLOPs that grow with a sliding window rather than with n*n (windowed
+        attention); None for every other layer."""
+        return None
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of cached K and V per token."""
@@ -92,6 +100,10 @@ class AttentionLayer(LayerSpec):
             shared blocks read the 2*D concatenation of hidden state and embeddings).
         output_gate: the Q projection also emits a sigmoid gate of width H*hd (Qwen3.5,
             Qwen3-Next): it costs another 2*Din*(H*hd) per token.
+        window: a sliding window of this many keys per query (RecurrentGemma, LFM3): its
+            scores and AV cost 4*n*min(n, window)*(H*hd), a `window_term`, not a quadratic
+            coefficient. Its KV is priced per token like full attention's (the engine keeps
+            every row).
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -101,10 +113,13 @@ class AttentionLayer(LayerSpec):
     head_dim: int
     input_dim: int | None = None
     output_gate: bool = False
+    window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
             require_positive(name, getattr(self, name))
+        if self.window is not None:
+            require_positive("window", self.window)
         if self.input_dim is not None:
             require_positive("input_dim", self.input_dim)
         if self.n_heads % self.n_kv_heads != 0:
@@ -116,7 +131,12 @@ class AttentionLayer(LayerSpec):
         kv_width = self.n_kv_heads * self.head_dim
         q_proj = 2 * d_in * q_width * (2 if self.output_gate else 1)
         c1 = q_proj + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
-        return float(c1), float(4 * q_width)
+        return float(c1), 0.0 if self.window is not None else float(4 * q_width)
+
+    def window_term(self) -> WindowTerm | None:
+        if self.window is None:
+            return None
+        return WindowTerm(float(4 * self.n_heads * self.head_dim), self.window)
 
     def kv_elements_per_token(self) -> int:
         return 2 * self.n_kv_heads * self.head_dim

@@ -21,6 +21,7 @@ from marconi_ray.core.model.layers import (
     LayerSpec,
 )
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
+from marconi_ray.core.model.window_term import WindowTerm, group_windows
 
 
 def _require_tokens(name: str, value: int) -> None:
@@ -52,6 +53,7 @@ class ModelSpec:
     max_position: int | None = None
     state_dtype_bytes: int | None = None
     _coeffs: tuple[float, float] = field(init=False, repr=False, compare=False)
+    _windows: tuple[WindowTerm, ...] = field(init=False, repr=False, compare=False)
     _coeffs_by_kind: tuple[tuple[str, float, float], ...] = field(
         init=False, repr=False, compare=False
     )
@@ -82,6 +84,8 @@ class ModelSpec:
             by_kind[layer.kind][0] += c1
             by_kind[layer.kind][1] += c2
         sets = object.__setattr__
+        windowed = [t for t in (x.window_term() for x in layers) if t is not None]
+        sets(self, "_windows", group_windows(windowed))
         sets(self, "layers", layers)
         sets(self, "_coeffs_by_kind", tuple((k, v[0], v[1]) for k, v in by_kind.items()))
         sets(
@@ -98,14 +102,20 @@ class ModelSpec:
     # ---- FLOPs -------------------------------------------------------------------------
 
     def flops_coeffs(self) -> tuple[float, float]:
-        """(c1, c2) summed over layers: `total_flops(n) == c1*n + c2*n*n` (cached)."""
+        """(c1, c2) summed over layers: `total_flops(n) == c1*n + c2*n*n` plus the
+        `window_terms` (cached)."""
         return self._coeffs
+
+    def window_terms(self) -> tuple[WindowTerm, ...]:
+        """The sliding-window attention FLOPs, one term per window (none without such
+        layers): each adds `coefficient * n * min(n, window)` to `total_flops(n)`."""
+        return self._windows
 
     def total_flops(self, n: int) -> float:
         """FLOPs to prefill n tokens from scratch (n >= 0)."""
         _require_tokens("n", n)
         c1, c2 = self._coeffs
-        return c1 * n + c2 * n * n
+        return c1 * n + c2 * n * n + sum(t.coefficient * t.pairs(n) for t in self._windows)
 
     def prefill_flops(self, n_new: int, n_prefix: int = 0) -> float:
         """FLOPs to prefill `n_new` tokens after a cached prefix of `n_prefix` tokens.
@@ -116,14 +126,21 @@ class ModelSpec:
         _require_tokens("n_new", n_new)
         _require_tokens("n_prefix", n_prefix)
         c1, c2 = self._coeffs
-        return c1 * n_new + c2 * n_new * (2 * n_prefix + n_new)
+        return c1 * n_new + c2 * n_new * (2 * n_prefix + n_new) + self._windowed(n_new, n_prefix)
+
+    def _windowed(self, n_new: int, n_prefix: int) -> float:
+        """The window terms' FLOPs of `n_new` tokens after `n_prefix` (exact ints first)."""
+        end = n_prefix + n_new
+        return sum(t.coefficient * (t.pairs(end) - t.pairs(n_prefix)) for t in self._windows)
 
     def prefill_flops_by_kind(self, n_new: int, n_prefix: int = 0) -> dict[str, float]:
         """`prefill_flops` split by layer kind; has a key for every kind in `LAYER_KINDS`."""
         _require_tokens("n_new", n_new)
         _require_tokens("n_prefix", n_prefix)
         quad = n_new * (2 * n_prefix + n_new)
-        return {k: c1 * n_new + c2 * quad for k, c1, c2 in self._coeffs_by_kind}
+        out = {k: c1 * n_new + c2 * quad for k, c1, c2 in self._coeffs_by_kind}
+        out[KIND_ATTENTION] += self._windowed(n_new, n_prefix)
+        return out
 
     # ---- bytes -------------------------------------------------------------------------
 

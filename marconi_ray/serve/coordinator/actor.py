@@ -132,7 +132,12 @@ class CacheCoordinator:
         spec = spec_from_architecture(arch, DTYPE_BYTES[settings.dtype])
         self.clock = clock
         self.state = CacheState(
-            settings, spec.flops_coeffs(), arch.context_limit, clock, self._send_job
+            settings,
+            spec.flops_coeffs(),
+            arch.context_limit,
+            clock,
+            self._send_job,
+            spec.window_terms(),
         )
         self._tuner: Any = None
         self._jobs: dict[str, float] = {}

@@ -33,6 +33,7 @@ from typing import Any
 from marconi_ray.core.cache.invariants import check_cache_tiers
 from marconi_ray.core.cache.tuner import TuneJob
 from marconi_ray.core.model.cost_model import CostModel
+from marconi_ray.core.model.window_term import WindowTerm
 from marconi_ray.core.wire import decode_array, encode_array
 from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release
@@ -81,6 +82,7 @@ class CacheState:
     Args:
         settings: the deployment (system, cache sizes per tier, alpha, tuner, lease_s).
         flops: (linear, quadratic) prefill FLOP coefficients of the model.
+        windows: its sliding-window attention FLOP terms (`ModelSpec.window_terms`).
         max_position: the model's context limit.
         clock: wall-clock seconds (lease deadlines).
         send_job: called with (replica id, job) when a replica's tuner wants a grid
@@ -94,9 +96,11 @@ class CacheState:
         max_position: int,
         clock: Callable[[], float],
         send_job: SendJob,
+        windows: tuple[WindowTerm, ...] = (),
     ) -> None:
         self.settings = settings
         self.flops = flops
+        self.windows = windows
         self.max_position = max_position
         self.clock = clock
         self._send_job = send_job
@@ -152,6 +156,7 @@ class CacheState:
             s.tuner,
             on_tune_job=functools.partial(self._on_job, op.replica),
             host=s.host_tier,
+            windows=self.windows,
         )
         self.replicas[op.replica] = ReplicaInfo(
             op.kv_bytes_per_token, op.state_bytes, op.generation, True, self.clock()

@@ -142,8 +142,11 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             return ShortConvLayer(d_model, k)
         case RGLRUConfig(lru_width=w, n_heads=h, d_conv=k):
             return RGLRULayer(d_model, w, h, k)
-        case SlidingAttentionConfig(attention=attn):
-            return layer_spec(attn, d_model)
+        case SlidingAttentionConfig(attention=attn, window=w):
+            d_in = attn.input_dim
+            return AttentionLayer(
+                d_model, attn.n_heads, attn.n_kv_heads, attn.head_dim, d_in, attn.output_gate, w
+            )
         case LightningConfig(n_heads=h, head_dim=hd):
             return LightningLayer(d_model, h, hd)
         case LinearConfig(d_in=d_in, d_out=d_out):

@@ -118,7 +118,10 @@ class ReplicaView:
 def queue_flops(cost: CostModel, load_tokens: float) -> float:
     """`cost.total_flops(load_tokens)` for a real-valued length: what one open request is
     charged as."""
-    return float(cost.flops_linear * load_tokens + cost.flops_quadratic * load_tokens**2)
+    flops = cost.flops_linear * load_tokens + cost.flops_quadratic * load_tokens**2
+    for t in cost.windows:
+        flops += t.coefficient * load_tokens * min(load_tokens, t.window)
+    return float(flops)
 
 
 class Contender(NamedTuple):
