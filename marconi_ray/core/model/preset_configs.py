@@ -390,8 +390,9 @@ on dt, B and C), no attention: no KV at all, every cached prefix is a state."""
 #   `released_48b_config_parses_with_one_based_layers`. ndif-team/nnterp
 #   tests/families/test_kimi_linear.py (commit a1ad7410ee906479f84c2a9123b1707bcb274745)
 #   confirms that the released file lists the last layer (27) as full attention. The file
-#   also carries "head_dim": 72 and "num_key_value_heads": 32, which no MLA shape reads
-#   (transformers' KimiLinear derives every width from the MLA keys), so they are left out.
+#   also carries "head_dim": 72 (which transformers overwrites with qk_rope_head_dim) and
+#   "num_key_value_heads": 32 (the number of heads: no grouping of the expanded keys); the
+#   parser reads neither, so they are left out.
 # - allenai/Olmo-Hybrid-7B: `olmo3_hybrid_7B` in allenai/open-instruct
 #   open_instruct/olmo_core_hybrid.py (commit e6c3044aa6201c8bfa4573c1b03142af599e730d,
 #   "The config for allenai/Olmo-Hybrid-7B": hidden 3840, 32 layers with full attention
