@@ -426,7 +426,13 @@ on dt, B and C), no attention: no KV at all, every cached prefix is a state."""
 # - google/recurrentgemma-2b: the copy tests/core/test_recurrent_gemma_config.py holds
 #   (RECURRENTGEMMA_2B; the code index does not name its repository), its read keys only:
 #   `head_dim` (256, what transformers derives anyway) and `_block_types` (the default
-#   cycle, unread by transformers) are left out.
+#   cycle, unread by transformers) are left out. Every shape the cost model uses agrees
+#   with Google's own preset, google-deepmind/recurrentgemma recurrentgemma/common.py
+#   `Preset.RECURRENT_GEMMA_2B_V1` (commit 2efa84dac0e68e63547a27a18fa943c98f1c312e):
+#   width 2560, LRU width 2560, 10 heads, 26 blocks of the cycle recurrent, recurrent,
+#   attention, window 2048, MLP 3 x 2560 (transformers' intermediate_size 15360 is twice
+#   that, and it halves it), soft cap 30, vocab 256000, conv width 4 (the modules'
+#   default), one KV head (`proj_k` is one head wide in recurrentgemma/torch/modules.py).
 
 KIMI_LINEAR_48B_A3B: Final[Mapping[str, object]] = MappingProxyType(
     {
