@@ -13,15 +13,20 @@ from transformers import (
     FalconMambaConfig,
     GraniteMoeHybridConfig,
     JambaConfig,
+    KimiLinearConfig,
     Lfm2Config,
+    MiniMaxConfig,
     NemotronHConfig,
+    OlmoHybridConfig,
     Qwen3_5Config,
     Qwen3_5MoeConfig,
     Qwen3NextConfig,
+    RecurrentGemmaConfig,
 )
 
 from marconi_ray.core.model import preset_configs
 from marconi_ray.core.model.hf.parse import parse_hf_config
+from marconi_ray.core.model.kimi_layers import KDALayer, MLALayer
 from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
@@ -29,7 +34,9 @@ from marconi_ray.core.model.layers import (
     Mamba2Layer,
     MLPLayer,
     MoELayer,
+    RGLRULayer,
 )
+from marconi_ray.core.model.lightning_layer import LightningLayer
 from marconi_ray.core.model.presets import PRESETS, get_preset
 
 BF16 = 2
@@ -94,8 +101,44 @@ NO_KV = {"falcon-mamba-7b"}
 """Pure SSMs: no KV bytes and no quadratic FLOPs."""
 
 
+def kda_state_bytes(heads: int, head_dim: int, kernel: int) -> int:
+    """One KDA layer: recurrent heads x head_dim x head_dim in fp32 plus the q, k and v
+    conv windows, 3 x heads*head_dim x kernel, in bf16."""
+    return heads * head_dim * head_dim * FP32 + 3 * heads * head_dim * kernel * BF16
+
+
+def lightning_state_bytes(heads: int, head_dim: int) -> int:
+    """One lightning attention layer: a head_dim x head_dim fp32 state per head, no conv."""
+    return heads * head_dim * head_dim * FP32
+
+
+def rglru_state_bytes(width: int, kernel: int) -> int:
+    """One RG-LRU block: the fp32 LRU state (width) plus its conv window in bf16."""
+    return width * FP32 + width * kernel * BF16
+
+
+# name: (recurrent layers, one layer's state bytes, KV layers, KV bytes of one layer per
+#        token, max positions), every number from the published config (preset_configs)
+HYBRIDS_2026 = {
+    # KDA at the 20 layers of kda_layers, 32 heads of 128, conv 4; MLA at the 7 layers of
+    # full_attn_layers caches the latent (kv_lora_rank 512) and the shared RoPE key (64)
+    "kimi-linear-48b-a3b": (20, kda_state_bytes(32, 128, 4), 7, (512 + 64) * BF16, 1048576),
+    # Gated DeltaNet at 24 of 32 layers (30 key and 30 value heads of 96 / 192); full
+    # attention at every 4th with 30 KV heads of 3840 / 30 = 128
+    "olmo-hybrid-7b": (24, gdn_state_bytes(30, 30, 96, 192, 4), 8, 2 * 30 * 128 * BF16, 65536),
+    # lightning attention at 70 of 80 layers (64 heads of 128); softmax attention at every
+    # 8th with 8 KV heads of 128
+    "minimax-text-01": (70, lightning_state_bytes(64, 128), 10, 2 * 8 * 128 * BF16, 10240000),
+    # the cycle recurrent, recurrent, attention over 26 layers: 18 RG-LRU blocks of width
+    # 2560 (conv 4), 8 local attentions with one KV head of 2560 / 10 = 256, priced as
+    # ordinary KV per token (the window frees rows past 2048, the cost model does not);
+    # no context limit in the config
+    "recurrentgemma-2b": (18, rglru_state_bytes(2560, 4), 8, 2 * 1 * 256 * BF16, None),
+}
+
+
 def test_registry() -> None:
-    assert set(PRESETS) == {"paper-7b", *SHAPES, *FLEET}
+    assert set(PRESETS) == {"paper-7b", *SHAPES, *FLEET, *HYBRIDS_2026}
     with pytest.raises(ValueError, match=r"qwen3\.5-27b"):
         get_preset("qwen-nope")
 
@@ -236,6 +279,10 @@ CLASSES: dict[str, Callable[..., Any]] = {
     "JAMBA_1_5_MINI": JambaConfig,
     "LFM2_2_6B": Lfm2Config,
     "FALCON_MAMBA_7B": FalconMambaConfig,
+    "KIMI_LINEAR_48B_A3B": KimiLinearConfig,
+    "OLMO_HYBRID_7B": OlmoHybridConfig,
+    "MINIMAX_TEXT_01": MiniMaxConfig,
+    "RECURRENTGEMMA_2B": RecurrentGemmaConfig,
 }
 
 
@@ -261,3 +308,63 @@ def test_falcon_mamba_is_states_only() -> None:
     spec = get_preset("falcon-mamba-7b")
     assert all(isinstance(x, Mamba1Layer) for x in spec.layers) and len(spec.layers) == 64
     assert spec.ssm_state_bytes == 37_748_736 and spec.kv_bytes_per_token == 0
+
+
+@pytest.mark.parametrize("name", sorted(HYBRIDS_2026))
+def test_2026_hybrids_state_and_kv_bytes_by_hand(name: str) -> None:
+    n_recurrent, layer_state, n_kv, layer_kv, positions = HYBRIDS_2026[name]
+    spec = get_preset(name)
+    assert (spec.n_ssm, spec.n_attention) == (n_recurrent, n_kv)
+    assert spec.ssm_state_bytes == n_recurrent * layer_state
+    assert spec.kv_bytes_per_token == n_kv * layer_kv
+    assert spec.max_position == positions
+
+
+def test_2026_hybrids_published_numbers() -> None:
+    """The figures docs/RESULTS.md quotes: bytes of one state, KV bytes per token, and one
+    state in tokens of KV."""
+    specs = {n: get_preset(n) for n in HYBRIDS_2026}
+    assert {n: (s.ssm_state_bytes, s.kv_bytes_per_token) for n, s in specs.items()} == {
+        "kimi-linear-48b-a3b": (43_909_120, 8_064),
+        "olmo-hybrid-7b": (55_296_000, 122_880),
+        "minimax-text-01": (293_601_280, 40_960),
+        "recurrentgemma-2b": (552_960, 8_192),
+    }
+    ratios = {n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1) for n, s in specs.items()}
+    assert ratios == {
+        "kimi-linear-48b-a3b": 5445.1,
+        "olmo-hybrid-7b": 450.0,
+        "minimax-text-01": 7168.0,
+        "recurrentgemma-2b": 67.5,
+    }
+
+
+def test_2026_hybrids_layer_kinds_and_feed_forwards() -> None:
+    kimi = get_preset("kimi-linear-48b-a3b").layers
+    mixers = [x for x in kimi if isinstance(x, (KDALayer, MLALayer))]
+    assert [i + 1 for i, x in enumerate(mixers) if isinstance(x, MLALayer)] == [
+        4, 8, 12, 16, 20, 24, 27
+    ]  # fmt: skip
+    assert {x.kv_elements_per_token() for x in mixers if isinstance(x, MLALayer)} == {576}
+    assert [(x.d_ff, x.gated) for x in kimi if isinstance(x, MLPLayer)] == [(9216, True)]
+    moes = [x for x in kimi if isinstance(x, MoELayer)]
+    assert len(moes) == 26 and {(m.n_experts, m.top_k, m.d_ff, m.shared_d_ff) for m in moes} == {
+        (256, 8, 1024, 1024)
+    }
+    olmo = get_preset("olmo-hybrid-7b").layers
+    kinds = [x for x in olmo if isinstance(x, (AttentionLayer, GatedDeltaNetLayer))]
+    assert [i for i, x in enumerate(kinds) if isinstance(x, AttentionLayer)] == list(
+        range(3, 32, 4)
+    )
+    assert {(x.d_ff, x.gated) for x in olmo if isinstance(x, MLPLayer)} == {(11008, True)}
+    minimax = get_preset("minimax-text-01").layers
+    kinds = [x for x in minimax if isinstance(x, (AttentionLayer, LightningLayer))]
+    assert [i for i, x in enumerate(kinds) if isinstance(x, AttentionLayer)] == list(
+        range(7, 80, 8)
+    )
+    moes = [x for x in minimax if isinstance(x, MoELayer)]
+    assert len(moes) == 80 and {(m.n_experts, m.top_k, m.d_ff) for m in moes} == {(32, 2, 9216)}
+    gemma = get_preset("recurrentgemma-2b")
+    kinds = [x for x in gemma.layers if isinstance(x, (AttentionLayer, RGLRULayer))]
+    assert [isinstance(x, AttentionLayer) for x in kinds] == [i % 3 == 2 for i in range(26)]
+    assert gemma.ssm_recurrent_bytes == 18 * 2560 * FP32

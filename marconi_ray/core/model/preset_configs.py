@@ -375,3 +375,188 @@ FALCON_MAMBA_7B: Final[Mapping[str, object]] = MappingProxyType(
 )
 """tiiuae/falcon-mamba-7b: 64 Mamba-1 layers (d_inner 8192, state 16, weightless RMSNorms
 on dt, B and C), no attention: no KV at all, every cached prefix is a state."""
+
+# ---- the 2026 hybrids -----------------------------------------------------------------
+#
+# Sources (the hub files could not be opened from here; each value comes from the copy
+# named, key for key unless a note says otherwise):
+# - moonshotai/Kimi-Linear-48B-A3B-Instruct: the config.json of a quantized derivative,
+#   Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4, as a hub mirror serves it
+#   (hf.898520.xyz/Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4/resolve/main/config.json:
+#   the base file's keys plus a `quantization_config`). Two copies the code index holds
+#   without naming their repositories agree key for key on every kept key: a Swift test
+#   fixture that calls itself "the production checkpoint config, verbatim" (its own
+#   `quantization` block aside, transformers_version 4.57.1) and a Rust test
+#   `released_48b_config_parses_with_one_based_layers`. ndif-team/nnterp
+#   tests/families/test_kimi_linear.py (commit a1ad7410ee906479f84c2a9123b1707bcb274745)
+#   confirms that the released file lists the last layer (27) as full attention. The file
+#   also carries "head_dim": 72 (which transformers overwrites with qk_rope_head_dim) and
+#   "num_key_value_heads": 32 (the number of heads: no grouping of the expanded keys); the
+#   parser reads neither, so they are left out.
+# - allenai/Olmo-Hybrid-7B: `olmo3_hybrid_7B` in allenai/open-instruct
+#   open_instruct/olmo_core_hybrid.py (commit e6c3044aa6201c8bfa4573c1b03142af599e730d,
+#   "The config for allenai/Olmo-Hybrid-7B": hidden 3840, 32 layers with full attention
+#   at 3, 7, ..., 31, 30 heads / 30 KV heads of 128, MLP 11008, GDN 30 key / 30 value
+#   heads of 96 / 192, conv 4, negative eigenvalues allowed, untied, and "config.json
+#   carries rope_parameters = {"rope_theta": null}": NoPE), with the vocabulary 100352 from
+#   that repository's test of it (open_instruct/test_olmo_core_hybrid.py, same commit).
+#   The rest is transformers 5.25's `OlmoHybridConfig` defaults, which its docstring says
+#   give "a similar configuration to that of allenai/Olmo-Hybrid-7B" and which equal the
+#   open-instruct values wherever both give one: max_position_embeddings 65536,
+#   rms_norm_eps 1e-6, no attention bias, eos 100257. (A third-party audit the code index
+#   holds, unnamed, tabulates the same values for the public 7B configs and notes that the
+#   Instruct / Think checkpoints say 32768 positions; the copies disagree on how NoPE is
+#   written, `rope_parameters` null or `{"rope_theta": null}`; no cost figure depends on
+#   either.)
+# - MiniMaxAI/MiniMax-Text-01: its shapes are those of MiniMax-M1, "developed based on our
+#   previous MiniMax-Text-01 model" (MiniMax-AI/MiniMax-M1 README.md), whose config.json
+#   that GitHub repository carries (MiniMax-AI/MiniMax-M1 config.json, commit
+#   2abb4f45a9df4154b4bde024d51874bd127edcee, model_type "minimax_m1", remote code). The
+#   MiniMax-Text-01 model card (MiniMax-AI/MiniMax-01 MiniMax-Text-01-Model-Card.md,
+#   commit 57cf223b177e99636c7711a0f179e9fdc9c38e8a) agrees on every shape it gives: 80
+#   layers, a softmax attention after every 7 lightning attentions, 64 heads of 128, 32
+#   experts of 9216, top-2, RoPE on half of the head with base 1e7, hidden 6144, vocab
+#   200064; the 8 KV heads are the M1 file's only. The remote-code keys are written in
+#   transformers 5's native `minimax` names, translated as transformers' MiniMax-VL-01
+#   config migrates a MiniMax-Text-01 text config (`attn_type_list` -> `layer_types`,
+#   `layernorm_*_alpha` / `_beta` -> `*_alpha_factor` / `_beta_factor`, `rotary_dim` 64 of
+#   128 -> partial_rotary_factor 0.5): transformers 5.25's `MiniMaxConfig` ignores the
+#   legacy names. The M1 file's max_position_embeddings (10240000) is kept; the file has no
+#   eos_token_id (null).
+# - google/recurrentgemma-2b: the copy tests/core/test_recurrent_gemma_config.py holds
+#   (RECURRENTGEMMA_2B; the code index does not name its repository), its read keys only:
+#   `head_dim` (256, what transformers derives anyway) and `_block_types` (the default
+#   cycle, unread by transformers) are left out. Every shape the cost model uses agrees
+#   with Google's own preset, google-deepmind/recurrentgemma recurrentgemma/common.py
+#   `Preset.RECURRENT_GEMMA_2B_V1` (commit 2efa84dac0e68e63547a27a18fa943c98f1c312e):
+#   width 2560, LRU width 2560, 10 heads, 26 blocks of the cycle recurrent, recurrent,
+#   attention, window 2048, MLP 3 x 2560 (transformers' intermediate_size 15360 is twice
+#   that, and it halves it), soft cap 30, vocab 256000, conv width 4 (the modules'
+#   default), one KV head (`proj_k` is one head wide in recurrentgemma/torch/modules.py).
+
+KIMI_LINEAR_48B_A3B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "kimi_linear",
+        "vocab_size": 163840,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 32,
+        "hidden_act": "silu",
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "linear_attn_config": {
+            "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+            "head_dim": 128,
+            "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+            "num_heads": 32,
+            "short_conv_kernel_size": 4,
+        },
+        "model_max_length": 1048576,
+        "moe_intermediate_size": 1024,
+        "moe_renormalize": True,
+        "num_expert_group": 1,
+        "num_experts": 256,
+        "num_experts_per_token": 8,
+        "num_shared_experts": 1,
+        "routed_scaling_factor": 2.446,
+        "topk_group": 1,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "eos_token_id": 163586,
+    }
+)
+"""moonshotai/Kimi-Linear-48B-A3B-Instruct: 20 KDA (32 heads of 128, conv 4) and 7 NoPE
+MLA layers (latent 512 + shared RoPE key 64 cached per token), a dense SwiGLU first and
+256-expert top-8 sigmoid MoEs with one shared expert after."""
+
+OLMO_HYBRID_7B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "olmo_hybrid",
+        "vocab_size": 100352,
+        "hidden_size": 3840,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 30,
+        "num_key_value_heads": 30,
+        "hidden_act": "silu",
+        "max_position_embeddings": 65536,
+        "rms_norm_eps": 1e-06,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "eos_token_id": 100257,
+        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(32)],
+        "linear_num_key_heads": 30,
+        "linear_num_value_heads": 30,
+        "linear_key_head_dim": 96,
+        "linear_value_head_dim": 192,
+        "linear_conv_kernel_dim": 4,
+        "linear_allow_neg_eigval": True,
+        "rope_parameters": {"rope_theta": None},
+    }
+)
+"""allenai/Olmo-Hybrid-7B: 24 Gated DeltaNet layers (30 heads, keys 96, values 192) and 8
+post-norm NoPE attention layers (30 KV heads of 128, no grouping), gated MLPs of 11008."""
+
+MINIMAX_TEXT_01: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "minimax",
+        "vocab_size": 200064,
+        "hidden_size": 6144,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 80,
+        "layer_types": ["full_attention" if i % 8 == 7 else "linear_attention" for i in range(80)],
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "num_local_experts": 32,
+        "num_experts_per_tok": 2,
+        "full_attn_alpha_factor": 3.5565588200778455,
+        "full_attn_beta_factor": 1.0,
+        "linear_attn_alpha_factor": 3.5565588200778455,
+        "linear_attn_beta_factor": 1.0,
+        "mlp_alpha_factor": 3.5565588200778455,
+        "mlp_beta_factor": 1.0,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.5,
+        },
+        "max_position_embeddings": 10240000,
+        "rms_norm_eps": 1e-05,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "eos_token_id": None,
+    }
+)
+"""MiniMaxAI/MiniMax-Text-01 (456B, 45.9B active; the M1 file's shapes): 70 lightning
+attention layers (64 heads of 128, a 128 x 128 fp32 state each) and 10 GQA softmax layers
+(8 KV heads of 128), every one followed by 32 SwiGLU experts of 9216, top-2."""
+
+RECURRENTGEMMA_2B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "recurrent_gemma",
+        "vocab_size": 256000,
+        "hidden_size": 2560,
+        "intermediate_size": 15360,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 10,
+        "num_key_value_heads": 1,
+        "lru_width": 2560,
+        "conv1d_width": 4,
+        "attention_window_size": 2048,
+        "attention_bias": False,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "logits_soft_cap": 30.0,
+        "partial_rotary_factor": 0.5,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-06,
+    }
+)
+"""google/recurrentgemma-2b: 18 RG-LRU blocks (width 2560, conv 4) and 8 local attention
+layers (window 2048, one KV head of 256) in the cycle recurrent, recurrent, attention."""

@@ -1,8 +1,9 @@
 """Named model specs that need no config file: the Marconi paper's 7B hybrid (fp16
 everywhere, the paper's convention) and the published hybrids of the fleet (Qwen3.5,
-Qwen3-Next, Nemotron 3 Nano, Granite 4.0-H, Falcon-H1, Jamba 1.5, LFM2) and pure SSMs
-(Falcon-Mamba); their config.json values in `preset_configs`, with their sources; bf16
-KV and conv states, fp32 recurrent states as the engine keeps them)."""
+Qwen3-Next, Nemotron 3 Nano, Granite 4.0-H, Falcon-H1, Jamba 1.5, LFM2, Kimi Linear, OLMo
+Hybrid, MiniMax-Text-01, RecurrentGemma) and pure SSMs (Falcon-Mamba); their config.json
+values in `preset_configs`, with their sources; bf16 KV and conv states, fp32 recurrent
+states as the engine keeps them)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def paper_7b() -> ModelSpec:
 
 def _published(name: str, config: Mapping[str, object]) -> Callable[[], ModelSpec]:
     """A factory of the spec of a published config.json: KV and conv states in bf16, the
-    recurrent states (Gated DeltaNet, Mamba-1/2) in fp32, as the engine keeps them (and as
-    the Qwen models run the delta rule and Nemotron 3 Nano's config asks,
-    mamba_ssm_cache_dtype float32)."""
+    recurrent states (Gated DeltaNet, KDA, lightning attention, RG-LRU, Mamba-1/2) in
+    fp32, as the engine keeps them (and as the Qwen models run the delta rule and
+    Nemotron 3 Nano's config asks, mamba_ssm_cache_dtype float32)."""
 
     def build() -> ModelSpec:
         return spec_from_hf_config(config, dtype_bytes=2, name=name, state_dtype_bytes=4)
@@ -75,6 +76,12 @@ PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType(
         "jamba-1.5-mini": _published("jamba-1.5-mini", preset_configs.JAMBA_1_5_MINI),
         "lfm2-2.6b": _published("lfm2-2.6b", preset_configs.LFM2_2_6B),
         "falcon-mamba-7b": _published("falcon-mamba-7b", preset_configs.FALCON_MAMBA_7B),
+        "kimi-linear-48b-a3b": _published(
+            "kimi-linear-48b-a3b", preset_configs.KIMI_LINEAR_48B_A3B
+        ),
+        "olmo-hybrid-7b": _published("olmo-hybrid-7b", preset_configs.OLMO_HYBRID_7B),
+        "minimax-text-01": _published("minimax-text-01", preset_configs.MINIMAX_TEXT_01),
+        "recurrentgemma-2b": _published("recurrentgemma-2b", preset_configs.RECURRENTGEMMA_2B),
     }
 )
 """Immutable registry of preset names -> spec factories."""
