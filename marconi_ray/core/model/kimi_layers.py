@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from marconi_ray.core.model.hf.kda_arch import KDAConfig
-from marconi_ray.core.model.hf.mla_arch import MLAConfig
 from marconi_ray.core.model.layers import KIND_ATTENTION, KIND_SSM, LayerSpec
 from marconi_ray.core.model.spec_checks import require_positive
 
@@ -95,18 +93,3 @@ class MLALayer(LayerSpec):
 
     def kv_elements_per_token(self) -> int:
         return self.kv_lora_rank + self.qk_rope_head_dim
-
-
-def kimi_layer_spec(config: KDAConfig | MLAConfig, d_model: int) -> LayerSpec:
-    """The cost model of a KDA or MLA block of a model with residual width `d_model`."""
-    if isinstance(config, KDAConfig):
-        return KDALayer(d_model, config.n_heads, config.head_dim, config.d_conv)
-    return MLALayer(
-        d_model,
-        config.n_heads,
-        config.kv_lora_rank,
-        config.qk_nope_head_dim,
-        config.qk_rope_head_dim,
-        config.v_head_dim,
-        config.q_lora_rank,
-    )

@@ -35,7 +35,7 @@ from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
 from marconi_ray.core.model.hf.recurrent_gemma import parse_recurrent_gemma
-from marconi_ray.core.model.kimi_layers import kimi_layer_spec
+from marconi_ray.core.model.kimi_layers import KDALayer, MLALayer
 from marconi_ray.core.model.layers import (
     AttentionLayer,
     GatedDeltaNetLayer,
@@ -151,8 +151,14 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             return LightningLayer(d_model, h, hd)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
-        case KDAConfig() | MLAConfig():
-            return kimi_layer_spec(config, d_model)
+        case KDAConfig(n_heads=h, head_dim=hd, d_conv=k):
+            return KDALayer(d_model, h, hd, k)
+        case MLAConfig():
+            m = config
+            return MLALayer(
+                d_model, m.n_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
+                m.v_head_dim, m.q_lora_rank,
+            )  # fmt: skip
     raise TypeError(f"not a block config: {config!r}")
 
 
