@@ -29,6 +29,7 @@ from marconi_ray.core.model.hf.arch import (
     ShortConvConfig,
     SlidingAttentionConfig,
 )
+from marconi_ray.core.model.hf.bailing import parse_bailing_hybrid
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
 from marconi_ray.core.model.hf.lightning import LightningConfig
@@ -77,6 +78,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "recurrent_gemma": parse_recurrent_gemma,
         "kimi_linear": parse_kimi_linear,
         "minimax": parse_minimax,
+        "bailing_hybrid": parse_bailing_hybrid,
     }
 )
 
