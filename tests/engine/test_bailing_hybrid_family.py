@@ -27,8 +27,10 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.layers.kda import KDAMixer
 from marconi_ray.engine.model.layers.mla import MLAttention
-from marconi_ray.engine.model.loader import read_config
+from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
+from marconi_ray.engine.store.state_store import StateStore
 
 FAMILY = "bailing_hybrid"
 MIN_MOVE = 10 * HF_LOGIT_TOL
@@ -153,3 +155,38 @@ def test_checkpoint_uses_lings_names(model_dirs):
     assert keys[layer0 + "A_log"].dim() == 1
     assert layer3 + "dense.bias" in keys and layer3 + "g_proj.weight" in keys
     assert "model.layers.1.mlp.gate.expert_bias" in keys
+
+
+def test_packed_prefill_on_the_pool_equals_one_at_a_time(model_dirs):
+    """Three requests (one resuming after 7 cached rows, so its RoPE positions start at
+    7) prefilled in one forward on the pool give the logits, KDA checkpoints and rotated
+    latent rows of each prefilled alone."""
+    model = load_model(model_dirs[FAMILY])
+    ids = [torch.tensor(p) for p in prompts(12, 3, 20, model.cfg.vocab_size)]
+
+    def run(together: bool):
+        store = StateStore(model)
+        states = [SeqState(rows=torch.as_tensor(store.device_rows(store.alloc_slots(20))))
+                  for _ in ids]  # fmt: skip
+        rows = states[1].rows
+        states[1].rows = rows[:7]
+        model.prefill(ids[1][:7], states[1], (), store.device_kv)
+        states[1].rows = rows
+        parts = [PrefillPart(ids[0], states[0], (5, 20)), PrefillPart(ids[1][7:], states[1], (9,)),
+                 PrefillPart(ids[2][:3], SeqState(rows=states[2].rows[:3]), (2,))]  # fmt: skip
+        if together:
+            out = model.prefill_many(parts, store.device_kv)
+        else:
+            out = [model.prefill_many([p], store.device_kv)[0] for p in parts]
+        kv = [store.device_kv.k[i][:, p.state.rows] for i in model.attn_blocks for p in parts]
+        return out, kv
+
+    got, got_kv = run(True)
+    want, want_kv = run(False)
+    for (ckpts, logits), (want_ckpts, want_logits) in zip(got, want, strict=True):
+        torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=0)
+        for c, w in zip(ckpts, want_ckpts, strict=True):
+            for i in model.ssm_blocks:
+                torch.testing.assert_close(c.ssm[i], w.ssm[i], atol=1e-5, rtol=0)
+    for g, w in zip(got_kv, want_kv, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
