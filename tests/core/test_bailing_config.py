@@ -19,6 +19,7 @@ from marconi_ray.core.model.layers import MLPLayer, MoELayer
 
 HUB: dict[str, Any] = {
     "model_type": "bailing_hybrid",
+    "architectures": ["BailingMoeV3ForCausalLM"],  # Ling 3's own files name this class
     "vocab_size": 1000,
     "hidden_size": 64,
     "intermediate_size": 96,
@@ -154,6 +155,7 @@ def test_cost_model_prices_latent_rows_and_kda_states():
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
         ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
         ({"linear_head_dim": 0}, "linear_head_dim"),
+        ({"architectures": ["BailingMoeV2_5ForCausalLM"]}, "'architectures'.*Ling 2.5"),
     ],
 )  # fmt: skip
 def test_bad_values_name_the_key(change, needle):

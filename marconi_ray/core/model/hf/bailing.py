@@ -18,6 +18,11 @@ layers) or a DeepSeek-V3 MoE ("sparse"). Where it differs from Kimi Linear:
   clip the experts' SwiGLU, which the engine does not do: only zero limits are accepted.
 - `num_mtp_layers` (`num_nextn_predict_layers`) extra layers are stored after the decoder
   and not run by causal inference: they are ignored.
+
+Ling 2.5 / 2.6 checkpoints share the model_type but not the architecture (their
+`architectures` is `BailingMoeV2_5ForCausalLM`: lightning-style linear attention with a
+fused `query_key_value`, not KDA); transformers' class would read them as KDA, so they are
+refused rather than parsed into the wrong layers.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from marconi_ray.core.model.hf.reader import ConfigReader
 
 DENSE, SPARSE = "dense", "sparse"
 """`mlp_layer_types` entries."""
+LING_2_5_ARCHITECTURE: Final = "BailingMoeV2_5ForCausalLM"
+"""The `architectures` entry of Ling 2.5 / 2.6 checkpoints (see the module docstring)."""
 
 BAILING_HYBRID: Final[Mapping[str, object]] = MappingProxyType(
     {
@@ -143,6 +150,13 @@ def _rope_theta(r: ConfigReader, rotary: int) -> float:
 def parse_bailing_hybrid(config: Mapping[str, object]) -> HfArchitecture:
     """Ling hybrid: per layer a KDA mixer or MLA, then a dense MLP or the MoE."""
     r = ConfigReader(config, BAILING_HYBRID, "bailing_hybrid", BAILING_HYBRID_ALIASES)
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and LING_2_5_ARCHITECTURE in architectures:
+        raise ValueError(
+            f"bailing_hybrid config key 'architectures' is {architectures!r}: Ling 2.5 / 2.6 "
+            "(lightning linear attention + MLA) is not the KDA model transformers' "
+            "bailing_hybrid implements"
+        )
     n_layers = r.pos_int("num_hidden_layers")
     group = r.pos_int("layer_group_size")
     types = _types(
