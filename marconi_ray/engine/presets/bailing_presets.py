@@ -13,6 +13,9 @@ per-head output gate. The first layer's feed-forward is a gated MLP of the prese
 width; the others `BAILING_EXPERTS` experts together 5/4 as wide as it, top
 `BAILING_TOP_K` within the best of `BAILING_GROUPS` expert groups, plus one shared expert
 (every width even, so two tensor-parallel ranks split them). No MTP layers.
+
+Exact parameter counts (`factory.count_parameters`): tiny 296,452; small 46,315,504;
+paper-7b-shape 7,962,008,288.
 """
 
 from __future__ import annotations
