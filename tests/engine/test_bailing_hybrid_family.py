@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from engine_helpers import hf_model, prompts
 from family_checks import (
@@ -21,6 +22,7 @@ from family_checks import (
     check_resume_at_depths,
 )
 from safetensors.torch import load_file
+from test_tensor_parallel import run_tp2
 
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.engine import Engine
@@ -28,9 +30,11 @@ from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.layers.kda import KDAMixer
 from marconi_ray.engine.model.layers.mla import MLAttention
 from marconi_ray.engine.model.loader import load_model, read_config
+from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.store.state_store import StateStore
+from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILY = "bailing_hybrid"
 MIN_MOVE = 10 * HF_LOGIT_TOL
@@ -190,3 +194,32 @@ def test_packed_prefill_on_the_pool_equals_one_at_a_time(model_dirs):
                 torch.testing.assert_close(c.ssm[i], w.ssm[i], atol=1e-5, rtol=0)
     for g, w in zip(got_kv, want_kv, strict=True):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
+
+
+def _tp_job(model_dir: str, ids: list[int], tp: TPGroup) -> dict[str, Any]:
+    """Logits of a prompt and greedy tokens of the served engine on one rank."""
+    model = load_model(model_dir, tp=tp)
+    logits = model.forward_logits(torch.tensor(ids)).numpy()
+    engine = Engine(model_dir, system="marconi", cache_bytes=10**7, tp=tp)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    first = engine.generate(ids, params)
+    second = engine.generate(ids + list(first.tokens) + ids[:9], params)
+    return {
+        "logits": logits,
+        "tokens": [list(first.tokens), list(second.tokens)],
+        "cached": second.usage.cached_tokens,
+    }
+
+
+def test_tp2_engine_equals_tp1(model_dirs):
+    """Two ranks (KDA heads with their full-rank gate projections, MLA heads with their
+    head gates, MLP and expert widths split; the rotated latent row replicated) give the
+    one-rank logits and greedy tokens, a cached second turn too."""
+    d = model_dirs[FAMILY]
+    ids = prompts(77, 1, 70, read_config(d)[0].vocab_size)[0]
+    ranks = run_tp2([("ling", _tp_job, (str(d), ids))])["ling"]
+    want = _tp_job(str(d), ids, TPGroup())
+    for got in ranks:
+        np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4, rtol=0)
+        assert got["tokens"] == want["tokens"]
+        assert got["cached"] == want["cached"] == len(ids) + 12
