@@ -100,6 +100,8 @@ def test_unsafe_gate_and_rope_parameters():
     )
     assert arch.blocks[0].config.gate_lower_bound is None
     assert arch.blocks[2].config.rope_theta == 5e4
+    legacy = parse_hf_config({**HUB, "rope_scaling": None, "rope_theta": 123.0})
+    assert legacy.blocks[2].config.rope_theta == 123.0  # Ling 3's files: rope_scaling null
 
 
 def test_defaults_are_the_config_class_defaults():
@@ -154,6 +156,7 @@ def test_cost_model_prices_latent_rows_and_kda_states():
         ({"share_expert_swiglu_limit_list": [0]}, "share_expert_swiglu_limit_list"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
         ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"),
+        ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling"),
         ({"linear_head_dim": 0}, "linear_head_dim"),
         ({"architectures": ["BailingMoeV2_5ForCausalLM"]}, "'architectures'.*Ling 2.5"),
     ],

@@ -133,9 +133,18 @@ def _check_no_clipping(r: ConfigReader, key: str, n_layers: int) -> None:
         )
 
 
-def _rope_theta(r: ConfigReader, rotary: int) -> float:
+def _rope_theta(r: ConfigReader, config: Mapping[str, object], rotary: int) -> float:
     """The MLA RoPE base: `rope_parameters` (default type only), null meaning
-    {"rope_theta": rope_theta}."""
+    {"rope_theta": rope_theta}; a legacy `rope_scaling` (which transformers turns into
+    `rope_parameters`, e.g. YaRN) is refused unless it is the default type."""
+    legacy = config.get("rope_scaling")
+    if legacy is not None:
+        kind = legacy.get("rope_type", legacy.get("type")) if isinstance(legacy, Mapping) else None
+        if kind != "default":
+            raise ValueError(
+                f"{r.family} config key 'rope_scaling' is {legacy!r}; only the default RoPE "
+                "is supported"
+            )
     if r.raw("rope_parameters") is None:
         return r.req_float("rope_theta")
     _, theta, rope_type = rope(r, rotary)
@@ -200,7 +209,7 @@ def parse_bailing_hybrid(config: Mapping[str, object]) -> HfArchitecture:
             v_head_dim=r.req_int("v_head_dim"),
             q_lora_rank=r.opt_int("q_lora_rank"),
             bias=r.flag("attention_bias"),
-            rope_theta=_rope_theta(r, rotary),
+            rope_theta=_rope_theta(r, config, rotary),
             head_gate=True,
         )
     mlp = MLPConfig(r.req_int("intermediate_size"), act, gated=True)
