@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from transformers import (
+    BailingHybridConfig,
     BambaConfig,
     FalconH1Config,
     FalconMambaConfig,
@@ -68,6 +69,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "recurrent_gemma": RecurrentGemmaConfig,
     "kimi_linear": KimiLinearConfig,
     "minimax": MiniMaxConfig,
+    "bailing_hybrid": BailingHybridConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -145,7 +145,7 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.intermediate_size,)
     elif family == "recurrent_gemma":  # RG-LRU gate blocks and channels
         heads = (cfg.num_attention_heads, cfg.lru_width)
-    elif family == "kimi_linear":  # KDA heads, expert and dense MLP widths
+    elif family in ("kimi_linear", "bailing_hybrid"):  # KDA heads, expert and MLP widths
         heads = (cfg.linear_num_heads, cfg.moe_intermediate_size, cfg.intermediate_size)
     elif family == "minimax":
         heads = ()  # lightning attention splits the attention heads

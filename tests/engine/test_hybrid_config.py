@@ -50,6 +50,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "olmo_hybrid",
             "recurrent_gemma",
             "minimax",
+            "bailing_hybrid",
         )
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),

@@ -25,6 +25,7 @@ FAMILIES = (
     "lfm2",
     "lfm2_moe",
     "minimax",
+    "bailing_hybrid",
 )
 
 

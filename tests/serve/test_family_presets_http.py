@@ -33,6 +33,7 @@ FAMILIES = (
     "recurrent_gemma",
     "kimi_linear",
     "minimax",
+    "bailing_hybrid",
 )
 """The families of issue 36 (each on its tiny preset)."""
 

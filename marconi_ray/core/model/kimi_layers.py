@@ -23,6 +23,8 @@ class KDALayer(LayerSpec):
     projections of the decay and of the output gate 2*(2*D*dk + 2*dk*key_dim), the conv
     2*3*key_dim*d_conv, the delta rule 8*H*dk*dk, the gated norm 5*key_dim, o_proj
     2*key_dim*D. Cached state: recurrent H*dk*dk elements, conv 3*key_dim*d_conv.
+    Without `low_rank_gates` (Ling) the decay and the gate are full-rank projections,
+    2*(2*D*key_dim) in place of the low-rank pairs; the state is the same.
     """
 
     kind: ClassVar[str] = KIND_SSM
@@ -30,6 +32,7 @@ class KDALayer(LayerSpec):
     n_heads: int
     head_dim: int
     d_conv: int
+    low_rank_gates: bool = True
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "head_dim", "d_conv"):
@@ -41,7 +44,8 @@ class KDALayer(LayerSpec):
 
     def total_flops_coeffs(self) -> tuple[float, float]:
         d, kd, dk, h = self.d_model, self.key_dim, self.head_dim, self.n_heads
-        proj = 2 * d * (3 * kd + h) + 2 * (2 * d * dk + 2 * dk * kd)
+        gates = 2 * (2 * d * dk + 2 * dk * kd) if self.low_rank_gates else 2 * (2 * d * kd)
+        proj = 2 * d * (3 * kd + h) + gates
         conv = 2 * 3 * kd * self.d_conv
         rule = 8 * h * dk * dk
         return float(proj + conv + rule + 5 * kd + 2 * kd * d), 0.0
@@ -62,7 +66,8 @@ class MLALayer(LayerSpec):
     bottleneck), kv_a 2*D*(r + dr), kv_b 2*r*H*(dn + dv), o_proj 2*H*dv*D; over n tokens
     the scores and AV add 2*n*n*H*(qk + dv) (the full n x n products, as
     `AttentionLayer` counts them). Cached per token: r + dr elements (the latent and the
-    shared key part), never the expanded keys and values.
+    shared key part), never the expanded keys and values. A `head_gate` (Ling) adds
+    its D -> H projection, 2*D*H (RoPE's few FLOPs are not counted).
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -73,6 +78,7 @@ class MLALayer(LayerSpec):
     qk_rope_head_dim: int
     v_head_dim: int
     q_lora_rank: int | None = None
+    head_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
@@ -88,7 +94,7 @@ class MLALayer(LayerSpec):
         kv = 2 * d * (r + self.qk_rope_head_dim) + 2 * r * h * (
             self.qk_nope_head_dim + self.v_head_dim
         )
-        c1 = q + kv + 2 * h * self.v_head_dim * d
+        c1 = q + kv + 2 * h * self.v_head_dim * d + (2 * d * h if self.head_gate else 0)
         return float(c1), float(2 * h * (qk + self.v_head_dim))
 
     def kv_elements_per_token(self) -> int:

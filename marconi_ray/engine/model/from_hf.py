@@ -57,6 +57,7 @@ FAMILIES: Final = (
     "recurrent_gemma",
     "kimi_linear",
     "minimax",
+    "bailing_hybrid",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 

@@ -276,6 +276,23 @@ HF_NAMES = {
         ),
         moe=MoELayout(experts="block_sparse_moe.experts", router="block_sparse_moe.gate.weight"),
     ),
+    # the checkpoints' names, which transformers' conversion renames at load (and back)
+    "bailing_hybrid": HFNames(
+        "word_embeddings.weight",
+        "norm.weight",
+        "input_layernorm",
+        "post_attention_layernorm",
+        {"kda": "attention", "mla": "attention"},
+        "mlp",
+        renames=(("o_proj.weight", "dense.weight"), ("o_proj.bias", "dense.bias")),
+        moe=MoELayout(
+            experts="mlp.experts",
+            router="mlp.gate.weight",
+            selection_bias="mlp.gate.expert_bias",
+            shared="mlp.shared_experts",
+            router_fp32=True,
+        ),
+    ),
 }
 
 

@@ -162,6 +162,7 @@ _MODEL_CLASSES: Final = {
     "olmo_hybrid": "OlmoHybridForCausalLM",
     "recurrent_gemma": "RecurrentGemmaForCausalLM",
     "minimax": "MiniMaxForCausalLM",
+    "bailing_hybrid": "BailingHybridForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 

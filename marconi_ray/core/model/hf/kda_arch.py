@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
@@ -22,8 +23,18 @@ class KDAConfig:
     projection D -> head_dim -> n_heads * head_dim); the output is RMS-normed per head
     and gated by sigmoid(g_b(g_a(x))) before `o_proj`.
 
+    Ling's variant (`bailing_hybrid`) differs only in how the decay and the output gate
+    are projected and bounded:
+
     Attributes:
         chunk_size: tokens per chunk of the chunked prefill.
+        low_rank_gates: the decay's and the output gate's projections go through a rank
+            `head_dim` bottleneck (`f_a_proj`/`f_b_proj`, `g_a_proj`/`g_b_proj`, Kimi);
+            False: one full-rank projection each, D -> n_heads * head_dim (`f_proj`,
+            `g_proj`, Ling).
+        gate_lower_bound: None: g as above (Kimi); a negative bound b: the "safe" gate
+            g = b * sigmoid(exp(A_log_h) * (f(x) + dt_bias)), within (b, 0) (Ling's
+            `kda_safe_gate` with `kda_lower_bound`).
     """
 
     kind: ClassVar[str] = KIND_KDA
@@ -31,12 +42,17 @@ class KDAConfig:
     head_dim: int
     d_conv: int
     chunk_size: int = 64
+    low_rank_gates: bool = True
+    gate_lower_bound: float | None = None
 
     def __post_init__(self) -> None:
         require_positive("linear_attn_config.num_heads", self.n_heads)
         require_positive("linear_attn_config.head_dim", self.head_dim)
         require_positive("linear_attn_config.short_conv_kernel_size", self.d_conv)
         require_positive("chunk_size", self.chunk_size)
+        bound = self.gate_lower_bound
+        if bound is not None and not (math.isfinite(bound) and bound < 0):
+            raise ValueError(f"kda_lower_bound must be a finite negative number, got {bound!r}")
 
     @property
     def key_dim(self) -> int:

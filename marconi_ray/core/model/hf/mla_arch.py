@@ -27,8 +27,18 @@ class MLAConfig:
 
     What a token caches is the normed latent and k_rope: `cache_width` values per token.
 
+    Ling's variant (`bailing_hybrid`) rotates the k_rope and q_rope channels and gates
+    each head's output:
+
     Attributes:
         bias: q_a_proj, kv_a_proj_with_mqa and o_proj have biases (`attention_bias`).
+        rope_theta: None: no positional encoding (Kimi); else the base of the RoPE that
+            rotates q_rope and k_rope in DeepSeek's interleaved layout (channel pairs
+            (2i, 2i+1) rotate by frequency i; the rotated channels are written evens then
+            odds, as transformers' `apply_rotary_pos_emb_interleave`). What is cached is
+            k_rope rotated.
+        head_gate: each head's attention output is scaled by sigmoid(g_proj(x))_h, a
+            D -> n_heads projection, before o_proj (Ling).
     """
 
     kind: ClassVar[str] = KIND_MLA
@@ -39,6 +49,8 @@ class MLAConfig:
     v_head_dim: int
     q_lora_rank: int | None = None
     bias: bool = False
+    rope_theta: float | None = None
+    head_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
@@ -47,6 +59,13 @@ class MLAConfig:
             raise ValueError(f"qk_rope_head_dim must be >= 0, got {self.qk_rope_head_dim}")
         if self.q_lora_rank is not None:
             require_positive("q_lora_rank", self.q_lora_rank)
+        if self.rope_theta is not None:
+            if not self.rope_theta > 0:
+                raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+            if self.qk_rope_head_dim % 2:
+                raise ValueError(
+                    f"qk_rope_head_dim must be even to be rotated, got {self.qk_rope_head_dim}"
+                )
 
     @property
     def qk_head_dim(self) -> int:

@@ -29,6 +29,7 @@ from marconi_ray.core.model.hf.arch import (
     ShortConvConfig,
     SlidingAttentionConfig,
 )
+from marconi_ray.core.model.hf.bailing import parse_bailing_hybrid
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
 from marconi_ray.core.model.hf.lightning import LightningConfig
@@ -77,6 +78,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "recurrent_gemma": parse_recurrent_gemma,
         "kimi_linear": parse_kimi_linear,
         "minimax": parse_minimax,
+        "bailing_hybrid": parse_bailing_hybrid,
     }
 )
 
@@ -152,12 +154,12 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
         case KDAConfig(n_heads=h, head_dim=hd, d_conv=k):
-            return KDALayer(d_model, h, hd, k)
+            return KDALayer(d_model, h, hd, k, config.low_rank_gates)
         case MLAConfig():
             m = config
             return MLALayer(
                 d_model, m.n_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
-                m.v_head_dim, m.q_lora_rank,
+                m.v_head_dim, m.q_lora_rank, m.head_gate,
             )  # fmt: skip
     raise TypeError(f"not a block config: {config!r}")
 

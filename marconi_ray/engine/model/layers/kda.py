@@ -5,7 +5,9 @@ by sigmoid -> o_proj, split across ranks by heads.
 Per head h and token t (q and k L2-normalised, q scaled by head_dim**-0.5):
     S = diag(exp(g_t)) S;  S += k_t (x) beta_t (v_t - k_t^T S);  o_t = q_t^T S
 with beta = sigmoid(b_proj(x)) and g = -exp(A_log_h) * softplus(f_b(f_a(x)) + dt_bias),
-one log decay per key channel (`marconi_kernels.kda`).
+one log decay per key channel (`marconi_kernels.kda`). Ling (`bailing_hybrid`) projects the
+decay and the output gate at full rank (`f_proj`, `g_proj`) and, with a lower bound b,
+bounds the decay: g = b * sigmoid(exp(A_log_h) * (f_proj(x) + dt_bias)) (`KDAConfig`).
 
 States per sequence (this rank's shard):
 - conv [3 * heads_local * head_dim, d_conv] in the model dtype (the conv's last inputs),
@@ -58,7 +60,9 @@ class KDAMixer(PackedMixer, nn.Module):
     (D -> dk, replicated), `f_b_proj` (dk -> H*dk), `dt_bias` [H*dk], `A_log`
     [1, 1, H, 1], `b_proj` (D -> H),
     `g_a_proj` (D -> dk, replicated), `g_b_proj` (dk -> H*dk), `o_norm.weight` [dk],
-    `o_proj` (H*dk -> D). Each rank keeps whole heads of every split part.
+    `o_proj` (H*dk -> D). Each rank keeps whole heads of every split part. Without
+    `cfg.low_rank_gates` (Ling) `f_proj` and `g_proj` (D -> H*dk) replace the low-rank
+    pairs and `A_log` is [H].
     """
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = (
@@ -96,11 +100,18 @@ class KDAMixer(PackedMixer, nn.Module):
         self.q_proj = column(d_model, (channels,), False, f"{prefix}.q_proj", tp, dtype)
         self.k_proj = column(d_model, (channels,), False, f"{prefix}.k_proj", tp, dtype)
         self.v_proj = column(d_model, (channels,), False, f"{prefix}.v_proj", tp, dtype)
-        self.f_a_proj = column(d_model, latent, False, f"{prefix}.f_a_proj", tp, dtype)
-        self.f_b_proj = column(dk, (channels,), False, f"{prefix}.f_b_proj", tp, dtype)
         self.b_proj = column(d_model, (Segment(cfg.n_heads),), False, f"{prefix}.b_proj", tp, dtype)
-        self.g_a_proj = column(d_model, latent, False, f"{prefix}.g_a_proj", tp, dtype)
-        self.g_b_proj = column(dk, (channels,), False, f"{prefix}.g_b_proj", tp, dtype)
+        self.gate_projs: tuple[str, ...]
+        if cfg.low_rank_gates:
+            self.gate_projs = ("f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj")
+            self.f_a_proj = column(d_model, latent, False, f"{prefix}.f_a_proj", tp, dtype)
+            self.f_b_proj = column(dk, (channels,), False, f"{prefix}.f_b_proj", tp, dtype)
+            self.g_a_proj = column(d_model, latent, False, f"{prefix}.g_a_proj", tp, dtype)
+            self.g_b_proj = column(dk, (channels,), False, f"{prefix}.g_b_proj", tp, dtype)
+        else:
+            self.gate_projs = ("f_proj", "g_proj")
+            self.f_proj = column(d_model, (channels,), False, f"{prefix}.f_proj", tp, dtype)
+            self.g_proj = column(d_model, (channels,), False, f"{prefix}.g_proj", tp, dtype)
         self.o_proj = row((channels,), d_model, False, f"{prefix}.o_proj", tp, dtype)
         self.q_conv, self.k_conv, self.v_conv = (
             nn.Parameter(
@@ -111,9 +122,8 @@ class KDAMixer(PackedMixer, nn.Module):
         self.dt_bias = nn.Parameter(
             torch.zeros(self.key_local, dtype=torch.float32), requires_grad=False
         )
-        self.A_log = nn.Parameter(
-            torch.zeros(1, 1, self.heads, 1, dtype=torch.float32), requires_grad=False
-        )
+        a_shape = (1, 1, self.heads, 1) if cfg.low_rank_gates else (self.heads,)
+        self.A_log = nn.Parameter(torch.zeros(a_shape, dtype=torch.float32), requires_grad=False)
         self.o_norm = nn.Parameter(torch.ones(dk, dtype=dtype), requires_grad=False)
 
     # ------------------------------------------------------------------ helpers
@@ -126,9 +136,17 @@ class KDAMixer(PackedMixer, nn.Module):
         log decay g [..., H', dk] (float32) and beta [..., H'] (x's dtype), as transformers
         computes them."""
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        f = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        g = -self.A_log.float().exp().view(self.heads, 1) * F.softplus(self._heads(f))
+        f = self._heads(self._forget(x).float() + self.dt_bias.float())
+        rate = self.A_log.float().exp().view(self.heads, 1)
+        bound = self.cfg.gate_lower_bound
+        g = -rate * F.softplus(f) if bound is None else bound * torch.sigmoid(rate * f)
         return qkv, g, self.b_proj(x).sigmoid()
+
+    def _forget(self, x: torch.Tensor) -> torch.Tensor:
+        """The decay's projection of x [..., D]: [..., H' * dk]."""
+        if self.cfg.low_rank_gates:
+            return self.f_b_proj(self.f_a_proj(x))
+        return self.f_proj(x)
 
     def _conv_weight(self) -> torch.Tensor:
         """The conv's weight over [q, k, v], [3 * H' * dk, d_conv]."""
@@ -141,7 +159,10 @@ class KDAMixer(PackedMixer, nn.Module):
 
     def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """o [..., H', dk], the mixer input x [..., D] -> o_proj(norm(o) * sigmoid(gate))."""
-        gate = self._heads(self.g_b_proj(self.g_a_proj(x)))
+        if self.cfg.low_rank_gates:
+            gate = self._heads(self.g_b_proj(self.g_a_proj(x)))
+        else:
+            gate = self._heads(self.g_proj(x))
         y = sigmoid_gated_head_norm(o, gate, self.o_norm, self.eps)
         return self.o_proj(y.reshape(*y.shape[:-2], self.key_local))
 
@@ -188,16 +209,14 @@ class KDAMixer(PackedMixer, nn.Module):
     def weight_specs(self) -> dict[str, WeightSpec]:
         p = self.prefix
         out: dict[str, WeightSpec] = {}
-        for name in (
-            "q_proj", "k_proj", "v_proj", "f_a_proj", "f_b_proj", "b_proj", "g_a_proj",
-            "g_b_proj", "o_proj",
-        ):  # fmt: skip
+        for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj", *self.gate_projs):
             mod = getattr(self, name)
             out.update({f"{name}.{k}": v for k, v in mod.weight_specs().items()})
         channels = (Segment(self.cfg.key_dim),)
         for name in ("q_conv", "k_conv", "v_conv"):
             out[name] = WeightSpec(f"{p}.{name}1d.weight", 0, channels)
         out["dt_bias"] = WeightSpec(f"{p}.dt_bias", 0, channels)
-        out["A_log"] = WeightSpec(f"{p}.A_log", 2, (Segment(self.cfg.n_heads),))
+        heads_dim = 2 if self.cfg.low_rank_gates else 0
+        out["A_log"] = WeightSpec(f"{p}.A_log", heads_dim, (Segment(self.cfg.n_heads),))
         out["o_norm"] = WeightSpec(f"{p}.o_norm.weight")
         return out

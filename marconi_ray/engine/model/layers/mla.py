@@ -14,6 +14,10 @@ with kv_b_proj's per-head blocks W_uk [dn, r] and W_uv [dv, r], a score is
 q_nope . (W_uk c) + q_rope . k_rope = (W_uk^T q_nope) . c + q_rope . k_rope, so the query
 [W_uk^T q_nope | q_rope] attends over the cached rows themselves, and the output
 W_uv (sum_j p_j c_j) is the value expansion applied once to the attention-weighted latent.
+
+Ling's variant (`MLAConfig.rope_theta`, `head_gate`): q_rope and k_rope are rotated at
+their positions (interleaved RoPE) before k_rope is cached, so a cached row never changes;
+each head's output is scaled by sigmoid(g_proj(x))_h before o_proj.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from marconi_ray.engine.model.kv_buffer import KVBuffer
 from marconi_ray.engine.model.layers.attention import PrefillKV, causal_attention
 from marconi_ray.engine.model.layers.linear import column, row
 from marconi_ray.engine.model.layers.norm import RMSNorm
+from marconi_ray.engine.model.layers.rope_interleaved import InterleavedRope
 from marconi_ray.engine.model.layers.weights import WeightSpec
 from marconi_ray.engine.model.model_config import MLAConfig
 from marconi_ray.engine.model.paged_kv import BufferDecode, DecodeKV, PackedPrefill, PagedDecode
@@ -41,7 +46,8 @@ class MLAttention(nn.Module):
     replicated (every rank caches the whole row), `o_proj` row-parallel.
 
     `prefill(x, positions, kv)` and `decode(x, positions, kv)` have `Attention`'s
-    signatures (positions are unused: no positional encoding). ValueError when
+    signatures (positions are unused without `cfg.rope_theta`). `g_proj` (the per-head
+    output gate, `cfg.head_gate`) is column-parallel by heads. ValueError when
     `cache_width` is odd (the row could not be split evenly over the pool's k and v)."""
 
     KERNEL_OPS: ClassVar[tuple[str, ...]] = ()
@@ -101,6 +107,14 @@ class MLAttention(nn.Module):
             tp,
             dtype,
         )
+        self.g_proj = None
+        if cfg.head_gate:
+            self.g_proj = column(
+                d_model, (Segment(cfg.n_heads),), False, f"{prefix}.g_proj", tp, dtype
+            )
+        self.rope = None
+        if cfg.rope_theta is not None:
+            self.rope = InterleavedRope(cfg.qk_rope_head_dim, cfg.rope_theta)
 
     @property
     def kv_shape(self) -> tuple[int, int]:
@@ -108,21 +122,38 @@ class MLAttention(nn.Module):
         return 1, self.half_width
 
     # ------------------------------------------------------------------ helpers
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, D] -> q [N, H', qk_head_dim] ([q_nope | q_rope] per head)."""
+    def _queries(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [N, D] at positions [N] -> q [N, H', qk_head_dim] ([q_nope | q_rope] per
+        head, q_rope rotated when the layer has RoPE)."""
         if self.q_proj is not None:
             q = self.q_proj(x)
         else:
             assert self.q_a_proj is not None and self.q_a_norm is not None
             assert self.q_b_proj is not None
             q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        return q.view(x.shape[0], self.heads, self.cfg.qk_head_dim)
+        q = q.view(x.shape[0], self.heads, self.cfg.qk_head_dim)
+        if self.rope is None:
+            return q
+        dn = self.cfg.qk_nope_head_dim
+        return torch.cat([q[..., :dn], self.rope.apply(q[..., dn:], positions)], dim=-1)
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, D] -> the cached rows [N, cache_width]: [norm(latent) | k_rope]."""
+    def _rows(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [N, D] at positions [N] -> the cached rows [N, cache_width]:
+        [norm(latent) | k_rope] (k_rope rotated when the layer has RoPE)."""
         r = self.cfg.kv_lora_rank
         ckv = self.kv_a_proj(x)
-        return torch.cat([self.kv_a_norm(ckv[:, :r]), ckv[:, r:]], dim=-1)
+        k_rope = ckv[:, r:]
+        if self.rope is not None:
+            k_rope = self.rope.apply(k_rope, positions)
+        return torch.cat([self.kv_a_norm(ckv[:, :r]), k_rope], dim=-1)
+
+    def _out(self, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """attn [N, H' * dv] (each head's output), the input x [N, D] -> o_proj of it,
+        each head scaled by sigmoid(g_proj(x)) first when the layer has the gate; [N, D]."""
+        if self.g_proj is not None:
+            gate = torch.sigmoid(self.g_proj(x).float()).to(attn.dtype)
+            attn = (attn.view(x.shape[0], self.heads, -1) * gate[..., None]).flatten(1)
+        return self.o_proj(attn)
 
     def _halves(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [N, w] -> the pool's k and v halves, [1, N, w/2] each."""
@@ -151,12 +182,12 @@ class MLAttention(nn.Module):
     def prefill(self, x: torch.Tensor, positions: torch.Tensor, kv: PrefillKV) -> torch.Tensor:
         """x [L, D] (packed: every sequence's tokens in order); writes the new tokens'
         rows into `kv` and attends over each sequence's rows; returns [L, D]."""
-        q, rows = self._queries(x), self._rows(x)
+        q, rows = self._queries(x, positions), self._rows(x, positions)
         a, b = self._halves(rows)
         if isinstance(kv, PackedPrefill):
-            return self.o_proj(self._packed(q, a, b, kv))
+            return self._out(self._packed(q, a, b, kv), x)
         ka, kb = kv.extend(a, b)
-        return self.o_proj(self._attend_expanded(q, torch.cat([ka[0], kb[0]], dim=-1)))
+        return self._out(self._attend_expanded(q, torch.cat([ka[0], kb[0]], dim=-1)), x)
 
     def _packed(
         self, q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kv: PackedPrefill
@@ -187,7 +218,7 @@ class MLAttention(nn.Module):
         """One new token per sequence, x [B, D]: its row joins `kv` and its query,
         multiplied into the latent, attends over each sequence's cached rows; [B, D]."""
         c = self.cfg
-        q, rows = self._queries(x), self._rows(x)
+        q, rows = self._queries(x, positions), self._rows(x, positions)
         a, b = self._halves(rows)
         w_kv = self.kv_b_proj.weight.view(self.heads, -1, c.kv_lora_rank)
         w_uk, w_uv = w_kv[:, : c.qk_nope_head_dim], w_kv[:, c.qk_nope_head_dim :]
@@ -199,7 +230,7 @@ class MLAttention(nn.Module):
         p = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         latent = torch.einsum("bhn,bnr->bhr", p, cached[..., : c.kv_lora_rank].to(q.dtype))
         out = torch.einsum("bhr,hvr->bhv", latent, w_uv)
-        return self.o_proj(out.reshape(x.shape[0], -1))
+        return self._out(out.reshape(x.shape[0], -1), x)
 
     @staticmethod
     def _decode_rows(
@@ -228,7 +259,8 @@ class MLAttention(nn.Module):
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         out: dict[str, WeightSpec] = {}
-        for name in ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "o_proj"):
+        names = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "o_proj", "g_proj")
+        for name in names:
             mod = getattr(self, name)
             if mod is not None:
                 out.update({f"{name}.{k}": s for k, s in mod.weight_specs().items()})
