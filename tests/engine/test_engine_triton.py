@@ -140,10 +140,12 @@ def test_resume_from_every_checkpoint_equals_reference(interp_dirs, family):
     assert declared == set(calls)  # what `marconi-ray models` reports is what runs
 
 
-@pytest.mark.parametrize("family", ["nemotron_h", "mamba2"])
+@pytest.mark.parametrize("family", ["nemotron_h"])
 def test_engine_multi_turn_on_triton_equals_reference(model_dirs, family):
     """Three turns through the Marconi cache on the Triton set give the uncached reference
-    set's tokens (Mamba-2 also without any attention: every hit is a state alone)."""
+    set's tokens (a model with no attention runs the same kernels less the attention's:
+    the pure SSMs' cached turns are checked on the reference set, at a fifth of the
+    interpreter's time)."""
     engine = Engine(model_dirs[family], "marconi", 50_000_000, device=DEVICE, kernels="triton")
     assert engine.model.kernels.name == "triton"
     assert all(b.startswith("triton:") for b in engine.model.kernels.backends.values())
