@@ -16,6 +16,7 @@ from transformers import (
     KimiLinearConfig,
     Lfm2Config,
     Lfm2MoeConfig,
+    Lfm3Config,
     Mamba2Config,
     MambaConfig,
     MiniMaxConfig,
@@ -68,6 +69,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "recurrent_gemma": RecurrentGemmaConfig,
     "kimi_linear": KimiLinearConfig,
     "minimax": MiniMaxConfig,
+    "lfm3": Lfm3Config,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -92,6 +92,8 @@ class AttentionLayer(LayerSpec):
             shared blocks read the 2*D concatenation of hidden state and embeddings).
         output_gate: the Q projection also emits a sigmoid gate of width H*hd (Qwen3.5,
             Qwen3-Next): it costs another 2*Din*(H*hd) per token.
+        head_gate: a separate projection gives one sigmoid gate per head (LFM3's g_proj):
+            another 2*Din*H per token.
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -101,6 +103,7 @@ class AttentionLayer(LayerSpec):
     head_dim: int
     input_dim: int | None = None
     output_gate: bool = False
+    head_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
@@ -116,6 +119,7 @@ class AttentionLayer(LayerSpec):
         kv_width = self.n_kv_heads * self.head_dim
         q_proj = 2 * d_in * q_width * (2 if self.output_gate else 1)
         c1 = q_proj + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
+        c1 += 2 * d_in * self.n_heads if self.head_gate else 0
         return float(c1), float(4 * q_width)
 
     def kv_elements_per_token(self) -> int:

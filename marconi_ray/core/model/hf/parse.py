@@ -31,6 +31,7 @@ from marconi_ray.core.model.hf.arch import (
 )
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
+from marconi_ray.core.model.hf.lfm3 import parse_lfm3
 from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
@@ -77,6 +78,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "recurrent_gemma": parse_recurrent_gemma,
         "kimi_linear": parse_kimi_linear,
         "minimax": parse_minimax,
+        "lfm3": parse_lfm3,
     }
 )
 
@@ -114,7 +116,7 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
     """The cost model of one block of a model with residual width `d_model`."""
     match config:
         case AttentionConfig(n_heads=h, n_kv_heads=kv, head_dim=hd, input_dim=d_in):
-            return AttentionLayer(d_model, h, kv, hd, d_in, config.output_gate)
+            return AttentionLayer(d_model, h, kv, hd, d_in, config.output_gate, config.head_gate)
         case GatedDeltaNetConfig():
             c = config
             return GatedDeltaNetLayer(
