@@ -50,6 +50,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "olmo_hybrid",
             "recurrent_gemma",
             "minimax",
+            "lfm3",
         )
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),

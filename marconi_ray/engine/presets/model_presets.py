@@ -92,6 +92,7 @@ FAMILIES: Final = (
     "recurrent_gemma",
     "kimi_linear",
     "minimax",
+    "lfm3",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""
