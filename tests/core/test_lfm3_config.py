@@ -102,6 +102,19 @@ def test_rope_frequencies_equal_transformers(factor):
     torch.testing.assert_close(_inv_freq(swa.attention), rotary.sliding_attention_inv_freq)
 
 
+def test_default_rope_type_turns_the_whole_head():
+    """A full-attention entry labelled "default" with a partial_rotary_factor turns the
+    whole head, as transformers reads it (its default RoPE ignores the factor)."""
+    entry = {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
+    kw = {
+        "rope_parameters": {"full_attention": entry, "sliding_attention": {"rope_type": "default"}}
+    }
+    config = Lfm3Config(**SMALL, **kw)
+    full = parse_hf_config(config.to_dict()).blocks[6].config
+    assert isinstance(full, AttentionConfig) and full.rotary_dim == 16
+    torch.testing.assert_close(_inv_freq(full), Lfm3RotaryEmbedding(config).full_attention_inv_freq)
+
+
 def test_defaults_and_gates_off():
     """The bare config: the class's layer cycle over 24 layers and its RoPE; no sandwich
     norms or gates when the flags are off, and q/k/v/o biases with attention_bias."""

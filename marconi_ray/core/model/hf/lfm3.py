@@ -13,7 +13,10 @@ output is RMS-normed again (post_operator_norm, post_ffn_norm) before the residu
 - "sliding_attention": the same attention over the last `sliding_window` positions
   (`SlidingAttentionConfig`), with the RoPE of `rope_parameters["sliding_attention"]`.
 
-RoPE per kind: "default" rotates the whole head at theta^(-2i / head_dim);
+RoPE per kind: "default" rotates the whole head at theta^(-2i / head_dim), whatever
+partial_rotary_factor says, as transformers 5.x reads it (NVIDIA NeMo AutoModel's LFM3
+config notes that released checkpoints label their partial rotation so, and relabels
+it "proportional"; this parse follows transformers);
 "proportional" rotates int(partial_rotary_factor * head_dim // 2) pairs of the whole head
 at those same frequencies and leaves the rest (see `AttentionConfig.rope_type`). A null
 `rope_parameters` is transformers' default (sliding: default, theta 1e4; full:
