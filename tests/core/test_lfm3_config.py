@@ -210,3 +210,20 @@ def test_cost_numbers_by_hand():
 def test_bad_values_name_their_key(kw, key):
     with pytest.raises(ValueError, match=key):
         parse_hf_config({"model_type": "lfm3", **SMALL, **kw})
+
+
+def test_vl_wrapper_parses_its_text_model():
+    """LFM3-VL: the text_config's LFM3 under model.language_model., the vision tower and
+    projector skipped, tie_word_embeddings the outer config's; the bare config is
+    Lfm3VlConfig's (an Lfm3Config text model, tied)."""
+    from transformers import Lfm3VlConfig
+
+    raw = Lfm3VlConfig(text_config={"model_type": "lfm3", **SMALL}, tie_word_embeddings=False)
+    arch = parse_hf_config(raw.to_dict())
+    text = parse_hf_config(_raw())
+    assert arch.family == "lfm3_vl" and arch.blocks == text.blocks and arch.sandwich_norms
+    assert arch.weights_prefix == "model.language_model."
+    assert arch.skipped_weights == ("model.vision_tower.", "model.multi_modal_projector.")
+    assert not arch.tie_embeddings
+    bare = parse_hf_config(Lfm3VlConfig().to_dict())
+    assert bare.tie_embeddings and len(bare.blocks) == 48 and bare.hidden_size == 2048

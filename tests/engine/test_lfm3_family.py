@@ -8,6 +8,7 @@ LFM3-specific piece moves the logits (so the comparisons can see them)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +181,51 @@ def test_checkpoint_gate_name(model_dirs):
         key = model.layers[i].weight_specs()["mixer.g.weight"].key
         assert key.endswith(f"layers.{layer}.self_attn.gate_proj.weight")
         assert torch.equal(mixer.g.weight, hf.model.layers[layer].self_attn.g_proj.weight)
+
+
+@pytest.fixture(scope="module")
+def vl_dir(model_dirs, tmp_path_factory) -> Path:
+    """An LFM3-VL checkpoint (written by transformers) whose language model and LM head
+    are the tiny LFM3 preset's, beside a two-layer vision tower and its projector."""
+    from transformers import Lfm3Config, Lfm3VlConfig, Lfm3VlForConditionalGeneration
+
+    text = Lfm3Config.from_pretrained(model_dirs[FAMILY])
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
+    config = Lfm3VlConfig(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        projector_hidden_size=32,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    vl = Lfm3VlForConditionalGeneration(config).eval()
+    src = hf_model(model_dirs[FAMILY])
+    vl.model.language_model.load_state_dict(src.model.state_dict())
+    vl.lm_head.load_state_dict(src.lm_head.state_dict())
+    out = tmp_path_factory.mktemp("lfm3_vl")
+    vl.save_pretrained(out)
+    return out
+
+
+def test_vl_checkpoint_serves_its_language_model(model_dirs, vl_dir):
+    """The LFM3-VL checkpoint's language model (under model.language_model., the vision
+    tower and projector skipped) gives the text model's logits, and transformers' VL
+    model's on text alone."""
+    from transformers import Lfm3VlForConditionalGeneration
+
+    model = load_model(vl_dir)
+    assert model.cfg.family == "lfm3_vl" and model.cfg.pattern == "W-C-C-*-C-"
+    ids = prompts(35, 1, 120, model.cfg.vocab_size)[0]
+    got = model.forward_logits(torch.tensor(ids))
+    text = load_model(model_dirs[FAMILY]).forward_logits(torch.tensor(ids))
+    torch.testing.assert_close(got, text, atol=0, rtol=0)
+    vl = Lfm3VlForConditionalGeneration.from_pretrained(vl_dir).eval()
+    with torch.no_grad():
+        want = vl(input_ids=torch.tensor([ids])).logits[0]
+    assert (got - want).abs().max().item() <= 1e-3

@@ -58,6 +58,7 @@ FAMILIES: Final = (
     "kimi_linear",
     "minimax",
     "lfm3",
+    "lfm3_vl",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 

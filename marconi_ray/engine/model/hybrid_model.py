@@ -262,23 +262,26 @@ HF_NAMES = {
         moe=KIMI_LINEAR_MOE,
         alternates=((".block_sparse_moe.", ".mlp."),),
     ),
-    "lfm3": HFNames(
-        "embed_tokens.weight",
-        "embedding_norm.weight",
-        "operator_norm",
-        "ffn_norm",
-        {"shortconv": "conv", "attention": "self_attn", "swa": "self_attn"},
-        "feed_forward",
-        renames=(  # the checkpoints' gate_proj is transformers' g_proj
-            ("self_attn.g_proj.weight", "self_attn.gate_proj.weight"),
-            ("gate_proj.weight", "w1.weight"),
-            ("up_proj.weight", "w3.weight"),
-            ("down_proj.weight", "w2.weight"),
+    **dict.fromkeys(
+        ("lfm3", "lfm3_vl"),
+        HFNames(
+            "embed_tokens.weight",
+            "embedding_norm.weight",
+            "operator_norm",
+            "ffn_norm",
+            {"shortconv": "conv", "attention": "self_attn", "swa": "self_attn"},
+            "feed_forward",
+            renames=(  # the checkpoints' gate_proj is transformers' g_proj
+                ("self_attn.g_proj.weight", "self_attn.gate_proj.weight"),
+                ("gate_proj.weight", "w1.weight"),
+                ("up_proj.weight", "w3.weight"),
+                ("down_proj.weight", "w2.weight"),
+            ),
+            post_norms={
+                **dict.fromkeys(("shortconv", "attention", "swa"), "post_operator_norm"),
+                "mlp": "post_ffn_norm",
+            },
         ),
-        post_norms={
-            **dict.fromkeys(("shortconv", "attention", "swa"), "post_operator_norm"),
-            "mlp": "post_ffn_norm",
-        },
     ),
     "minimax": HFNames(
         "embed_tokens.weight",

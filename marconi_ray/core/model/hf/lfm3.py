@@ -198,3 +198,25 @@ def parse_lfm3(config: Mapping[str, object]) -> HfArchitecture:
         mixers[SLIDING] = SlidingAttentionConfig(_attention(r, SLIDING), window)
     arch = architecture(r, per_layer([mixers[t], mlp] for t in types), norm_key="norm_eps")
     return replace(arch, sandwich_norms=r.flag("use_sandwich_norm"))
+
+
+VL_FAMILY: Final = "lfm3_vl"
+VL_SKIPPED: Final = ("model.vision_tower.", "model.multi_modal_projector.")
+"""Checkpoint prefixes of LFM3-VL's vision encoder and projector, which the language
+model does not use."""
+
+
+def parse_lfm3_vl(config: Mapping[str, object]) -> HfArchitecture:
+    """LFM3-VL (`Lfm3VlConfig`): its LFM3 language model (`text_config`, parsed by
+    `parse_lfm3`; a missing one is `Lfm3Config`'s defaults), whose weights sit under
+    `model.language_model.`; the vision tower's and projector's are skipped.
+    `tie_word_embeddings` is the outer config's (default True)."""
+    r = ConfigReader(config, {"tie_word_embeddings": True, "text_config": {}}, VL_FAMILY)
+    arch = parse_lfm3(r.mapping("text_config"))
+    return replace(
+        arch,
+        family=VL_FAMILY,
+        tie_embeddings=r.flag("tie_word_embeddings"),
+        weights_prefix="model.language_model.",
+        skipped_weights=VL_SKIPPED,
+    )

@@ -31,7 +31,7 @@ from marconi_ray.core.model.hf.arch import (
 )
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
-from marconi_ray.core.model.hf.lfm3 import parse_lfm3
+from marconi_ray.core.model.hf.lfm3 import parse_lfm3, parse_lfm3_vl
 from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
@@ -79,6 +79,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "kimi_linear": parse_kimi_linear,
         "minimax": parse_minimax,
         "lfm3": parse_lfm3,
+        "lfm3_vl": parse_lfm3_vl,
     }
 )
 
