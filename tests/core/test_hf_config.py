@@ -17,6 +17,8 @@ from transformers import (
     KimiLinearConfig,
     Lfm2Config,
     Lfm2MoeConfig,
+    Lfm3Config,
+    Lfm3VlConfig,
     Mamba2Config,
     MambaConfig,
     MiniMaxConfig,
@@ -70,6 +72,8 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "kimi_linear": KimiLinearConfig,
     "minimax": MiniMaxConfig,
     "bailing_hybrid": BailingHybridConfig,
+    "lfm3": Lfm3Config,
+    "lfm3_vl": Lfm3VlConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -88,14 +88,17 @@ def counting(ks: KernelSet, calls: Counter[str]) -> KernelSet:
         ("falcon_mamba", "jamba"),
         ("olmo_hybrid", "qwen3_next"),
         ("bailing_hybrid", "kimi_linear"),
+        ("lfm3", "lfm2"),
     ],
 )
 def test_other_families_run_the_kernels_a_resumed_family_checks(model_dirs, family, checked_by):
-    """What makes the Triton resume of NemotronH (Mamba-2), Jamba (Mamba-1) and Qwen3-Next
-    (Gated DeltaNet) stand for these families: their recurrent mixers are the same class,
-    declaring the same kernel ops (the pure SSMs have no attention, so no other op runs;
-    OLMo's layout changes only the projections around the ops, Ling's only KDA's gate
-    projections and bound, computed in torch before the ops)."""
+    """What makes the Triton resume of NemotronH (Mamba-2), Jamba (Mamba-1), Qwen3-Next
+    (Gated DeltaNet), Kimi Linear (KDA) and LFM2 (short conv) stand for these families:
+    their recurrent mixers are the same class, declaring the same kernel ops (the pure
+    SSMs have no attention, so no other op runs; OLMo's layout changes only the
+    projections around the ops, Ling's only KDA's gate projections and bound, computed in
+    torch before the ops; LFM3's short conv is LFM2's, its windowed attention
+    RecurrentGemma's)."""
     model = load_model(model_dirs[family])
     ops = {op for i in model.ssm_blocks for op in type(model.ssm(i)).KERNEL_OPS}
     assert ops == FAMILY_OPS[checked_by]

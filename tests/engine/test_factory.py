@@ -43,6 +43,7 @@ FEWEST = {
     "zamba2": 0.7,
     "lfm2": 0.9,
     "lfm2_moe": 0.9,
+    "lfm3": 0.9,
     "recurrent_gemma": 0.8,
     **dict.fromkeys(PURE_SSM_FAMILIES, 0.4),
 }
@@ -137,7 +138,7 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.mamba_expand * cfg.hidden_size, cfg.intermediate_size)
     elif family in QWEN_FAMILIES or family == "olmo_hybrid":
         heads = (cfg.linear_num_key_heads, cfg.linear_num_value_heads)
-    elif family in LFM2_FAMILIES:
+    elif family in (*LFM2_FAMILIES, "lfm3"):
         heads = (cfg.hidden_size,)  # the short convs' channels
     elif family == "mamba2":  # no attention heads at all
         heads = (cfg.num_heads, cfg.n_groups)

@@ -51,10 +51,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "recurrent_gemma",
             "minimax",
             "bailing_hybrid",
+            "lfm3",
         )
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
     "kimi_linear": preset_config("tiny", "kimi_linear").to_dict(),
+    "lfm3_vl": {
+        "model_type": "lfm3_vl", "text_config": preset_config("tiny", "lfm3").to_dict()
+    },
 }  # fmt: skip
 
 

@@ -78,6 +78,7 @@ LOGIT_MODELS = (
     "kimi_linear",
     "minimax",
     "bailing_hybrid",
+    "lfm3",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully

@@ -34,6 +34,7 @@ FAMILIES = (
     "kimi_linear",
     "minimax",
     "bailing_hybrid",
+    "lfm3",
 )
 """The families of issue 36 (each on its tiny preset)."""
 

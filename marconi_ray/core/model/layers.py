@@ -104,6 +104,8 @@ class AttentionLayer(LayerSpec):
             scores and AV cost 4*n*min(n, window)*(H*hd), a `window_term`, not a quadratic
             coefficient. Its KV is priced per token like full attention's (the engine keeps
             every row).
+        head_gate: a separate projection gives one sigmoid gate per head (LFM3's g_proj):
+            another 2*Din*H per token.
     """
 
     kind: ClassVar[str] = KIND_ATTENTION
@@ -114,6 +116,7 @@ class AttentionLayer(LayerSpec):
     input_dim: int | None = None
     output_gate: bool = False
     window: int | None = None
+    head_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_kv_heads", "head_dim"):
@@ -131,6 +134,7 @@ class AttentionLayer(LayerSpec):
         kv_width = self.n_kv_heads * self.head_dim
         q_proj = 2 * d_in * q_width * (2 if self.output_gate else 1)
         c1 = q_proj + 2 * 2 * d_in * kv_width + 2 * q_width * self.d_model
+        c1 += 2 * d_in * self.n_heads if self.head_gate else 0
         return float(c1), 0.0 if self.window is not None else float(4 * q_width)
 
     def window_term(self) -> WindowTerm | None:

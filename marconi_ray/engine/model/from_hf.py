@@ -58,8 +58,13 @@ FAMILIES: Final = (
     "kimi_linear",
     "minimax",
     "bailing_hybrid",
+    "lfm3",
+    "lfm3_vl",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
+
+ROPE_TYPES: Final = ("default", "proportional")
+"""RoPE types the engine's `Rope` applies (see `AttentionConfig.rope_type`)."""
 
 PARALLEL_KINDS: Final = ("attention", "mamba2")
 """Block kinds a residual group of parallel mixers may hold (see `hybrid_model.Block`)."""
@@ -157,7 +162,7 @@ def _check(family: str, eb: _EngineBlock) -> None:
     if isinstance(cfg, AttentionConfig):
         if cfg.input_dim is not None and eb.kind != "shared_transformer":
             raise ValueError(f"{where}: attention over a {cfg.input_dim}-wide input")
-        if cfg.rotary_dim and cfg.rope_type != "default":
+        if cfg.rotary_dim and cfg.rope_type not in ROPE_TYPES:
             raise ValueError(f"{family} rope_type {cfg.rope_type!r} is not supported")
     if isinstance(cfg, Mamba2Config) and cfg.conv_activation != "silu":
         raise ValueError(
@@ -240,6 +245,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         residual_alpha=alpha,
         residual_beta=beta,
         norm_residual=arch.norm_residual,
+        sandwich_norm=arch.sandwich_norms,
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

@@ -262,6 +262,27 @@ HF_NAMES = {
         moe=KIMI_LINEAR_MOE,
         alternates=((".block_sparse_moe.", ".mlp."),),
     ),
+    **dict.fromkeys(
+        ("lfm3", "lfm3_vl"),
+        HFNames(
+            "embed_tokens.weight",
+            "embedding_norm.weight",
+            "operator_norm",
+            "ffn_norm",
+            {"shortconv": "conv", "attention": "self_attn", "swa": "self_attn"},
+            "feed_forward",
+            renames=(  # the checkpoints' gate_proj is transformers' g_proj
+                ("self_attn.g_proj.weight", "self_attn.gate_proj.weight"),
+                ("gate_proj.weight", "w1.weight"),
+                ("up_proj.weight", "w3.weight"),
+                ("down_proj.weight", "w2.weight"),
+            ),
+            post_norms={
+                **dict.fromkeys(("shortconv", "attention", "swa"), "post_operator_norm"),
+                "mlp": "post_ffn_norm",
+            },
+        ),
+    ),
     "minimax": HFNames(
         "embed_tokens.weight",
         "norm.weight",
@@ -360,6 +381,7 @@ class Block(nn.Module):
         layer = f"layers.{cfg.hf_layer[index]}"
         d = cfg.hidden_size
         self.norm: RMSNorm | None = None
+        self.out_norm: RMSNorm | None = None
         mixer: Mixer
         if self.kind == "shared_transformer":
             assert cfg.shared is not None
@@ -388,6 +410,9 @@ class Block(nn.Module):
                 dtype,
                 cfg.unit_offset_norms,
             )
+        if cfg.sandwich_norm:
+            out_key = f"{layer}.{names.post_norms[self.kind]}.weight"
+            self.out_norm = RMSNorm(d, cfg.norm_eps, out_key, dtype, cfg.unit_offset_norms)
         assert not parallel or self.kind in ("attention", "mamba2"), self.kind
         reduce = not parallel
         if self.kind == "mlp":
@@ -469,6 +494,8 @@ class Block(nn.Module):
     def weight_specs(self) -> dict[str, WeightSpec]:
         out = {} if self.norm is None else self.norm.weight_specs()
         out = {f"norm.{k}": v for k, v in out.items()}
+        if self.out_norm is not None:
+            out.update({f"out_norm.{k}": v for k, v in self.out_norm.weight_specs().items()})
         out.update({f"mixer.{k}": v for k, v in self.mixer.weight_specs().items()})
         return {k: replace(v, key=self.names.checkpoint_key(v.key)) for k, v in out.items()}
 
@@ -644,7 +671,8 @@ class HybridModel(nn.Module):
         updated by `run`), all-reduced once for a group of several blocks, whose output
         projections leave it to this sum (with `norm_residual`, norm(x) replaces x as the
         residual; see `_residual` for the factors); a post-norm block is
-        x + norm(run(i, x)). A Zamba2 shared block (a group of its own) is `run(i, x)` on
+        x + norm(run(i, x)); a sandwich-normed block (LFM3) x + post(run(i, norm(x))).
+        A Zamba2 shared block (a group of its own) is `run(i, x)` on
         the stream itself; its output e joins the next group's input but not the residual:
         x + sum_i run(i, norm(x + e))."""
         extra: torch.Tensor | None = None
@@ -664,6 +692,8 @@ class HybridModel(nn.Module):
                 out = out + run(i, h)
             if len(group) > 1:
                 out = self.tp.all_reduce(out)
+            if first.out_norm is not None:  # sandwich: x + post(mixer(norm(x)))
+                out = first.out_norm(out)
             x = self._residual(h if self.cfg.norm_residual else x, out, group[0])
         return x
 

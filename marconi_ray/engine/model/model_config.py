@@ -152,6 +152,8 @@ class HybridConfig:
             `alpha * r + beta * mixer(norm(x))` (empty: all 1; MiniMax's factors).
         norm_residual: r is the block's normed input, not the stream (MiniMax's
             post-norm layers); otherwise r = x.
+        sandwich_norm: every block's output is normed too, `x = x + post(mixer(norm(x)))`
+            (LFM3; the post norms' names are `HFNames.post_norms`).
     """
 
     family: str
@@ -189,6 +191,7 @@ class HybridConfig:
     residual_alpha: tuple[float, ...] = ()
     residual_beta: tuple[float, ...] = ()
     norm_residual: bool = False
+    sandwich_norm: bool = False
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -202,6 +205,8 @@ class HybridConfig:
             raise ValueError("post_norm must give one flag per block (or none)")
         if any(self.post_norm) and self.parallel_mixers:
             raise ValueError("post-norm blocks cannot run as parallel mixers")
+        if self.sandwich_norm and (any(self.post_norm) or self.parallel_mixers):
+            raise ValueError("sandwich norms exclude post-norm blocks and parallel mixers")
         for name in ("residual_alpha", "residual_beta"):
             if getattr(self, name) and len(getattr(self, name)) != len(self.blocks):
                 raise ValueError(f"{name} must give one factor per block (or none)")

@@ -62,6 +62,7 @@ import torch
 
 from marconi_ray.engine.presets.byte_tokenizer import BYTE_OFFSET, BYTE_VOCAB_SIZE, save_tokenizer
 from marconi_ray.engine.presets.family_configs import preset_config
+from marconi_ray.engine.presets.lfm3_presets import lfm3_prepare
 from marconi_ray.engine.presets.minimax_lift import balance_writes, lift_through_embedding
 from marconi_ray.engine.presets.model_presets import (
     BUILD_VERSION,
@@ -130,6 +131,7 @@ _FINAL_NORM: Final = {
     "falcon_mamba": "norm_f",
     "mamba2": "norm_f",
     "recurrent_gemma": "final_norm",
+    "lfm3": "embedding_norm",
 }
 _BIAS_FLAG: Final = {"zamba2": "add_bias_linear"}
 """The config flag of the biases the lift needs, where it is not `mlp_bias`."""
@@ -163,6 +165,7 @@ _MODEL_CLASSES: Final = {
     "recurrent_gemma": "RecurrentGemmaForCausalLM",
     "minimax": "MiniMaxForCausalLM",
     "bailing_hybrid": "BailingHybridForCausalLM",
+    "lfm3": "Lfm3ForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -412,6 +415,8 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     if config.model_type == "minimax":  # no bias: the embedding table writes the channel
         lift_through_embedding(model, LIFT_CHANNEL, LIFT_RATIO)
         balance_writes(model)
+    elif config.model_type == "lfm3":  # post norms: the last conv's bias through its own
+        lfm3_prepare(model, LIFT_CHANNEL, LIFT_RATIO)
     else:
         bias = LIFT_RATIO * _final_residual_norm(model) / residual
         down = _lift_projection(model)

@@ -12,6 +12,7 @@ from typing import Any
 
 from marconi_ray.engine.presets.bailing_presets import bailing_hybrid_kwargs
 from marconi_ray.engine.presets.kimi_presets import kimi_linear_kwargs
+from marconi_ray.engine.presets.lfm3_presets import lfm3_kwargs
 from marconi_ray.engine.presets.minimax_presets import minimax_kwargs
 from marconi_ray.engine.presets.model_presets import (
     LFM2_FAMILIES,
@@ -79,6 +80,8 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return transformers.MiniMaxConfig(**minimax_kwargs(p, initializer_range))
     if family == "bailing_hybrid":
         return transformers.BailingHybridConfig(**bailing_hybrid_kwargs(p, initializer_range))
+    if family == "lfm3":
+        return transformers.Lfm3Config(**lfm3_kwargs(p))
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

@@ -93,6 +93,7 @@ FAMILIES: Final = (
     "kimi_linear",
     "minimax",
     "bailing_hybrid",
+    "lfm3",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

@@ -73,10 +73,15 @@ class AttentionConfig:
         bias: the q/k/v/o projections have biases.
         input_dim: width the q/k/v projections read; None means the hidden size (Zamba2's
             shared block reads the 2*D concatenation of hidden state and embeddings).
-        rope_type: the HF `rope_type`; "default" is plain RoPE.
+        rope_type: the HF `rope_type`; "default" is plain RoPE. "proportional" (LFM3's
+            full attention) rotates channel pairs (i, i + head_dim / 2) of the whole
+            head, the first rotary_dim / 2 pairs at frequencies theta^(-2i / head_dim)
+            and the rest at frequency 0 (unrotated): `rotary_dim` channels turn.
         output_gate: q_proj also emits a per-channel gate (each head's head_dim query
             channels, then head_dim gate channels); the attention output is multiplied by
             sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next).
+        head_gate: a separate `g_proj` (D -> n_heads, no bias) gates each head: the
+            head's attention output is multiplied by sigmoid(g) before o_proj (LFM3).
         qk_norm: RMSNorm over head_dim on each query and key head, before RoPE.
         qk_norm_whole: with `qk_norm`, the norm is over the whole q (all heads) and the
             whole k projection instead of each head (OLMo Hybrid).
@@ -99,6 +104,7 @@ class AttentionConfig:
     rope_type: str = "default"
     output_gate: bool = False
     qk_norm: bool = False
+    head_gate: bool = False
     qk_norm_whole: bool = False
     scale: float | None = None
     input_scale: float = 1.0
@@ -551,6 +557,8 @@ class HfArchitecture:
             not capped.
         norm_residual: each block's residual is its normed input, not the stream itself:
             `x = alpha * norm(x) + beta * op(norm(x))` (MiniMax's post-norm layers).
+        sandwich_norms: every block also norms its output, `x = x + post(op(norm(x)))`
+            (LFM3's `use_sandwich_norm`: post_operator_norm / post_ffn_norm).
     """
 
     family: str
@@ -570,6 +578,7 @@ class HfArchitecture:
     scales: Scales = Scales()
     logits_soft_cap: float | None = None
     norm_residual: bool = False
+    sandwich_norms: bool = False
 
     def __post_init__(self) -> None:
         if not self.blocks:

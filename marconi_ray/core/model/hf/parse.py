@@ -32,6 +32,7 @@ from marconi_ray.core.model.hf.arch import (
 from marconi_ray.core.model.hf.bailing import parse_bailing_hybrid
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.kimi_linear import parse_kimi_linear
+from marconi_ray.core.model.hf.lfm3 import parse_lfm3, parse_lfm3_vl
 from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
@@ -79,6 +80,8 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "kimi_linear": parse_kimi_linear,
         "minimax": parse_minimax,
         "bailing_hybrid": parse_bailing_hybrid,
+        "lfm3": parse_lfm3,
+        "lfm3_vl": parse_lfm3_vl,
     }
 )
 
@@ -116,7 +119,9 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
     """The cost model of one block of a model with residual width `d_model`."""
     match config:
         case AttentionConfig(n_heads=h, n_kv_heads=kv, head_dim=hd, input_dim=d_in):
-            return AttentionLayer(d_model, h, kv, hd, d_in, config.output_gate)
+            return AttentionLayer(
+                d_model, h, kv, hd, d_in, output_gate=config.output_gate, head_gate=config.head_gate
+            )
         case GatedDeltaNetConfig():
             c = config
             return GatedDeltaNetLayer(
@@ -145,10 +150,11 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
         case RGLRUConfig(lru_width=w, n_heads=h, d_conv=k):
             return RGLRULayer(d_model, w, h, k)
         case SlidingAttentionConfig(attention=attn, window=w):
-            d_in = attn.input_dim
+            a = attn
             return AttentionLayer(
-                d_model, attn.n_heads, attn.n_kv_heads, attn.head_dim, d_in, attn.output_gate, w
-            )
+                d_model, a.n_heads, a.n_kv_heads, a.head_dim, a.input_dim,
+                output_gate=a.output_gate, window=w, head_gate=a.head_gate,
+            )  # fmt: skip
         case LightningConfig(n_heads=h, head_dim=hd):
             return LightningLayer(d_model, h, hd)
         case LinearConfig(d_in=d_in, d_out=d_out):

@@ -11,7 +11,7 @@ from torch.nn.attention.bias import causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from marconi_ray.engine.model.kv_buffer import KVBuffer
-from marconi_ray.engine.model.layers.linear import column, row
+from marconi_ray.engine.model.layers.linear import ParallelLinear, column, row
 from marconi_ray.engine.model.layers.norm import RMSNorm, ShardedRMSNorm
 from marconi_ray.engine.model.layers.rope import Rope
 from marconi_ray.engine.model.layers.weights import WeightSpec
@@ -73,7 +73,9 @@ class Attention(nn.Module):
     multiplied by sigmoid(gate) before o. With `cfg.qk_norm` each q and k head is
     RMS-normed over head_dim (scale 1 + w when `unit_offset_norms`) before RoPE; with
     `cfg.qk_norm_whole` the whole q and the whole k projection are (OLMo Hybrid: the
-    sums of squares all-reduced across ranks, see `ShardedRMSNorm`).
+    sums of squares all-reduced across ranks, see `ShardedRMSNorm`). With `cfg.head_gate`
+    a column-parallel `g_proj` (D -> n_heads, a rank's slice its own heads) gives one gate
+    per head; each head's output is multiplied by sigmoid(g) before o (LFM3).
 
     `prefix` is the HF sub-module name (`mixer` for NemotronH, `self_attn` for the rest).
 
@@ -121,12 +123,19 @@ class Attention(nn.Module):
             off = unit_offset_norms
             self.q_norm = RMSNorm(hd, eps, f"{prefix}.q_norm.weight", dtype, off)
             self.k_norm = RMSNorm(hd, eps, f"{prefix}.k_norm.weight", dtype, off)
+        self.g: ParallelLinear | None = None
+        if cfg.head_gate:
+            self.g = column(d_model, (Segment(cfg.n_heads),), False, f"{prefix}.g_proj", tp, dtype)
         self.rope: Rope | None = None
         self.dtype = dtype
 
     def _rope(self, device: torch.device) -> Rope | None:
-        if self.cfg.rotary_dim and self.rope is None:
-            self.rope = Rope(self.cfg.rotary_dim, self.cfg.rope_theta, device)
+        cfg = self.cfg
+        if cfg.rotary_dim and self.rope is None:
+            if cfg.rope_type == "proportional":
+                self.rope = Rope.proportional(cfg.rotary_dim, cfg.head_dim, cfg.rope_theta, device)
+            else:
+                self.rope = Rope(cfg.rotary_dim, cfg.rope_theta, device)
         return self.rope
 
     def _qkv(
@@ -144,6 +153,9 @@ class Attention(nn.Module):
             q = self.q_whole(self.q(x)).view(-1, self.n_heads, hd)
         else:
             q = self.q(x).view(-1, self.n_heads, hd)
+        if self.g is not None:
+            per_head = self.g(x)[:, :, None].expand(-1, self.n_heads, hd)
+            gate = per_head.reshape(x.shape[0], -1)
         k = self.k(x)
         k = (k if self.k_whole is None else self.k_whole(k)).view(-1, self.n_kv, hd)
         if self.q_norm is not None and self.k_norm is not None:
@@ -178,8 +190,10 @@ class Attention(nn.Module):
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         out: dict[str, WeightSpec] = {}
-        for name in ("q", "k", "v", "o"):
+        for name in ("q", "k", "v", "o", "g"):
             mod = getattr(self, name)
+            if mod is None:
+                continue
             out.update({f"{name}.{k}": s for k, s in mod.weight_specs().items()})
         for name, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
             if norm is not None:
