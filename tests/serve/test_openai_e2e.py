@@ -26,9 +26,10 @@ from marconi_ray.serve.settings import NAMESPACE, ServeSettings
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 PORT = SERVE_PORT
 QWEN = "tiny:qwen3_5"
-PRESETS = {"qwen": QWEN, "mamba2": "tiny:mamba2"}
+PRESETS = {"qwen": QWEN}
 """Apps (route prefix /NAME) serving a make-model preset as `serve --model tiny:FAMILY`
-does: Gated DeltaNet behind a multimodal wrapper, and a pure SSM (no KV at all)."""
+does (Gated DeltaNet behind a multimodal wrapper; every other family's preset is served
+through the same ingress app in tests/serve/test_family_presets_http.py)."""
 BASE = f"http://127.0.0.1:{PORT}"
 
 
@@ -117,9 +118,8 @@ def test_multi_turn_chat_hits_and_matches_vanilla(services):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_family_preset_over_http_hits_and_matches_the_engine(services, name):
     """A `tiny:FAMILY` preset behind the OpenAI API (the multimodal Qwen3.5: Gated
-    DeltaNet; Mamba-2: no KV, every hit a state alone): later chat turns hit the cache,
-    streamed equals whole, and a completion's tokens equal the in-process vanilla
-    engine's on the same prompt ids."""
+    DeltaNet): later chat turns hit the cache, streamed equals whole, and a completion's
+    tokens equal the in-process vanilla engine's on the same prompt ids."""
     client, model = services[name], PRESETS[name]
     messages = []
     for turn, user in enumerate(["Hello there!", "Tell me more."]):
