@@ -31,13 +31,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from marconi_ray.core.model.hf.arch import BlockConfig, HfArchitecture, MLPConfig, MoEConfig
-from marconi_ray.core.model.hf.blocks import ATTENTION, MAMBA, architecture, per_layer, rope
+from marconi_ray.core.model.hf.arch import HfArchitecture
+from marconi_ray.core.model.hf.blocks import ATTENTION, MAMBA, rope
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.kda_mla_layers import DENSE, SPARSE, kda_mla_stack
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
 from marconi_ray.core.model.hf.reader import ConfigReader
 
-DENSE, SPARSE = "dense", "sparse"
 """`mlp_layer_types` entries."""
 LING_2_5_ARCHITECTURE: Final = "BailingMoeV2_5ForCausalLM"
 """The `architectures` entry of Ling 2.5 / 2.6 checkpoints (see the module docstring)."""
@@ -212,30 +212,4 @@ def parse_bailing_hybrid(config: Mapping[str, object]) -> HfArchitecture:
             rope_theta=_rope_theta(r, config, rotary),
             head_gate=True,
         )
-    mlp = MLPConfig(r.req_int("intermediate_size"), act, gated=True)
-    moe = None
-    if SPARSE in mlp_types:
-        width = r.req_int("moe_intermediate_size")
-        shared = r.req_int("n_shared_experts")
-        moe = MoEConfig(
-            width,
-            r.pos_int("num_local_experts"),
-            r.pos_int("num_experts_per_tok"),
-            act,
-            gated=True,
-            n_shared_experts=shared,
-            shared_intermediate_size=width * shared,
-            norm_topk=r.flag("norm_topk_prob"),
-            scoring="sigmoid",
-            selection_bias=True,
-            n_group=r.pos_int("n_group"),
-            topk_group=r.pos_int("topk_group"),
-            routed_scale=r.req_float("routed_scaling_factor"),
-        )
-    layers: list[list[BlockConfig]] = []
-    for t, m in zip(types, mlp_types, strict=True):
-        mixer = kda if t == MAMBA else mla
-        ffn = mlp if m == DENSE else moe
-        assert mixer is not None and ffn is not None
-        layers.append([mixer, ffn])
-    return architecture(r, per_layer(layers))
+    return kda_mla_stack(r, types, mlp_types, kda, mla, act)

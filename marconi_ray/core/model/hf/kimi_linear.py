@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from marconi_ray.core.model.hf import defaults
-from marconi_ray.core.model.hf.arch import BlockConfig, HfArchitecture, MLPConfig, MoEConfig
-from marconi_ray.core.model.hf.blocks import ATTENTION, MAMBA, architecture, per_layer
+from marconi_ray.core.model.hf.arch import HfArchitecture
+from marconi_ray.core.model.hf.blocks import ATTENTION, MAMBA
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
+from marconi_ray.core.model.hf.kda_mla_layers import DENSE, SPARSE, kda_mla_stack
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
 from marconi_ray.core.model.hf.reader import ConfigReader
 
-DENSE, SPARSE = "dense", "sparse"
 """`mlp_layer_types` entries."""
 LINEAR_KEYS = {"head_dim": "linear_head_dim", "num_heads": "linear_num_heads",
                "short_conv_kernel_size": "linear_conv_kernel_dim"}  # fmt: skip
@@ -116,30 +116,4 @@ def parse_kimi_linear(config: Mapping[str, object]) -> HfArchitecture:
             bias=r.flag("attention_bias"),
         )
     mlp_types = _mlp_types(r, n_layers)
-    mlp = MLPConfig(r.req_int("intermediate_size"), act, gated=True)
-    moe = None
-    if SPARSE in mlp_types:
-        width = r.req_int("moe_intermediate_size")
-        shared = r.req_int("n_shared_experts")
-        moe = MoEConfig(
-            width,
-            r.pos_int("num_local_experts"),
-            r.pos_int("num_experts_per_tok"),
-            act,
-            gated=True,
-            n_shared_experts=shared,
-            shared_intermediate_size=width * shared,
-            norm_topk=r.flag("norm_topk_prob"),
-            scoring="sigmoid",
-            selection_bias=True,
-            n_group=r.pos_int("n_group"),
-            topk_group=r.pos_int("topk_group"),
-            routed_scale=r.req_float("routed_scaling_factor"),
-        )
-    layers: list[list[BlockConfig]] = []
-    for t, m in zip(types, mlp_types, strict=True):
-        mixer = kda if t == MAMBA else mla
-        ffn = mlp if m == DENSE else moe
-        assert mixer is not None and ffn is not None
-        layers.append([mixer, ffn])
-    return architecture(r, per_layer(layers))
+    return kda_mla_stack(r, types, mlp_types, kda, mla, act)
