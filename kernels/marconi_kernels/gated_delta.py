@@ -25,7 +25,7 @@ The callers expand grouped key heads to value heads before calling (H = value he
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -318,11 +318,29 @@ def check_delta_varlen(
 ) -> tuple[int, int, int, list[int], list[list[int]]]:
     """Validate a varlen prefill's arguments (see `gated_delta_chunk_varlen_ref`); returns
     (H, K, V, cu_seqlens, each sequence's emit positions)."""
+    return check_packed(
+        q, k, lambda: check_gated_delta_shapes(
+            q[None], k[None], v[None], g[None], beta[None], None
+        ), initial_states, cu_seqlens, emit_at,
+    )  # fmt: skip
+
+
+def check_packed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    row_shapes: Callable[[], tuple[int, int, int, int, int]],
+    initial_states: torch.Tensor | None,
+    cu_seqlens: Sequence[int],
+    emit_at: Sequence[Sequence[int]],
+) -> tuple[int, int, int, list[int], list[list[int]]]:
+    """The varlen checks a packed linear-attention prefill shares (gated delta rule, KDA,
+    lightning attention): q and k both [T, H, K]; `row_shapes()` validates the op's
+    tensors as one batch row of T tokens and returns its (1, T, H, K, V); then the
+    packing (`check_varlen`) and each sequence's distinct emit positions. Returns
+    (H, K, V, cu_seqlens, each sequence's emit positions); ValueError naming a bad one."""
     if q.dim() != 3 or k.shape != q.shape:
         raise ValueError(f"q and k must both be [T, H, K], got {tuple(q.shape)}, {tuple(k.shape)}")
-    _, L, H, K, V = check_gated_delta_shapes(
-        q[None], k[None], v[None], g[None], beta[None], None
-    )  # the shapes of one batch row of T tokens
+    _, L, H, K, V = row_shapes()
     cu, emits = check_varlen(cu_seqlens, L, emit_at, initial_states, (H, K, V))
     for s, e in enumerate(emits):
         check_positions(e, cu[s + 1] - cu[s])  # distinct, too

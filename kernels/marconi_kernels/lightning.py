@@ -29,13 +29,12 @@ import torch.nn.functional as F
 
 from ._util import (
     Outputs,
-    check_varlen,
     compute_dtype,
     per_sequence,
     start_state,
     token_by_token,
 )
-from .gated_delta import check_positions
+from .gated_delta import check_packed, check_positions
 
 
 def check_lightning_shapes(
@@ -230,13 +229,10 @@ def check_lightning_varlen(
 ) -> tuple[int, int, int, list[int], list[list[int]]]:
     """Validate a varlen prefill's arguments (see `lightning_chunk_varlen_ref`); returns
     (H, K, V, cu_seqlens, each sequence's emit positions)."""
-    if q.dim() != 3 or k.shape != q.shape:
-        raise ValueError(f"q and k must both be [T, H, K], got {tuple(q.shape)}, {tuple(k.shape)}")
-    _, L, H, K, V = check_lightning_shapes(q[None], k[None], v[None], slope, None)
-    cu, emits = check_varlen(cu_seqlens, L, emit_at, initial_states, (H, K, V))
-    for s, e in enumerate(emits):
-        check_positions(e, cu[s + 1] - cu[s])
-    return H, K, V, cu, emits
+    return check_packed(
+        q, k, lambda: check_lightning_shapes(q[None], k[None], v[None], slope, None),
+        initial_states, cu_seqlens, emit_at,
+    )  # fmt: skip
 
 
 def lightning_chunk_varlen_ref(
