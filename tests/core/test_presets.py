@@ -152,6 +152,9 @@ def test_every_preset_builds(name: str) -> None:
     assert spec.ssm_state_bytes > 0 and linear > 0
     if name in NO_KV:
         assert spec.kv_bytes_per_token == 0 and quadratic == 0
+    elif spec.window_state is not None:
+        # every attention layer windowed (RecurrentGemma): its KV is in each checkpoint
+        assert spec.kv_bytes_per_token == 0 and spec.window_bytes > 0 and spec.window_terms()
     else:
         # attention past linear: n*n, or n*min(n, W) for a sliding window (RecurrentGemma)
         assert spec.kv_bytes_per_token > 0 and (quadratic > 0 or spec.window_terms())
@@ -316,8 +319,9 @@ def test_2026_hybrids_state_and_kv_bytes_by_hand(name: str) -> None:
     n_recurrent, layer_state, n_kv, layer_kv, positions = HYBRIDS_2026[name]
     spec = get_preset(name)
     assert (spec.n_ssm, spec.n_attention) == (n_recurrent, n_kv)
-    assert spec.ssm_state_bytes == n_recurrent * layer_state
-    assert spec.kv_bytes_per_token == n_kv * layer_kv
+    window = spec.window_state or 0  # RecurrentGemma: its 2048-token window is state
+    assert spec.ssm_state_bytes == n_recurrent * layer_state + window * n_kv * layer_kv
+    assert spec.kv_bytes_per_token == (0 if window else n_kv * layer_kv)
     assert spec.max_position == positions
 
 
@@ -329,15 +333,20 @@ def test_2026_hybrids_published_numbers() -> None:
         "kimi-linear-48b-a3b": (43_909_120, 8_064),
         "olmo-hybrid-7b": (55_296_000, 122_880),
         "minimax-text-01": (293_601_280, 40_960),
-        "recurrentgemma-2b": (552_960, 8_192),
+        "recurrentgemma-2b": (17_330_176, 0),
     }
-    ratios = {n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1) for n, s in specs.items()}
+    ratios = {
+        n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1)
+        for n, s in specs.items()
+        if s.kv_bytes_per_token
+    }
     assert ratios == {
         "kimi-linear-48b-a3b": 5445.1,
         "olmo-hybrid-7b": 450.0,
         "minimax-text-01": 7168.0,
-        "recurrentgemma-2b": 67.5,
     }
+    gemma = specs["recurrentgemma-2b"]  # 552,960 of RG-LRU states, 2048 x 8,192 of window
+    assert gemma.ssm_bytes_by_part()["window"] == 2048 * 8_192 == gemma.window_bytes
 
 
 def test_2026_hybrids_layer_kinds_and_feed_forwards() -> None:

@@ -102,8 +102,9 @@ class AttentionLayer(LayerSpec):
             Qwen3-Next): it costs another 2*Din*(H*hd) per token.
         window: a sliding window of this many keys per query (RecurrentGemma, LFM3): its
             scores and AV cost 4*n*min(n, window)*(H*hd), a `window_term`, not a quadratic
-            coefficient. Its KV is priced per token like full attention's (the engine keeps
-            every row).
+            coefficient. When every KV layer of the model is windowed its KV is priced as
+            part of each checkpoint (`ModelSpec.window_state`), else per token like full
+            attention's.
         head_gate: a separate projection gives one sigmoid gate per head (LFM3's g_proj):
             another 2*Din*H per token.
     """

@@ -60,6 +60,8 @@ class ModelSpec:
     _kv_bytes_per_token: int = field(init=False, repr=False, compare=False)
     _ssm_recurrent_bytes: int = field(init=False, repr=False, compare=False)
     _ssm_conv_bytes: int = field(init=False, repr=False, compare=False)
+    _window_bytes: int = field(init=False, repr=False, compare=False)
+    _window_state: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -94,7 +96,14 @@ class ModelSpec:
             (sum(v[0] for v in by_kind.values()), sum(v[1] for v in by_kind.values())),
         )
         d = self.dtype_bytes
-        sets(self, "_kv_bytes_per_token", sum(x.kv_bytes_per_token(d) for x in layers))
+        kv_layers = [x for x in layers if x.kv_bytes_per_token(d) > 0]
+        windows: list[int | None] = [getattr(x, "window", None) for x in kv_layers]
+        sized = [w for w in windows if w is not None]
+        window_state = max(sized) if kv_layers and len(sized) == len(windows) else None
+        sets(self, "_window_state", window_state)
+        per_token = sum(x.kv_bytes_per_token(d) for x in kv_layers)
+        sets(self, "_kv_bytes_per_token", 0 if window_state else per_token)
+        sets(self, "_window_bytes", window_state * per_token if window_state else 0)
         ds = d if self.state_dtype_bytes is None else self.state_dtype_bytes
         sets(self, "_ssm_recurrent_bytes", sum(x.state_bytes(ds) for x in layers))
         sets(self, "_ssm_conv_bytes", sum(x.conv_bytes(d) for x in layers))
@@ -165,13 +174,36 @@ class ModelSpec:
         return self._ssm_conv_bytes
 
     @property
+    def window_state(self) -> int | None:
+        """W when every layer that keeps KV is a sliding-window attention layer
+        (RecurrentGemma), else None: then a cached prefix keeps no per-token KV, and each
+        checkpoint holds its window, the KV of its last W positions (zero-padded below
+        W), beside its recurrent states. Resuming at depth p reads only that window, so
+        the window is all-or-nothing and in-place-updated like an SSM state, and the
+        cache admits and evicts it as one (`kv_bytes_per_token` 0, `ssm_state_bytes`
+        counting it). With a full-attention layer beside (LFM3), every row is kept:
+        one row holds a token's KV of every layer."""
+        return self._window_state
+
+    @property
+    def window_bytes(self) -> int:
+        """Bytes of one checkpoint's window (0 unless `window_state`): W positions'
+        KV over the windowed layers, the largest window for all of them."""
+        return self._window_bytes
+
+    @property
     def ssm_state_bytes(self) -> int:
-        """Bytes of one SSM checkpoint: recurrent + conv states over all SSM layers."""
-        return self._ssm_recurrent_bytes + self._ssm_conv_bytes
+        """Bytes of one checkpoint: recurrent + conv states over all SSM layers, and the
+        window with a `window_state`."""
+        return self._ssm_recurrent_bytes + self._ssm_conv_bytes + self._window_bytes
 
     def ssm_bytes_by_part(self) -> dict[str, int]:
-        """One checkpoint's bytes split into {"recurrent": ..., "conv": ...}."""
-        return {"recurrent": self._ssm_recurrent_bytes, "conv": self._ssm_conv_bytes}
+        """One checkpoint's bytes split into {"recurrent": ..., "conv": ...} (and
+        "window" with a `window_state`)."""
+        parts = {"recurrent": self._ssm_recurrent_bytes, "conv": self._ssm_conv_bytes}
+        if self._window_bytes:
+            parts["window"] = self._window_bytes
+        return parts
 
     # ---- layer counts ------------------------------------------------------------------
 
