@@ -12,6 +12,12 @@ its final state, which Marconi's admission orders at most), then the cache's bud
 rest, in KV rows, is what the running requests may reserve. The pool holds the running
 rows plus as many as the cache's budget could fill with KV alone.
 
+A window-state model (`HybridModel.window_state` = W: its cache keeps no per-token KV, a
+checkpoint holds its window) has running rows of its own (`engine.window_rows`): each
+running request holds at most W + 1 between steps, a step adds at most its
+`max_batch_tokens`, so `window_rows` = max_batch * (W + 1) + max_batch_tokens are set
+aside with the running states, and the window pool is allocated at that size.
+
 What the coordinator's byte accounting counts stays as it was: its tree's bytes (KV of
 the slots it references plus its states) against `cache_bytes`; running requests' rows
 are the worker's (`reserved_rows`), bounded here, never the cache's.
@@ -33,6 +39,7 @@ from marconi_ray.engine.spec.mtp import MTPDrafter
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
+from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.protocol.speculative import SpeculativeConfig
 
 STATES_PER_REQUEST = 3
@@ -63,26 +70,37 @@ class KVMemoryPlan:
     max_running_tokens: int
     pool_rows: int
     kv_bytes_per_token: int
+    window_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def plan_kv_memory(
-    budget: int, cache_bytes: int, kv_bytes_per_token: int, state_bytes: int, max_batch: int
+    budget: int,
+    cache_bytes: int,
+    kv_bytes_per_token: int,
+    state_bytes: int,
+    max_batch: int,
+    window_rows: int = 0,
+    window_row_bytes: int = 0,
 ) -> KVMemoryPlan:
     """Split `budget` (see the module docstring); ValueError naming the numbers when it
-    leaves the running requests not one row. A model with no KV at all (the pure SSMs:
-    `kv_bytes_per_token` 0) needs no row: the plan has none, and the budget must only hold
-    the cache and the running states (ValueError naming the numbers otherwise)."""
-    states = STATES_PER_REQUEST * max_batch * state_bytes
+    leaves the running requests not one row. A model with no per-token KV (the pure
+    SSMs, a window-state model: `kv_bytes_per_token` 0) needs no row: the plan has none,
+    and the budget must only hold the cache, the running states and the `window_rows`
+    running window rows of `window_row_bytes` each (ValueError naming the numbers
+    otherwise)."""
+    states = STATES_PER_REQUEST * max_batch * state_bytes + window_rows * window_row_bytes
     if kv_bytes_per_token == 0:
         if budget < cache_bytes + states:
+            held = "states" if not window_rows else f"states and {window_rows} window rows"
+            kept = "no KV" if not window_rows else "no per-token KV"
             raise ValueError(
                 f"a kv memory budget of {budget} bytes cannot hold the cache ({cache_bytes}) "
-                f"and {max_batch} running requests' states ({states}); the model keeps no KV"
+                f"and {max_batch} running requests' {held} ({states}); the model keeps {kept}"
             )
-        return KVMemoryPlan(budget, cache_bytes, states, 0, 0, 0)
+        return KVMemoryPlan(budget, cache_bytes, states, 0, 0, 0, window_rows)
     rows = (budget - cache_bytes - states) // kv_bytes_per_token
     if rows < 1:
         raise ValueError(
@@ -95,19 +113,31 @@ def plan_kv_memory(
 
 
 def planned_store(
-    model: HybridModel, memory: KVMemory, cache_bytes: int, max_batch: int
+    model: HybridModel,
+    memory: KVMemory,
+    cache_bytes: int,
+    max_batch: int,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
 ) -> tuple[StateStore, KVMemoryPlan]:
-    """A `StateStore` for `model` whose device pool is allocated whole from the plan of
-    `memory` (its budget measured now, so call it after loading and warming up)."""
+    """A `StateStore` for `model` whose device pool (and window pool) is allocated whole
+    from the plan of `memory` (its budget measured now, so call it after loading and
+    warming up)."""
     store = StateStore(model)
+    window_rows = 0
+    if store.window is not None:
+        window_rows = max_batch * (store.window + 1) + max_batch_tokens
     plan = plan_kv_memory(
         memory_budget(memory, model.device),
         cache_bytes,
         store.kv_bytes_per_token,
         store.state_bytes,
         max_batch,
+        window_rows,
+        store.window_row_bytes,
     )
     store.device_kv.reserve(plan.pool_rows)
+    if store.window_kv is not None:
+        store.window_kv.reserve(window_rows)
     return store, plan
 
 
@@ -141,7 +171,7 @@ def planned_worker(
                 f"set max_running_tokens ({max_running_tokens}) or kv_memory, not both: "
                 "kv_memory sets it"
             )
-        store, plan = planned_store(model, kv_memory, cache_bytes, max_batch)
+        store, plan = planned_store(model, kv_memory, cache_bytes, max_batch, max_batch_tokens)
         # a model with no KV has no rows to bound (its plan has none)
         max_running_tokens = plan.max_running_tokens or None
     worker = Worker(

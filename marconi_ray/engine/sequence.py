@@ -11,6 +11,7 @@ import torch
 
 from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.engine.spec.stats import SpecStats
+from marconi_ray.engine.window_rows import WindowRows
 from marconi_ray.protocol.orders import PrefillOrder
 from marconi_ray.protocol.results import Logprob
 
@@ -29,6 +30,8 @@ class Sequence:
             in order (positions hit_len, hit_len + 1, ...; one per consumed token past
             the hit): handed to the cache when it ends, those it keeps, or freed.
         staged: device slots holding copies of the hit's host-tier KV (freed at the end).
+        window: a window-state model's running rows (`engine.window_rows`; empty for
+            other models): freed as the window leaves them and when it ends.
         reserved: KV rows admission set aside for it (`Worker.rows_needed`), given back
             when it ends.
         prompt_lps: prompt log-probabilities scored so far (prompt tokens 1, 2, ...; when
@@ -56,6 +59,7 @@ class Sequence:
     prefilled: int = 0
     own: list[int] = field(default_factory=list)
     staged: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    window: WindowRows = field(default_factory=WindowRows)
     reserved: int = 0
     prompt_lps: list[Logprob] = field(default_factory=list)
     matcher: Any = None

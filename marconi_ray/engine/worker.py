@@ -157,7 +157,13 @@ class Worker:
         self._taken: list[Finished] = []
         """The last `take_finished`'s requests, until the next `advance`: a replica that
         never got them (a peer rank failed the step) `cancel`s them, which frees them."""
-        self._batch = model.new_decode_batch(max_batch, self.store.device_kv)
+        if speculative is not None and self.store.window is not None:
+            raise ValueError(
+                f"speculative decoding ({speculative.method}) is not supported for a "
+                "window-state model (every attention layer a sliding window): its rejected "
+                "drafts' window rows are not given back yet"
+            )
+        self._batch = model.new_decode_batch(max_batch, self.store.attn_pool)
         self.graphs: StepGraphs | None = None
         """The decode step's CUDA graphs (None: eager steps)."""
         if captures(cuda_graphs, model.device):
@@ -440,8 +446,11 @@ class Worker:
         slots = self.store.alloc_slots(len(batch))
         for seq, slot in zip(batch, slots.tolist(), strict=True):
             seq.own.append(slot)
-        rows = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
-        self._batch.extend(rows)
+        if self.store.window is None:
+            rows = self.store.device_rows(slots)
+        else:
+            rows = self._window_rows(batch, [1] * len(batch))
+        self._batch.extend(torch.as_tensor(rows, device=self.model.device))
 
     def _decoded(
         self, batch: list[Sequence], logits: torch.Tensor, elapsed: float
@@ -615,6 +624,8 @@ class Worker:
             # should the state fail
             rows, seq.staged = self.store.hit_rows(order.hit_slots[: order.hit_len], order.hit_len)
             state = self.store.load_state(order.hit_state, order.hit_len)
+            if self.store.window is not None:
+                rows = self._window_hit(seq, state)
             state.rows = torch.as_tensor(rows, device=self.model.device)
             seq.state = state
             if order.params.prompt_logprobs is not None:
@@ -622,6 +633,54 @@ class Worker:
                 self._score_prompt(seq, self.model.forward_logits(ids.to(self.model.device)), 0)
         seq.prefilled = order.hit_len
         seq.prefill_s += time.perf_counter() - t0
+
+    def _window_hit(self, seq: Sequence, state: SeqState) -> npt.NDArray[np.int64]:
+        """A window-state hit's rows: its checkpoint's window (`state.kv`, the last m =
+        min(depth, W) positions) written into new window rows the sequence holds, behind
+        `depth - m` positions the window hides (their rows: the first of those, never
+        attended); `state.kv` is emptied."""
+        window = {i: buf.view() for i, buf in state.kv.items()}
+        m = next(iter(window.values()))[0].shape[1]
+        rows = self.store.alloc_window(m)
+        seq.window.add(rows, state.length - m)
+        self.store.attn_pool.write(rows, window)
+        state.kv = {}
+        hidden = np.full(state.length - m, rows[0], dtype=np.int64)
+        return np.concatenate([hidden, rows])
+
+    def _new_rows(self, seq: Sequence, slots: Slots) -> torch.Tensor:
+        """The rows seq's next len(slots) tokens write their KV to, on the device: their
+        slots' own rows, or a window-state model's new window rows (`_window_rows`)."""
+        if self.store.window is None:
+            rows = self.store.device_rows(slots)
+        else:
+            rows = self._window_rows([seq], [len(slots)])
+        return torch.as_tensor(rows, device=self.model.device)
+
+    def _window_rows(self, seqs: list[Sequence], counts: list[int]) -> npt.NDArray[np.int64]:
+        """New window rows for the next counts[s] tokens of each of `seqs` (a
+        window-state model), in order, after freeing the rows their windows have left:
+        one free and one allocation for all."""
+        window = self.store.window
+        assert window is not None
+        left = [seq.window.slide(seq.state.length, window) for seq in seqs]
+        self.store.free_window(np.concatenate(left))
+        rows = self.store.alloc_window(sum(counts))
+        at = 0
+        for seq, n in zip(seqs, counts, strict=True):
+            seq.window.add(rows[at : at + n], seq.state.length)
+            at += n
+        return rows
+
+    def _window_at(self, seq: Sequence, depth: int) -> npt.NDArray[np.int64] | None:
+        """A window-state checkpoint's rows at `depth` (None for other models)."""
+        if self.store.window is None:
+            return None
+        return seq.window.at(depth, self.store.window)
+
+    def _free_window(self, seq: Sequence) -> None:
+        if self.store.window is not None:
+            self.store.free_window(seq.window.take_all())
 
     def _prefill_parts(self, seqs: list[Sequence], ends: list[int]) -> None:
         """Prefill each sequence's prompt positions [seq.prefilled, end) in one forward
@@ -638,19 +697,22 @@ class Worker:
                 mine = slots[at : at + end - start]
                 at += end - start
                 seq.own.extend(mine.tolist())
-                new = torch.as_tensor(self.store.device_rows(mine), device=self.model.device)
+                new = self._new_rows(seq, mine)
                 assert seq.state.rows is not None
                 seq.state.rows = torch.cat([seq.state.rows, new])
                 ids = torch.as_tensor(seq.order.prompt[start:end], dtype=torch.long)
                 depths = tuple(d for d in seq.order.checkpoints if start < d <= end)
                 scored = seq.order.params.prompt_logprobs is not None
                 parts.append(PrefillPart(ids, seq.state, depths, scored))
-            results = self.model.prefill_many(parts, self.store.device_kv)
+            results = self.model.prefill_many(parts, self.store.attn_pool)
             for (seq, start, _), part, (ckpts, scores) in zip(work, parts, results, strict=True):
                 if part.scored:
                     self._score_prompt(seq, scores, start)
                 for ckpt in ckpts:
-                    seq.state_ids[ckpt.depth] = self.store.put_state(ckpt)
+                    window = self._window_at(seq, ckpt.depth)
+                    seq.state_ids[ckpt.depth] = self.store.put_state(ckpt, window)
+                if self.store.window is not None:  # only the window's rows stay held
+                    self.store.free_window(seq.window.slide(seq.state.length, self.store.window))
         elapsed = time.perf_counter() - t0
         for seq, end in zip(seqs, ends, strict=True):
             seq.prefilled = max(seq.prefilled, end)
@@ -776,7 +838,7 @@ class Worker:
         t0 = time.perf_counter()
         parts, mine, slots = self._verify_parts(drafted)
         try:
-            results = self.model.prefill_many(parts, self.store.device_kv)
+            results = self.model.prefill_many(parts, self.store.attn_pool)
             judged = self._judge(drafted, results)
         except Exception:
             self.store.free_slots(slots)
@@ -935,7 +997,8 @@ class Worker:
             return
         st = seq.state
         seq.state_ids[depth] = self.store.put_state(
-            StateCheckpoint(depth, dict(st.conv), dict(st.ssm), logits)
+            StateCheckpoint(depth, dict(st.conv), dict(st.ssm), logits),
+            self._window_at(seq, depth),
         )
 
     def _finish(self, seq: Sequence) -> None:
@@ -950,6 +1013,7 @@ class Worker:
         assert len(own) == seq.state.length - h, (len(own), seq.state.length, h)
         slots = own[: max(0, deepest - h)]
         self.store.free_slots(np.concatenate([own[len(slots) :], seq.staged]))
+        self._free_window(seq)
         seq.own, seq.staged = [], np.empty(0, dtype=np.int64)
         self.reserved_rows -= seq.reserved
         seq.reserved = 0
@@ -977,6 +1041,7 @@ class Worker:
         if seq in self._prefilling:
             self._prefilling.remove(seq)
         slots = np.concatenate([np.asarray(seq.own, dtype=np.int64), seq.staged])
+        self._free_window(seq)
         seq.own, seq.staged = [], np.empty(0, dtype=np.int64)
         self.reserved_rows -= seq.reserved
         seq.reserved = 0

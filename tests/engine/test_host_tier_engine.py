@@ -14,6 +14,8 @@ from marconi_ray.protocol.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 HOST_BYTES = 10**8
+NO_TOKEN_KV = (*PURE_SSM_FAMILIES, "recurrent_gemma")
+"""Families whose cache keeps no per-token KV (every cached prefix is a state)."""
 
 
 def _two_tier_engine(model_dir, turns_kept: float) -> Engine:
@@ -33,9 +35,10 @@ def _two_tier_engine(model_dir, turns_kept: float) -> Engine:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_conversations_served_from_the_host_tier_are_exact(model_dirs, family):
-    # a pure SSM has no KV: 1.5 "turns" would be three states, enough for both chats' last
-    # states, and nothing would come back from the host; one turn is two states
-    turns = 1.0 if family in PURE_SSM_FAMILIES else 1.5
+    # a pure SSM has no KV, and RecurrentGemma's window is in its states: 1.5 "turns"
+    # would be three states, enough for both chats' last states, and nothing would come
+    # back from the host; one turn is two states
+    turns = 1.0 if family in NO_TOKEN_KV else 1.5
     engine = _two_tier_engine(model_dirs[family], turns_kept=turns)
     reference = Engine(model_dirs[family], system="vanilla")
     rng = np.random.default_rng(8)

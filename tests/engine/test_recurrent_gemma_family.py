@@ -76,7 +76,8 @@ def test_greedy_and_two_cached_turns_equal_transformers(model_dirs):
 
 def _states_shaped(model: HybridModel, ck: StateCheckpoint, resumed: SeqState) -> None:
     """An RG-LRU checkpoint is the conv window [lru_width, K] (zero before the first
-    token) and the float32 LRU state [lru_width]; the windowed layer keeps every KV row."""
+    token) and the float32 LRU state [lru_width]; the model's own (unpooled) state keeps
+    every KV row (`test_window_state` resumes from the window alone)."""
     cfg = model.cfg.rglru
     assert cfg is not None
     for i in model.ssm_blocks:
@@ -124,9 +125,13 @@ def test_store_bytes_equal_the_cost_model(model_dirs, dtype):
     spec = spec_from_hf_config(raw, dtype_bytes=elem, state_dtype_bytes=4)
     assert store.kv_bytes_per_token == spec.kv_bytes_per_token
     assert store.state_bytes == spec.ssm_state_bytes
-    ckpt = model.prefill(torch.arange(7, 30), model.new_state(), [W + 1])[0]
+    state = model.new_state()
+    ckpt = model.prefill(torch.arange(7, 30), state, [W + 1])[0].with_window_of(state, W)
     held = store._states[store.put_state(ckpt)]
-    real = sum(t.numel() * t.element_size() for t in (*held.conv.values(), *held.ssm.values()))
+    window = [t for kv in held.window.values() for t in kv]
+    real = sum(
+        t.numel() * t.element_size() for t in (*held.conv.values(), *held.ssm.values(), *window)
+    )
     assert real == spec.ssm_state_bytes
 
 

@@ -581,6 +581,18 @@ class HybridModel(nn.Module):
         """Attention block index -> (this rank's KV heads, head_dim): a KV pool's shapes."""
         return {i: _kv_shape(self.attention(i)) for i in self.attn_blocks}
 
+    @property
+    def window_state(self) -> int | None:
+        """W when every KV block is a sliding-window attention block (RecurrentGemma),
+        the largest window; else None (`core.model.model_spec.ModelSpec.window_state`):
+        a pooled sequence then holds only its last W positions' rows, and a checkpoint
+        carries those positions' KV (`StateCheckpoint.window`)."""
+        windows: list[int | None] = [
+            getattr(self.attention(i), "window", None) for i in self.attn_blocks
+        ]
+        sized = [w for w in windows if w is not None]
+        return max(sized) if windows and len(sized) == len(windows) else None
+
     def attention(self, i: int) -> KVMixer:
         """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
         mixer = self.layers[i].mixer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -58,9 +59,26 @@ class StateCheckpoint:
     """The SSM states and the next-token logits after the first `depth` tokens.
 
     conv/ssm map SSM block index -> tensor (same shapes as in `SeqState`).
+    window: a window-state model's (`HybridModel.window_state` = W) attention block
+        index -> (k, v) [n_kv_local, m, head_dim], the KV of the last m positions before
+        `depth`, oldest first (m = min(depth, W), or W padded past them once stored);
+        empty for other models (their KV is per token, in the tree).
     """
 
     depth: int
     conv: dict[int, torch.Tensor]
     ssm: dict[int, torch.Tensor]
     logits: torch.Tensor
+    window: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def with_window_of(self, state: SeqState, window: int) -> StateCheckpoint:
+        """This checkpoint with its window taken from `state`'s KV buffers (a sequence
+        that consumed at least `depth` tokens; views, the store copies them)."""
+        if state.length < self.depth:
+            raise ValueError(f"state has {state.length} tokens, fewer than depth {self.depth}")
+        start = max(0, self.depth - window)
+        kv = {}
+        for i, buf in state.kv.items():
+            k, v = buf.view()
+            kv[i] = (k[:, start : self.depth], v[:, start : self.depth])
+        return dataclasses.replace(self, window=kv)

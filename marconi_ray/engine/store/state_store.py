@@ -69,7 +69,8 @@ STATE_DTYPE = torch.float32
 
 
 def _tensors(ck: StateCheckpoint) -> list[torch.Tensor]:
-    return [*ck.conv.values(), *ck.ssm.values(), ck.logits]
+    window = [t for kv in ck.window.values() for t in kv]
+    return [*ck.conv.values(), *ck.ssm.values(), ck.logits, *window]
 
 
 def _nbytes(ck: StateCheckpoint) -> int:
@@ -83,6 +84,7 @@ def _like(ck: StateCheckpoint, make: Callable[[torch.Tensor], torch.Tensor]) -> 
         {i: make(t) for i, t in ck.conv.items()},
         {i: make(t) for i, t in ck.ssm.items()},
         make(ck.logits),
+        {i: (make(k), make(v)) for i, (k, v) in ck.window.items()},
     )
 
 
@@ -103,8 +105,16 @@ class StateStore:
         self.dtype = model.dtype
         self.device = model.device
         shapes = model.kv_shapes()
+        self.window = model.window_state
+        """W for a window-state model (`HybridModel.window_state`), else None."""
         self.copier = TierCopier(self.device)
-        self.device_kv = DeviceKVPool(shapes, self.dtype, self.device, initial_slots)
+        self.device_kv = DeviceKVPool(
+            {} if self.window else shapes, self.dtype, self.device, initial_slots
+        )
+        self.window_kv = (
+            DeviceKVPool(shapes, self.dtype, self.device, initial_slots) if self.window else None
+        )
+        """A window-state model's running rows (`alloc_window`; None for other models)."""
         self.host_kv = HostKVPool(
             self.device_kv.row_elems, self.dtype, self.copier.host_empty, initial_host_slots
         )
@@ -117,7 +127,9 @@ class StateStore:
         """Events of the promotions still copying on CUDA (oldest first)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.kv_bytes_per_token = self.device_kv.row_elems * elem
-        self.state_bytes = sum(
+        self.window_row_bytes = 0 if self.window_kv is None else self.window_kv.row_elems * elem
+        """Bytes of one running row of a window-state model (0 for other models)."""
+        self.state_bytes = (self.window or 0) * self.window_row_bytes + sum(
             c.numel() * elem + s.numel() * STATE_DTYPE.itemsize
             for c, s in (model.ssm(i).empty_state(self.device) for i in model.ssm_blocks)
         )
@@ -151,8 +163,24 @@ class StateStore:
 
     @property
     def bytes_used(self) -> int:
-        """KV + SSM bytes held on the device (what the prefix cache budgets there)."""
-        return self.device_slots * self.kv_bytes_per_token + self.device_states * self.state_bytes
+        """KV + SSM bytes held on the device (what the prefix cache budgets there), and
+        a window-state model's running rows."""
+        return (
+            self.device_slots * self.kv_bytes_per_token
+            + self.device_states * self.state_bytes
+            + self.window_rows_held * self.window_row_bytes
+        )
+
+    @property
+    def attn_pool(self) -> DeviceKVPool:
+        """The pool the model's attention reads and writes: the window rows of a
+        window-state model, else the device tier's token rows."""
+        return self.device_kv if self.window_kv is None else self.window_kv
+
+    @property
+    def window_rows_held(self) -> int:
+        """Running rows of a window-state model held now (0 for other models)."""
+        return 0 if self.window_kv is None else self.window_kv.held
 
     @property
     def host_bytes_used(self) -> int:
@@ -256,10 +284,42 @@ class StateStore:
     def _kv_views(self, state: SeqState) -> list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
         return [(i, state.kv[i].view()) for i in self.model.attn_blocks]
 
+    # ------------------------------------------------------------------ windows
+    def alloc_window(self, n: int) -> Slots:
+        """`n` running rows of a window-state model (ValueError for another model)."""
+        if self.window_kv is None:
+            raise ValueError("this model keeps no window rows (it is not window-state)")
+        return self.window_kv.alloc(n)
+
+    def free_window(self, rows: Slots) -> None:
+        """Give back running window rows; ValueError (nothing freed) naming rows that
+        are not held or are listed twice."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return
+        if self.window_kv is None:
+            raise ValueError("this model keeps no window rows (it is not window-state)")
+        inside = (rows >= 0) & (rows < self.window_kv.capacity)
+        held = np.zeros(len(rows), dtype=np.bool_)
+        held[inside] = self.window_kv.is_held(rows[inside])
+        _, first = np.unique(rows, return_index=True)
+        twice = np.ones(len(rows), dtype=np.bool_)
+        twice[first] = False
+        bad = rows[~held | twice]
+        if len(bad):
+            raise ValueError(f"window rows {bad[:16].tolist()} are not held (freed twice?)")
+        self.window_kv.free(rows)
+
     # ------------------------------------------------------------------ states
-    def put_state(self, ckpt: StateCheckpoint) -> int:
+    def put_state(self, ckpt: StateCheckpoint, window_rows: Slots | None = None) -> int:
         """Store a copy of `ckpt` on the device (conv in the store dtype, recurrent in
-        float32); returns its new state id."""
+        float32); returns its new state id. A window-state model's checkpoint carries
+        its window: `ckpt.window`, or `window_rows`, the window rows of its last
+        min(depth, W) positions (`WindowRows.at`), read here; stored zero-padded to W
+        positions (ValueError when it is missing or the wrong length)."""
+        window = {}
+        if self.window is not None:
+            window = self._window_tensors(ckpt, window_rows)
         sid = self._next_id
         self._next_id += 1
         self._states[sid] = StateCheckpoint(
@@ -267,8 +327,37 @@ class StateStore:
             {i: t.to(self.dtype, copy=True) for i, t in ckpt.conv.items()},
             {i: t.to(STATE_DTYPE, copy=True) for i, t in ckpt.ssm.items()},
             ckpt.logits.clone(),
+            window,
         )
         return sid
+
+    def _window_tensors(
+        self, ckpt: StateCheckpoint, rows: Slots | None
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """`ckpt`'s window, as the store keeps it: W positions per block, the first
+        min(depth, W) of them its KV (from `rows` when given), the rest zeros."""
+        assert self.window is not None and self.window_kv is not None
+        m = min(ckpt.depth, self.window)
+        src = ckpt.window if rows is None else self.window_kv.read(np.asarray(rows, np.int64))
+        if set(src) != set(self.window_kv.shapes):
+            raise ValueError(
+                f"a checkpoint of this window-state model needs its window (blocks "
+                f"{sorted(self.window_kv.shapes)}), got blocks {sorted(src)}"
+            )
+        out = {}
+        for i, (k, v) in src.items():
+            if k.shape[1] != m or v.shape[1] != m:
+                raise ValueError(
+                    f"the window of a checkpoint at depth {ckpt.depth} has {m} positions, "
+                    f"block {i} got {k.shape[1]}"
+                )
+            n, _, d = k.shape
+            kw = torch.zeros((n, self.window, d), dtype=self.dtype, device=self.device)
+            vw = torch.zeros_like(kw)
+            kw[:, :m] = k
+            vw[:, :m] = v
+            out[i] = (kw, vw)
+        return out
 
     def has_state(self, sid: int) -> bool:
         return sid in self._states
@@ -403,6 +492,9 @@ class StateStore:
         for i in self.model.ssm_blocks:
             state.conv[i] = ckpt.conv[i].to(self.model.dtype)
             state.ssm[i] = ckpt.ssm[i]
+        m = min(length, self.window or 0)
+        for i, (k, v) in ckpt.window.items():
+            state.kv[i] = KVBuffer(k[:, :m].to(self.model.dtype), v[:, :m].to(self.model.dtype))
         return state
 
     def load(self, slots: Slots, sid: int, length: int) -> SeqState:
@@ -443,6 +535,8 @@ class StateStore:
         """Raise AssertionError unless the invariant of the module docstring holds."""
         self.slots.check({DEVICE: self.device_kv, HOST: self.host_kv})
         self.device_kv.check()
+        if self.window_kv is not None:
+            self.window_kv.check()
         if not self._host_states <= set(self._states):
             raise AssertionError("a host state id is not held")
         for sid, ck in self._states.items():

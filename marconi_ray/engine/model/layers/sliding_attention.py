@@ -2,14 +2,17 @@
 positions, itself included (key k visible from query p when p - window < k <= p, as
 transformers' `sliding_window` masks it).
 
-Every KV row stays in the engine's KV pool (or the sequence's `KVBuffer`): the window is
-a mask, so a cached prefix resumes exactly at any depth. Freeing the rows that fell out
-of the window is a later step. Decode and packed prefills pass the window to the kernel
-set's paged attention kernels; one sequence's prefill runs SDPA with a windowed mask
-over the last window + L keys only.
+Decode and packed prefills pass the window to the kernel set's paged attention kernels;
+one sequence's prefill runs SDPA with a windowed mask over the last window + L keys only
+(on a pool it reads only the last `window` past rows). In a model whose attention blocks
+are all windowed (`HybridModel.window_state`), the positions the window has left have no
+row any more (`engine.window_rows`): nothing here reads them. Beside a full-attention
+block (LFM3) every row is kept: the same row holds that block's KV.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -17,7 +20,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 from marconi_ray.engine.model.layers.attention import Attention, PrefillKV
 from marconi_ray.engine.model.layers.linear import row
 from marconi_ray.engine.model.model_config import SlidingAttentionConfig
-from marconi_ray.engine.model.paged_kv import DecodeKV, PackedPrefill
+from marconi_ray.engine.model.paged_kv import DecodeKV, PackedPrefill, PagedPrefill
 from marconi_ray.engine.model.parallel import Segment, TPGroup
 
 
@@ -67,6 +70,8 @@ class SlidingWindowAttention(Attention):
         q, k, v, gate = self._qkv(x, positions)
         if isinstance(kv, PackedPrefill):
             return self._out(kv.attend(q, k, v, self.cfg.scale, window=self.window), gate)
+        if isinstance(kv, PagedPrefill) and len(kv.past) > self.window:
+            kv = dataclasses.replace(kv, past=kv.past[len(kv.past) - self.window :])
         keys, values = kv.extend(k, v)
         out = windowed_attention(q, keys, values, self.window, self.cfg.scale)
         return self._out(out.transpose(0, 1).reshape(x.shape[0], -1), gate)

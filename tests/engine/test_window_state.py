@@ -1,0 +1,173 @@
+"""A window-state model (RecurrentGemma: every attention block a sliding window of W):
+its cache keeps no per-token KV, each checkpoint holds its window (the KV of its last W
+positions) beside its recurrent states, and a running sequence holds only its window's
+rows. Resuming from a window alone is exact at depths around W; running rows stay
+within the window however long a sequence grows and are freed exactly once; the planned
+memory sets them aside."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import prompts
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.kv_memory import planned_store
+from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.store.state_store import StateStore
+from marconi_ray.engine.worker import Worker
+from marconi_ray.protocol.kv_memory import KVMemory
+from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.protocol.speculative import SpeculativeConfig
+
+FAMILY = "recurrent_gemma"
+W = 16
+"""The tiny preset's attention_window_size."""
+DEPTHS = (1, W - 1, W, W + 1, 2 * W + 1, 47, 101)
+NEW = 3
+PARAMS = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+
+
+def _reference(model, ids: list[int], n: int) -> list[int]:
+    """Greedy tokens of the model's own unpooled path (every KV row kept)."""
+    state = model.new_state()
+    model.prefill(torch.tensor(ids), state)
+    return model.greedy(state, n)
+
+
+def test_the_model_is_window_state_and_its_cache_keeps_no_token_kv(model_dirs):
+    model = load_model(model_dirs[FAMILY])
+    assert model.window_state == W
+    store = StateStore(model)
+    assert store.kv_bytes_per_token == 0 and store.window_row_bytes > 0
+    assert store.attn_pool is store.window_kv
+    assert load_model(model_dirs["lfm3"]).window_state is None  # full attention beside
+
+
+def test_resume_from_the_window_alone_equals_uncached(model_dirs):
+    """A checkpoint stored with its window (the last min(depth, W) positions' KV, padded
+    to W) and loaded back resumes with those KV rows only: the rest of the prompt and 8
+    greedy tokens give the uncached run's logits and tokens."""
+    model = load_model(model_dirs[FAMILY])
+    store = StateStore(model)
+    ids = prompts(51, 1, 140, model.cfg.vocab_size)[0]
+    state = model.new_state()
+    ckpts = model.prefill(torch.tensor(ids), state, list(DEPTHS))
+    want_logits = state.logits.clone()
+    want = _reference(model, ids, 8)
+    for ck in ckpts:
+        sid = store.put_state(ck.with_window_of(state, W))
+        resumed = store.load_state(sid, ck.depth)
+        for i in model.attn_blocks:
+            assert resumed.kv[i].length == min(ck.depth, W), ck.depth
+        model.prefill(torch.tensor(ids[ck.depth :]), resumed)
+        assert (resumed.logits - want_logits).abs().max().item() <= 1e-4, ck.depth
+        assert model.greedy(resumed, 8) == want, ck.depth
+
+
+def test_a_checkpoint_without_its_window_is_refused(model_dirs):
+    model = load_model(model_dirs[FAMILY])
+    store = StateStore(model)
+    state = model.new_state()
+    (ck,) = model.prefill(torch.arange(3, 30), state, [W + 2])
+    with pytest.raises(ValueError, match="needs its window"):
+        store.put_state(ck)
+    short = ck.with_window_of(state, W - 1)
+    with pytest.raises(ValueError, match=f"has {W} positions"):
+        store.put_state(short)
+    assert store.live_states == 0 and store.bytes_used == 0
+
+
+@pytest.mark.parametrize("first_len", [W - 1 - NEW, W - NEW, W + 1 - NEW, 2])
+def test_hits_at_depths_around_the_window_are_exact(model_dirs, first_len):
+    """A second turn resumes from the first turn's final state at depth W - 1, W, W + 1
+    (and 5): its cached tokens are that depth, its tokens the unpooled model's."""
+    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7)
+    vocab = engine.config.vocab_size
+    first = prompts(52, 1, first_len, vocab)[0]
+    out = engine.generate(first, PARAMS)
+    second = first + list(out.tokens) + prompts(53, 1, 9, vocab)[0]
+    again = engine.generate(second, PARAMS)
+    assert again.usage.cached_tokens == first_len + NEW
+    assert list(again.tokens) == _reference(engine.model, second, NEW)
+    assert engine.store.window_rows_held == 0
+    assert engine.store.bytes_used == engine.cache.bytes_used
+
+
+def test_running_rows_stay_within_the_window(model_dirs):
+    """Two long requests, one prefilled in chunks, decoding 40 tokens past their
+    prompts: between steps each holds at most W + 1 window rows, and a step adds at most
+    its `max_batch_tokens`; their tokens are the unpooled model's, and when they end
+    no window row is held."""
+    chunk = 24
+    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7, max_batch_tokens=chunk)
+    worker, store = engine.worker, engine.store
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    a, b = prompts(54, 2, 90, engine.config.vocab_size)
+    for rid, p in enumerate((a, b)):
+        order, release = engine.planner.order(rid, np.asarray(p, np.int32), params)
+        worker.release(release)
+        worker.start(order)
+        assert store.window_rows_held <= 2 * (W + 1) + chunk
+    peak = 0
+    while worker.num_running:
+        worker.step()
+        peak = max(peak, store.window_rows_held)
+        assert store.window_rows_held <= 2 * (W + 1) + chunk
+        store.check()
+    assert peak > W
+    done = {d.request_id: d for d in worker.take_finished()}
+    assert store.window_rows_held == 0
+    for rid, p in enumerate((a, b)):
+        assert list(done[rid].tokens) == _reference(engine.model, p, 40)
+        worker.release(engine.planner.commit(done[rid]))
+    assert store.bytes_used == engine.cache.bytes_used
+
+
+def test_window_rows_are_freed_exactly_once(model_dirs):
+    """A cancelled request gives back every window row it held; a second free of any of
+    them is refused and changes nothing."""
+    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7)
+    worker, store = engine.worker, engine.store
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    (p,) = prompts(55, 1, 50, engine.config.vocab_size)
+    order, release = engine.planner.order(0, np.asarray(p, np.int32), params)
+    worker.release(release)
+    worker.start(order)
+    for _ in range(5):
+        worker.step()
+    (seq,) = worker._running
+    held = np.asarray(seq.window.rows, dtype=np.int64)
+    assert len(held) == W + 1 and store.window_rows_held == W + 1
+    assert worker.cancel(0)
+    assert store.window_rows_held == 0 and not seq.window.rows
+    store.check()
+    other = store.alloc_window(3)
+    with pytest.raises(ValueError, match="not held"):
+        store.free_window(np.concatenate([other, held[:1]]))
+    with pytest.raises(ValueError, match="not held"):
+        store.free_window(np.concatenate([other, other[:1]]))
+    assert store.window_rows_held == 3
+    store.free_window(other)
+    assert store.window_rows_held == 0
+
+
+def test_a_planned_pool_sets_the_window_rows_aside(model_dirs):
+    model = load_model(model_dirs[FAMILY])
+    probe = StateStore(model)
+    cache = 10 * probe.state_bytes
+    store, plan = planned_store(model, KVMemory(bytes=10**7), cache, 4, 64)
+    assert plan.window_rows == 4 * (W + 1) + 64 and plan.pool_rows == 0
+    assert store.window_kv is not None and store.window_kv.sized
+    assert store.window_kv.capacity >= plan.window_rows
+    need = cache + 3 * 4 * probe.state_bytes + plan.window_rows * probe.window_row_bytes
+    assert plan.running_states == need - cache
+    with pytest.raises(ValueError, match="window rows"):
+        planned_store(model, KVMemory(bytes=need - 1), cache, 4, 64)
+
+
+def test_speculative_decoding_is_refused_by_name(model_dirs):
+    model = load_model(model_dirs[FAMILY])
+    with pytest.raises(ValueError, match="window-state"):
+        Worker(model, speculative=SpeculativeConfig(method="ngram"))
