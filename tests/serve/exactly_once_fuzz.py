@@ -118,6 +118,17 @@ class _Router:
         return await self.replicas[batch.replica_id].settle_many(batch)
 
 
+def _check_window_rows(worker: Any) -> None:
+    """A window-state model's running rows (`engine.window_rows`) are exactly those its
+    running sequences hold, each once."""
+    pool = worker.store.window_kv
+    if pool is None:
+        return
+    pool.check()
+    rows = [r for s in (*worker._running, *worker._prefilling) for r in s.window.rows]
+    assert len(rows) == len(set(rows)) == pool.held, (len(rows), pool.held)
+
+
 def make_world(model_dir: Path, seed: int) -> World:
     clock = Clock()
     clock.now = time.time()
@@ -297,6 +308,7 @@ def check(world: World) -> None:
         pending = release_log.pending(replica._cursor.applied) + replica._release
         pending = pending + replica._relayed.owned()  # the relayed requests' own, held
         states, slots, host_states, host_slots = held(worker)
+        _check_window_rows(worker)
         cache = world.coord.planners[rid].cache
         tree_states, tree_slots = cache.referenced()
         freed_states = set(pending.states)

@@ -30,6 +30,17 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("seed", range(CASES))
 def test_random_interleavings_free_and_move_every_id_exactly_once(model_dir, seed):
+    _fuzz(model_dir, seed)
+
+
+def test_a_window_state_model_frees_its_window_rows_exactly_once(tmp_path):
+    """RecurrentGemma (its window in its states, its running rows freed as the window
+    leaves them): after every event the running sequences hold every window row the
+    pool holds, each once (`exactly_once_fuzz._check_window_rows`)."""
+    _fuzz(make_model("tiny", "recurrent_gemma", tmp_path / "tiny"), 0)
+
+
+def _fuzz(model_dir: Path, seed: int) -> None:
     counts = run_case(model_dir, seed, EVENTS_PER_CASE)
     assert counts["checks"] == EVENTS_PER_CASE + 1
     assert sum(counts.get(kind, 0) for kind in EVENTS) == EVENTS_PER_CASE + 1  # + the last expiry
