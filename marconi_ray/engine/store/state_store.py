@@ -14,6 +14,14 @@ model's device and host memory.
   at: a resumed state is exactly the one captured, in any dtype. State ids are never
   reused.
 
+Window-state models (`HybridModel.window_state` = W, every attention block a sliding
+window: RecurrentGemma): the cache keeps no per-token KV (the token pool has no blocks,
+its slots no bytes) and each checkpoint also holds its window (`StateCheckpoint.window`:
+the KV of its last min(depth, W) positions, padded to W), counted in `state_bytes` and
+moved with the state. A running sequence's KV is in rows of `window_kv`, which the
+worker frees as the window leaves them (`alloc_window`, `free_window`,
+`engine.window_rows`); `attn_pool` is the pool the model's attention reads.
+
 Tiers: `apply_moves` moves ids between the tiers; ids never change, only where their
 tensors live. A demotion copies device rows and states to the host (on CUDA on a copy
 stream, without blocking: see `tier_copy`), and the device rows it leaves are reused only
@@ -475,9 +483,10 @@ class StateStore:
         return rows, staged
 
     def load_state(self, sid: int, length: int) -> SeqState:
-        """A `SeqState` (no KV) resuming after `length` cached tokens: copies of state
-        `sid`'s SSM states (conv in the model dtype) and its logits, from either tier.
-        ValueError when the state is at another depth."""
+        """A `SeqState` resuming after `length` cached tokens: copies of state `sid`'s
+        SSM states (conv in the model dtype) and its logits, from either tier, and for a
+        window-state model its window as `kv` (`KVBuffer`s of the last min(length, W)
+        positions; no KV otherwise). ValueError when the state is at another depth."""
         ckpt = self._states.get(sid)
         if ckpt is None:
             raise ValueError(f"state {sid} of the hit is not held")
