@@ -12,7 +12,8 @@ positions the window hides; every attention kernel attends only the window (the 
 ones do not read them; the references gather and mask them), so they are never keys.
 
 Invariant: `rows` are the store rows of positions [start, start + len(rows)), each held
-by this sequence alone, and every row is given back exactly once (`slide`, `take_all`).
+by this sequence alone, and every row is given back exactly once (`slide`, `cut`,
+`take_all`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ class WindowRows:
         out = np.asarray(self.rows[:drop], dtype=np.int64)
         del self.rows[:drop]
         self.start += drop
+        return out
+
+    def cut(self, end: int) -> Rows:
+        """Stop holding the positions from `end` on (rejected speculative drafts);
+        returns their rows, to free."""
+        keep = min(len(self.rows), max(0, end - self.start))
+        out = np.asarray(self.rows[keep:], dtype=np.int64)
+        del self.rows[keep:]
         return out
 
     def at(self, depth: int, window: int) -> Rows:

@@ -157,12 +157,6 @@ class Worker:
         self._taken: list[Finished] = []
         """The last `take_finished`'s requests, until the next `advance`: a replica that
         never got them (a peer rank failed the step) `cancel`s them, which frees them."""
-        if speculative is not None and self.store.window is not None:
-            raise ValueError(
-                f"speculative decoding ({speculative.method}) is not supported for a "
-                "window-state model (every attention layer a sliding window): its rejected "
-                "drafts' window rows are not given back yet"
-            )
         self._batch = model.new_decode_batch(max_batch, self.store.attn_pool)
         self.graphs: StepGraphs | None = None
         """The decode step's CUDA graphs (None: eager steps)."""
@@ -862,7 +856,7 @@ class Worker:
             base = seq.state.length
             mine.append(slots[at : at + len(ids)])
             at += len(ids)
-            new = torch.as_tensor(self.store.device_rows(mine[-1]), device=self.model.device)
+            new = self._new_rows(seq, mine[-1])
             assert seq.state.rows is not None
             seq.state.rows = torch.cat([seq.state.rows, new])
             emit = tuple(range(base + 1, base + len(ids) + 1))
@@ -917,7 +911,8 @@ class Worker:
             ckpt = ckpts[taken - 1]
             for c in ckpts[:taken]:
                 if c.depth in seq.order.capture and c.depth not in seq.state_ids:
-                    seq.state_ids[c.depth] = self.store.put_state(c)
+                    window = self._window_at(seq, c.depth)
+                    seq.state_ids[c.depth] = self.store.put_state(c, window)
             state = seq.state
             state.conv, state.ssm = dict(ckpt.conv), dict(ckpt.ssm)
             state.length, state.logits = ckpt.depth, ckpt.logits
@@ -928,6 +923,8 @@ class Worker:
                 state.hidden[-1] = (pos, hidden[:taken])
             seq.own.extend(rows[:taken].tolist())
             self.store.free_slots(rows[taken:])
+            if self.store.window is not None:  # the rejected positions' window rows
+                self.store.free_window(seq.window.cut(ckpt.depth))
             assert ckpt.depth == base + taken
             if seq.finish_reason is not None and not seq.finishing:
                 self._finish(seq)

@@ -39,6 +39,8 @@ def _cached(model, ids: list[int]) -> tuple[Worker, int, np.ndarray, SeqState]:
     worker = Worker(model)
     state = model.new_state()
     (ckpt,) = model.prefill(torch.tensor(ids[:HIT]), state, [HIT])
+    if worker.store.window is not None:  # a window-state model's checkpoint holds its window
+        ckpt = ckpt.with_window_of(state, worker.store.window)
     sid = worker.store.put_state(ckpt)
     slots = worker.store.alloc_slots(HIT)
     worker.store.write_kv(slots, state, 0)

@@ -90,7 +90,10 @@ def test_pooled_parts_resume_from_their_depths(model_dirs):
 
 def _pooled_state(store: StateStore, n: int, rows: torch.Tensor | None = None) -> SeqState:
     if rows is None:
-        rows = torch.as_tensor(store.device_rows(store.alloc_slots(n)))
+        if store.window is None:
+            rows = torch.as_tensor(store.device_rows(store.alloc_slots(n)))
+        else:  # a window-state model's attention reads its window rows (`attn_pool`)
+            rows = torch.as_tensor(store.alloc_window(n))
     return SeqState(rows=rows)
 
 
@@ -119,16 +122,16 @@ def test_pooled_parts_share_one_attention_call_and_equal_their_own_prefills(mode
         sa, sb, sc = _pooled_state(store, 21), _pooled_state(store, 21), _pooled_state(store, 1)
         sb_rows = sb.rows
         sb.rows = sb_rows[:8]
-        model.prefill(b[:8], sb, (), store.device_kv)  # b's first 8 tokens: a cached prefix
+        model.prefill(b[:8], sb, (), store.attn_pool)  # b's first 8 tokens: a cached prefix
         sb.rows = sb_rows
         parts = [PrefillPart(a, sa, emits[0]), PrefillPart(b[8:], sb, emits[1]),
                  PrefillPart(c, sc, emits[2])]  # fmt: skip
         if together:
-            results = model.prefill_many(parts, store.device_kv)
+            results = model.prefill_many(parts, store.attn_pool)
         else:
-            results = [model.prefill_many([p], store.device_kv)[0] for p in parts]
+            results = [model.prefill_many([p], store.attn_pool)[0] for p in parts]
         kv = {
-            i: [store.device_kv.k[i][:, s.rows].clone() for s in (sa, sb, sc)]
+            i: [store.attn_pool.k[i][:, s.rows].clone() for s in (sa, sb, sc)]
             for i in model.attn_blocks
         }
         return [sa, sb, sc], results, kv

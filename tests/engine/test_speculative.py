@@ -123,6 +123,7 @@ def test_greedy_tokens_and_cached_tokens_are_identical_with_speculation(
     spec.store.check()
     assert spec.worker.reserved_rows == 0 and spec.worker.num_running == 0
     assert spec.store.device_kv.held == plain.store.device_kv.held  # no row leaked
+    assert spec.store.window_rows_held == 0  # a window-state model's rejected drafts' too
     assert spec.cache.bytes_used == plain.cache.bytes_used
 
 

@@ -16,10 +16,9 @@ from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.kv_memory import planned_store
 from marconi_ray.engine.model.loader import load_model
 from marconi_ray.engine.store.state_store import StateStore
-from marconi_ray.engine.worker import Worker
+from marconi_ray.engine.window_rows import WindowRows
 from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.sampling import SamplingParams
-from marconi_ray.protocol.speculative import SpeculativeConfig
 
 FAMILY = "recurrent_gemma"
 W = 16
@@ -167,7 +166,21 @@ def test_a_planned_pool_sets_the_window_rows_aside(model_dirs):
         planned_store(model, KVMemory(bytes=need - 1), cache, 4, 64)
 
 
-def test_speculative_decoding_is_refused_by_name(model_dirs):
-    model = load_model(model_dirs[FAMILY])
-    with pytest.raises(ValueError, match="window-state"):
-        Worker(model, speculative=SpeculativeConfig(method="ngram"))
+def test_window_rows_slide_cut_and_give_each_row_back_once():
+    """`WindowRows` holds positions [start, end): `slide` gives back what the window
+    left, `cut` what speculation rejected, `at` a checkpoint's rows, `take_all` the rest;
+    no row comes back twice."""
+    held = WindowRows()
+    held.add(np.arange(100, 110), 30)  # positions 30..39
+    assert held.at(39, 4).tolist() == [105, 106, 107, 108]
+    assert held.slide(38, 4).tolist() == [100, 101, 102, 103]  # keep 34..37 and 38, 39
+    assert (held.start, held.end) == (34, 40)
+    with pytest.raises(ValueError, match="next is 40"):
+        held.add(np.arange(5), 41)
+    held.add(np.arange(200, 203), 40)
+    assert held.cut(41).tolist() == [201, 202]  # drafts at 41, 42 rejected
+    assert held.slide(41, 4).tolist() == [104, 105, 106]  # keep 37..40
+    out = held.take_all().tolist()
+    assert out == [107, 108, 109, 200] and held.take_all().tolist() == []
+    with pytest.raises(AssertionError):
+        held.at(41, 4)

@@ -290,7 +290,7 @@ class StateStore:
         self.device_kv.write(self.slots.row[ids], kv)
 
     def _kv_views(self, state: SeqState) -> list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
-        return [(i, state.kv[i].view()) for i in self.model.attn_blocks]
+        return [(i, state.kv[i].view()) for i in self.model.attn_blocks if i in self.device_kv.k]
 
     # ------------------------------------------------------------------ windows
     def alloc_window(self, n: int) -> Slots:
