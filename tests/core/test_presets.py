@@ -23,6 +23,7 @@ from transformers import (
     Qwen3NextConfig,
     RecurrentGemmaConfig,
 )
+from transformers.models.bailing_hybrid.configuration_bailing_hybrid import BailingHybridConfig
 
 from marconi_ray.core.model import preset_configs
 from marconi_ray.core.model.hf.parse import parse_hf_config
@@ -130,10 +131,14 @@ HYBRIDS_2026 = {
     # 8th with 8 KV heads of 128
     "minimax-text-01": (70, lightning_state_bytes(64, 128), 10, 2 * 8 * 128 * BF16, 10240000),
     # the cycle recurrent, recurrent, attention over 26 layers: 18 RG-LRU blocks of width
-    # 2560 (conv 4), 8 local attentions with one KV head of 2560 / 10 = 256, priced as
-    # ordinary KV per token (the window frees rows past 2048, the cost model does not);
-    # no context limit in the config
+    # 2560 (conv 4), 8 local attentions with one KV head of 2560 / 10 = 256: every
+    # attention layer windowed, so each state holds 2048 positions of it and no KV is
+    # per token (`test_2026_hybrids_state_and_kv_bytes_by_hand`); no context limit
     "recurrentgemma-2b": (18, rglru_state_bytes(2560, 4), 8, 2 * 1 * 256 * BF16, None),
+    # KDA at 35 of 42 layers (32 heads of 128, conv 4); MLA at the last of every 6 caches
+    # the latent (512) and the shared RoPE key (64); no context limit in the copy: the
+    # class default
+    "ling-3.0-flash": (35, kda_state_bytes(32, 128, 4), 7, (512 + 64) * BF16, 262144),
 }
 
 
@@ -287,6 +292,7 @@ CLASSES: dict[str, Callable[..., Any]] = {
     "OLMO_HYBRID_7B": OlmoHybridConfig,
     "MINIMAX_TEXT_01": MiniMaxConfig,
     "RECURRENTGEMMA_2B": RecurrentGemmaConfig,
+    "LING_3_0_FLASH": BailingHybridConfig,
 }
 
 
@@ -334,6 +340,7 @@ def test_2026_hybrids_published_numbers() -> None:
         "olmo-hybrid-7b": (55_296_000, 122_880),
         "minimax-text-01": (293_601_280, 40_960),
         "recurrentgemma-2b": (17_330_176, 0),
+        "ling-3.0-flash": (76_840_960, 8_064),
     }
     ratios = {
         n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1)
@@ -344,6 +351,7 @@ def test_2026_hybrids_published_numbers() -> None:
         "kimi-linear-48b-a3b": 5445.1,
         "olmo-hybrid-7b": 450.0,
         "minimax-text-01": 7168.0,
+        "ling-3.0-flash": 9528.9,
     }
     gemma = specs["recurrentgemma-2b"]  # 552,960 of RG-LRU states, 2048 x 8,192 of window
     assert gemma.ssm_bytes_by_part()["window"] == 2048 * 8_192 == gemma.window_bytes
@@ -374,6 +382,15 @@ def test_2026_hybrids_layer_kinds_and_feed_forwards() -> None:
     )
     moes = [x for x in minimax if isinstance(x, MoELayer)]
     assert len(moes) == 80 and {(m.n_experts, m.top_k, m.d_ff) for m in moes} == {(32, 2, 9216)}
+    ling = get_preset("ling-3.0-flash").layers
+    mixers = [x for x in ling if isinstance(x, (KDALayer, MLALayer))]
+    assert [i for i, x in enumerate(mixers) if isinstance(x, MLALayer)] == list(range(5, 42, 6))
+    assert {x.kv_elements_per_token() for x in mixers if isinstance(x, MLALayer)} == {576}
+    assert [(x.d_ff, x.gated) for x in ling if isinstance(x, MLPLayer)] == [(6144, True)] * 2
+    moes = [x for x in ling if isinstance(x, MoELayer)]
+    assert len(moes) == 40 and {(m.n_experts, m.top_k, m.d_ff, m.shared_d_ff) for m in moes} == {
+        (512, 8, 768, 768)
+    }
     gemma = get_preset("recurrentgemma-2b")
     kinds = [x for x in gemma.layers if isinstance(x, (AttentionLayer, RGLRULayer))]
     assert [isinstance(x, AttentionLayer) for x in kinds] == [i % 3 == 2 for i in range(26)]

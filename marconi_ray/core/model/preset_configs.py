@@ -560,3 +560,54 @@ RECURRENTGEMMA_2B: Final[Mapping[str, object]] = MappingProxyType(
 )
 """google/recurrentgemma-2b: 18 RG-LRU blocks (width 2560, conv 4) and 8 local attention
 layers (window 2048, one KV head of 256) in the cycle recurrent, recurrent, attention."""
+
+# - inclusionAI/Ling-3.0-flash: the config.json facts a public Rust port pins in its tests
+#   as "the Ling-3.0-flash-int4 config facts (subset)", its layer schedule checked there
+#   against the real checkpoint's safetensors index (MLA weights only at layers 5, 11, ...,
+#   41; dense MLPs at layers 0 and 1); the code index does not name its repository. Every
+#   key it gives equals transformers 5.25's `BailingHybridConfig` defaults, and the
+#   `architectures` entry is Ling 3.0's (`BailingMoeV3ForCausalLM`, KDA). Left out: keys
+#   the parse does not read (`rotary_dim` 64 = qk_rope_head_dim, `no_kda_lora`,
+#   `gated_attention_proj_granularity_type` "head_wise", `moe_shared_expert_intermediate_size`
+#   768 = moe_intermediate_size). The copy has no `max_position_embeddings` (the class's
+#   default, 262144, applies; informational) nor `expert_swiglu_limit_list` (SwiGLU
+#   clipping changes no cost).
+LING_3_0_FLASH: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "bailing_hybrid",
+        "architectures": ["BailingMoeV3ForCausalLM"],
+        "num_hidden_layers": 42,
+        "hidden_size": 2560,
+        "vocab_size": 157184,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "first_k_dense_replace": 2,
+        "intermediate_size": 6144,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "head_dim": 128,
+        "rope_theta": 6000000,
+        "rope_interleave": True,
+        "short_conv_kernel_size": 4,
+        "kda_safe_gate": True,
+        "kda_lower_bound": -5.0,
+        "num_experts": 512,
+        "num_experts_per_tok": 8,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 768,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "n_group": 8,
+        "topk_group": 4,
+        "layer_group_size": 6,
+    }
+)
+"""inclusionAI/Ling-3.0-flash: 35 KDA layers (32 heads of 128, conv 4, safe gate) and 7 MLA
+layers (latent 512 + shared RoPE key 64 cached per token, a per-head gate), the last of
+every 6; two dense SwiGLU layers, then 512-expert top-8 grouped sigmoid MoEs with one
+shared expert."""
