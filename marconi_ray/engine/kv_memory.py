@@ -12,11 +12,12 @@ its final state, which Marconi's admission orders at most), then the cache's bud
 rest, in KV rows, is what the running requests may reserve. The pool holds the running
 rows plus as many as the cache's budget could fill with KV alone.
 
-A window-state model (`HybridModel.window_state` = W: its cache keeps no per-token KV, a
-checkpoint holds its window) has running rows of its own (`engine.window_rows`): each
-running request holds at most W + 1 between steps, a step adds at most its
-`max_batch_tokens`, so `window_rows` = max_batch * (W + 1) + max_batch_tokens are set
-aside with the running states, and the window pool is allocated at that size.
+A model with sliding-window blocks (`HybridModel.window_blocks`, W = `window_state`:
+their KV is in each checkpoint, not per token) has running rows of theirs in a pool of
+its own (`engine.window_rows`): each running request holds at most W + 1 between steps,
+a step adds at most its `max_batch_tokens`, so `window_rows` = max_batch * (W + 1) +
+max_batch_tokens are set aside with the running states, and the window pool is
+allocated at that size.
 
 What the coordinator's byte accounting counts stays as it was: its tree's bytes (KV of
 the slots it references plus its states) against `cache_bytes`; running requests' rows
@@ -87,8 +88,8 @@ def plan_kv_memory(
 ) -> KVMemoryPlan:
     """Split `budget` (see the module docstring); ValueError naming the numbers when it
     leaves the running requests not one row. A model with no per-token KV (the pure
-    SSMs, a window-state model: `kv_bytes_per_token` 0) needs no row: the plan has none,
-    and the budget must only hold the cache, the running states and the `window_rows`
+    SSMs, RecurrentGemma whose only KV is windowed: `kv_bytes_per_token` 0) needs no
+    row: the plan has none, and the budget must only hold the cache, the running states and the `window_rows`
     running window rows of `window_row_bytes` each (ValueError naming the numbers
     otherwise)."""
     states = STATES_PER_REQUEST * max_batch * state_bytes + window_rows * window_row_bytes

@@ -30,8 +30,8 @@ class Sequence:
             in order (positions hit_len, hit_len + 1, ...; one per consumed token past
             the hit): handed to the cache when it ends, those it keeps, or freed.
         staged: device slots holding copies of the hit's host-tier KV (freed at the end).
-        window: a window-state model's running rows (`engine.window_rows`; empty for
-            other models): freed as the window leaves them and when it ends.
+        window: its windowed blocks' running rows (`engine.window_rows`; empty for a
+            model without such blocks): freed as the window leaves them and when it ends.
         reserved: KV rows admission set aside for it (`Worker.rows_needed`), given back
             when it ends.
         prompt_lps: prompt log-probabilities scored so far (prompt tokens 1, 2, ...; when

@@ -1,13 +1,13 @@
-"""`WindowRows`: the running KV rows of one sequence of a window-state model
-(`HybridModel.window_state` = W: every attention block is a sliding window).
+"""`WindowRows`: the running KV rows of one sequence's sliding-window blocks
+(`HybridModel.window_blocks`, W = `window_state`), in the store's window pool.
 
-Such a sequence needs the KV of its last W positions only: the next token attends to its
+Those blocks need only the KV of a sequence's last W positions: the next token attends to its
 last W - 1 and itself, and a checkpoint at the current depth keeps the last W
 (`StateStore.put_state`). So the worker allocates one window row per token as it is
-computed (the store's `window_kv`, not the cache's token slots) and, before the next
-rows are allocated, frees the rows the window has left (`slide`): a sequence holds at
-most W rows plus the tokens of one forward, however long it grows. Its row list
-(`SeqState.rows`, a decode batch's table) keeps the freed rows' old indices at the
+computed (the store's `window_kv`, beside the token slots of the other blocks) and
+frees the rows the window has left (`slide`): a sequence holds at most W rows plus the
+tokens of one forward, however long it grows. Its row list (`SeqState.window_rows`, a
+decode batch's `window_table`) keeps the freed rows' old indices at the
 positions the window hides; every attention kernel attends only the window (the Triton
 ones do not read them; the references gather and mask them), so they are never keys.
 

@@ -157,7 +157,7 @@ class Worker:
         self._taken: list[Finished] = []
         """The last `take_finished`'s requests, until the next `advance`: a replica that
         never got them (a peer rank failed the step) `cancel`s them, which frees them."""
-        self._batch = model.new_decode_batch(max_batch, self.store.attn_pool)
+        self._batch = model.new_decode_batch(max_batch, self.store.pools)
         self.graphs: StepGraphs | None = None
         """The decode step's CUDA graphs (None: eager steps)."""
         if captures(cuda_graphs, model.device):
@@ -196,7 +196,9 @@ class Worker:
         """A sequence for `order`, its rows reserved, about to start (`_starting`)."""
         empty = torch.empty(0, dtype=torch.long, device=self.model.device)
         seq = Sequence(
-            order, SeqState(rows=empty), make_generator(order.params.seed, self.model.device)
+            order,
+            SeqState(rows=empty, window_rows=None if self.store.window is None else empty),
+            make_generator(order.params.seed, self.model.device),
         )
         seq.reserved = self.rows_needed(order)
         self.reserved_rows += seq.reserved
@@ -440,11 +442,12 @@ class Worker:
         slots = self.store.alloc_slots(len(batch))
         for seq, slot in zip(batch, slots.tolist(), strict=True):
             seq.own.append(slot)
-        if self.store.window is None:
-            rows = self.store.device_rows(slots)
-        else:
-            rows = self._window_rows(batch, [1] * len(batch))
-        self._batch.extend(torch.as_tensor(rows, device=self.model.device))
+        rows = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
+        window = None
+        if self.store.window is not None:
+            new = self._window_rows(batch, [1] * len(batch))
+            window = torch.as_tensor(new, device=self.model.device)
+        self._batch.extend(rows, window)
 
     def _decoded(
         self, batch: list[Sequence], logits: torch.Tensor, elapsed: float
@@ -618,9 +621,10 @@ class Worker:
             # should the state fail
             rows, seq.staged = self.store.hit_rows(order.hit_slots[: order.hit_len], order.hit_len)
             state = self.store.load_state(order.hit_state, order.hit_len)
-            if self.store.window is not None:
-                rows = self._window_hit(seq, state)
             state.rows = torch.as_tensor(rows, device=self.model.device)
+            if self.store.window is not None:
+                window = self._window_hit(seq, state)
+                state.window_rows = torch.as_tensor(window, device=self.model.device)
             seq.state = state
             if order.params.prompt_logprobs is not None:
                 ids = torch.as_tensor(order.prompt[: order.hit_len], dtype=torch.long)
@@ -629,31 +633,37 @@ class Worker:
         seq.prefill_s += time.perf_counter() - t0
 
     def _window_hit(self, seq: Sequence, state: SeqState) -> npt.NDArray[np.int64]:
-        """A window-state hit's rows: its checkpoint's window (`state.kv`, the last m =
-        min(depth, W) positions) written into new window rows the sequence holds, behind
-        `depth - m` positions the window hides (their rows: the first of those, never
-        attended); `state.kv` is emptied."""
+        """A hit's window rows (a model with windowed blocks): its checkpoint's window
+        (`state.kv`, the last m = min(depth, W) positions) written into new window rows
+        the sequence holds, behind `depth - m` positions the window hides (their rows:
+        the first of those, never attended); `state.kv` is emptied."""
         window = {i: buf.view() for i, buf in state.kv.items()}
         m = next(iter(window.values()))[0].shape[1]
         rows = self.store.alloc_window(m)
         seq.window.add(rows, state.length - m)
-        self.store.attn_pool.write(rows, window)
+        assert self.store.window_kv is not None
+        self.store.window_kv.write(rows, window)
         state.kv = {}
         hidden = np.full(state.length - m, rows[0], dtype=np.int64)
         return np.concatenate([hidden, rows])
 
-    def _new_rows(self, seq: Sequence, slots: Slots) -> torch.Tensor:
-        """The rows seq's next len(slots) tokens write their KV to, on the device: their
-        slots' own rows, or a window-state model's new window rows (`_window_rows`)."""
-        if self.store.window is None:
-            rows = self.store.device_rows(slots)
-        else:
-            rows = self._window_rows([seq], [len(slots)])
-        return torch.as_tensor(rows, device=self.model.device)
+    def _grow(self, seq: Sequence, slots: Slots) -> None:
+        """Give seq's next len(slots) tokens their rows: their slots' own rows, and with
+        windowed blocks new window rows (`_window_rows`)."""
+        state = seq.state
+        new = torch.as_tensor(self.store.device_rows(slots), device=self.model.device)
+        assert state.rows is not None
+        if self.store.window is not None:
+            window = self._window_rows([seq], [len(slots)])
+            assert state.window_rows is not None
+            state.window_rows = torch.cat(
+                [state.window_rows, torch.as_tensor(window, device=self.model.device)]
+            )
+        state.rows = torch.cat([state.rows, new])
 
     def _window_rows(self, seqs: list[Sequence], counts: list[int]) -> npt.NDArray[np.int64]:
         """New window rows for the next counts[s] tokens of each of `seqs` (a
-        window-state model), in order, after freeing the rows their windows have left:
+        model with windowed blocks), in order, after freeing the rows their windows have left:
         one free and one allocation for all."""
         window = self.store.window
         assert window is not None
@@ -667,7 +677,8 @@ class Worker:
         return rows
 
     def _window_at(self, seq: Sequence, depth: int) -> npt.NDArray[np.int64] | None:
-        """A window-state checkpoint's rows at `depth` (None for other models)."""
+        """A checkpoint's window rows at `depth` (None for a model without windowed
+        blocks)."""
         if self.store.window is None:
             return None
         return seq.window.at(depth, self.store.window)
@@ -691,14 +702,12 @@ class Worker:
                 mine = slots[at : at + end - start]
                 at += end - start
                 seq.own.extend(mine.tolist())
-                new = self._new_rows(seq, mine)
-                assert seq.state.rows is not None
-                seq.state.rows = torch.cat([seq.state.rows, new])
+                self._grow(seq, mine)
                 ids = torch.as_tensor(seq.order.prompt[start:end], dtype=torch.long)
                 depths = tuple(d for d in seq.order.checkpoints if start < d <= end)
                 scored = seq.order.params.prompt_logprobs is not None
                 parts.append(PrefillPart(ids, seq.state, depths, scored))
-            results = self.model.prefill_many(parts, self.store.attn_pool)
+            results = self.model.prefill_many(parts, self.store.pools)
             for (seq, start, _), part, (ckpts, scores) in zip(work, parts, results, strict=True):
                 if part.scored:
                     self._score_prompt(seq, scores, start)
@@ -832,7 +841,7 @@ class Worker:
         t0 = time.perf_counter()
         parts, mine, slots = self._verify_parts(drafted)
         try:
-            results = self.model.prefill_many(parts, self.store.attn_pool)
+            results = self.model.prefill_many(parts, self.store.pools)
             judged = self._judge(drafted, results)
         except Exception:
             self.store.free_slots(slots)
@@ -856,9 +865,7 @@ class Worker:
             base = seq.state.length
             mine.append(slots[at : at + len(ids)])
             at += len(ids)
-            new = self._new_rows(seq, mine[-1])
-            assert seq.state.rows is not None
-            seq.state.rows = torch.cat([seq.state.rows, new])
+            self._grow(seq, mine[-1])
             emit = tuple(range(base + 1, base + len(ids) + 1))
             parts.append(PrefillPart(torch.as_tensor(ids, dtype=torch.long), seq.state, emit))
         return parts, mine, slots
@@ -918,6 +925,8 @@ class Worker:
             state.length, state.logits = ckpt.depth, ckpt.logits
             assert state.rows is not None
             state.rows = state.rows[: ckpt.depth]
+            if state.window_rows is not None:
+                state.window_rows = state.window_rows[: ckpt.depth]
             if state.hidden:  # the verified positions' rows: the consumed ones only
                 pos, hidden = state.hidden[-1]
                 state.hidden[-1] = (pos, hidden[:taken])

@@ -1,7 +1,7 @@
-"""`ModelSpec.window_state`: a model whose every KV layer is a sliding window keeps no
-per-token KV in its cache; each checkpoint holds its window (W positions' KV, the
-largest window for every windowed layer) beside its recurrent states. A full-attention
-layer beside makes every row per-token KV again."""
+"""`ModelSpec.window_state`: a sliding-window layer's KV is kept with each checkpoint (W
+positions' KV, the largest window for every windowed layer) beside its recurrent states,
+never per token; the other attention layers' KV stays per token (none in RecurrentGemma,
+the full layers' in LFM3)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,16 @@ def test_the_largest_window_sizes_every_windowed_layer():
     assert spec.window_bytes == 16 * 2 * _attn(8).kv_bytes_per_token(2)
 
 
-def test_a_full_attention_layer_keeps_every_row_per_token():
+def test_beside_full_attention_only_the_windowed_layers_go_to_the_state():
+    """LFM3's layout: the full layer's KV stays per token, the windowed one's is in the
+    checkpoint."""
     spec = ModelSpec("mixed", (LRU, _attn(16), _attn(None)), dtype_bytes=2)
-    assert spec.window_state is None and spec.window_bytes == 0
-    assert spec.kv_bytes_per_token == 2 * _attn(16).kv_bytes_per_token(2)
-    assert "window" not in spec.ssm_bytes_by_part()
+    row = _attn(16).kv_bytes_per_token(2)
+    assert spec.window_state == 16 and spec.window_bytes == 16 * row
+    assert spec.kv_bytes_per_token == _attn(None).kv_bytes_per_token(2) == row
     no_attention = ModelSpec("ssm", (LRU, MLP), dtype_bytes=2)
     assert no_attention.window_state is None and no_attention.kv_bytes_per_token == 0
+    assert "window" not in no_attention.ssm_bytes_by_part()
 
 
 def test_recurrentgemma_2b_checkpoints_hold_a_2048_token_window():

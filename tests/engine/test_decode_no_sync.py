@@ -45,7 +45,10 @@ def test_the_models_decode_step_has_no_host_sync(model_dirs, family):
     worker = _decoding(model)
     batch = worker._batch
     slots = worker.store.alloc_slots(len(batch))
-    batch.extend(torch.as_tensor(worker.store.device_rows(slots)))
+    window = None  # a model with sliding-window blocks: their rows too
+    if worker.store.window is not None:
+        window = torch.as_tensor(worker.store.alloc_window(len(batch)))
+    batch.extend(torch.as_tensor(worker.store.device_rows(slots)), window)
     ids = torch.tensor([s.output[-1] for s in worker._running])
     with HostReads(strict=True), SyncOps(strict=True):
         logits = model.decode_batch(ids, batch)

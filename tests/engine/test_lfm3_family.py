@@ -91,18 +91,24 @@ def test_batched_decode_equals_each_sequence_alone(model_dirs):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_store_bytes_equal_the_cost_model(model_dirs, dtype):
-    """The store prices a token's KV (full and windowed layers alike: every row kept) and
-    a checkpoint's conv windows as the cost model does, and the tensors take that."""
+    """The store prices a token's KV (the full layer's: the windowed layer's is in each
+    checkpoint) and a checkpoint's conv windows and attention window as the cost model
+    does, and the tensors take that."""
     _, raw = read_config(model_dirs[FAMILY])
     model = load_model(model_dirs[FAMILY], dtype=dtype)
     store = StateStore(model)
     elem = torch.empty((), dtype=dtype).element_size()
     spec = spec_from_hf_config(raw, dtype_bytes=elem, state_dtype_bytes=4)
-    assert store.kv_bytes_per_token == spec.kv_bytes_per_token == 2 * (2 * 2 * 16) * elem
+    assert store.kv_bytes_per_token == spec.kv_bytes_per_token == 1 * (2 * 2 * 16) * elem
+    assert spec.window_bytes == W * (2 * 2 * 16) * elem
     assert store.state_bytes == spec.ssm_state_bytes
-    ckpt = model.prefill(torch.arange(7, 30), model.new_state(), [W + 1])[0]
+    state = model.new_state()
+    ckpt = model.prefill(torch.arange(7, 30), state, [W + 1])[0].with_window_of(state, W)
     held = store._states[store.put_state(ckpt)]
-    real = sum(t.numel() * t.element_size() for t in (*held.conv.values(), *held.ssm.values()))
+    window = [t for kv in held.window.values() for t in kv]
+    real = sum(
+        t.numel() * t.element_size() for t in (*held.conv.values(), *held.ssm.values(), *window)
+    )
     assert real == spec.ssm_state_bytes
 
 

@@ -12,6 +12,7 @@ import torch
 from engine_helpers import prompts
 
 from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.paged_kv import SplitPools
 from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState
 from marconi_ray.engine.presets.model_presets import FAMILIES
@@ -90,11 +91,19 @@ def test_pooled_parts_resume_from_their_depths(model_dirs):
 
 def _pooled_state(store: StateStore, n: int, rows: torch.Tensor | None = None) -> SeqState:
     if rows is None:
-        if store.window is None:
-            rows = torch.as_tensor(store.device_rows(store.alloc_slots(n)))
-        else:  # a window-state model's attention reads its window rows (`attn_pool`)
-            rows = torch.as_tensor(store.alloc_window(n))
-    return SeqState(rows=rows)
+        rows = torch.as_tensor(store.device_rows(store.alloc_slots(n)))
+    window = None  # a model with windowed blocks keeps their KV in rows of its own
+    if store.window is not None:
+        window = torch.as_tensor(store.alloc_window(n))
+    return SeqState(rows=rows, window_rows=window)
+
+
+def _block_kv(store: StateStore, i: int, state: SeqState) -> torch.Tensor:
+    """Block i's keys of `state`'s rows, from whichever pool holds them."""
+    pools = store.pools
+    if isinstance(pools, SplitPools) and i in pools.blocks:
+        return pools.window.k[i][:, state.window_rows]
+    return store.device_kv.k[i][:, state.rows]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -120,20 +129,18 @@ def test_pooled_parts_share_one_attention_call_and_equal_their_own_prefills(mode
 
     def run(together: bool):
         sa, sb, sc = _pooled_state(store, 21), _pooled_state(store, 21), _pooled_state(store, 1)
-        sb_rows = sb.rows
+        sb_rows, sb_window = sb.rows, sb.window_rows
         sb.rows = sb_rows[:8]
-        model.prefill(b[:8], sb, (), store.attn_pool)  # b's first 8 tokens: a cached prefix
-        sb.rows = sb_rows
+        sb.window_rows = None if sb_window is None else sb_window[:8]
+        model.prefill(b[:8], sb, (), store.pools)  # b's first 8 tokens: a cached prefix
+        sb.rows, sb.window_rows = sb_rows, sb_window
         parts = [PrefillPart(a, sa, emits[0]), PrefillPart(b[8:], sb, emits[1]),
                  PrefillPart(c, sc, emits[2])]  # fmt: skip
         if together:
-            results = model.prefill_many(parts, store.attn_pool)
+            results = model.prefill_many(parts, store.pools)
         else:
-            results = [model.prefill_many([p], store.attn_pool)[0] for p in parts]
-        kv = {
-            i: [store.attn_pool.k[i][:, s.rows].clone() for s in (sa, sb, sc)]
-            for i in model.attn_blocks
-        }
+            results = [model.prefill_many([p], store.pools)[0] for p in parts]
+        kv = {i: [_block_kv(store, i, s).clone() for s in (sa, sb, sc)] for i in model.attn_blocks}
         return [sa, sb, sc], results, kv
 
     want_states, want, want_kv = run(False)

@@ -43,7 +43,10 @@ def _static(engine: Engine) -> StepGraphs:
     return graphs
 
 
-@pytest.mark.parametrize("family", ["nemotron_h", "qwen3_5", "jamba", "lfm2", "granitemoehybrid"])
+@pytest.mark.parametrize(
+    "family",
+    ["nemotron_h", "qwen3_5", "jamba", "lfm2", "granitemoehybrid", "lfm3", "recurrent_gemma"],
+)
 def test_padded_static_steps_give_the_unpadded_tokens(model_dirs, family):
     static = Engine(model_dirs[family], "marconi", 50_000_000, max_batch=8)
     plain = Engine(model_dirs[family], "marconi", 50_000_000, max_batch=8)

@@ -1,9 +1,10 @@
-"""A window-state model (RecurrentGemma: every attention block a sliding window of W):
-its cache keeps no per-token KV, each checkpoint holds its window (the KV of its last W
-positions) beside its recurrent states, and a running sequence holds only its window's
-rows. Resuming from a window alone is exact at depths around W; running rows stay
-within the window however long a sequence grows and are freed exactly once; the planned
-memory sets them aside."""
+"""Sliding-window blocks' KV held with the states (RecurrentGemma: every attention block a
+sliding window of W, no per-token KV cached; LFM3: windowed blocks beside full ones, whose
+KV stays per token): each checkpoint holds its window (the KV of its last W positions)
+beside its recurrent states, and a running sequence holds only its window's rows.
+Resuming from a window is exact at depths around W; running rows stay within the window
+however long a sequence grows and are freed exactly once; the planned memory sets them
+aside."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from engine_helpers import prompts
 
 from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.kv_memory import planned_store
+from marconi_ray.engine.model.kv_buffer import KVBuffer
 from marconi_ray.engine.model.loader import load_model
+from marconi_ray.engine.model.paged_kv import SplitPools
 from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.engine.window_rows import WindowRows
 from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILY = "recurrent_gemma"
+WINDOWED = ("recurrent_gemma", "lfm3")
 W = 16
-"""The tiny preset's attention_window_size."""
+"""Both tiny presets' window."""
 DEPTHS = (1, W - 1, W, W + 1, 2 * W + 1, 47, 101)
 NEW = 3
 PARAMS = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
@@ -40,15 +44,24 @@ def test_the_model_is_window_state_and_its_cache_keeps_no_token_kv(model_dirs):
     assert model.window_state == W
     store = StateStore(model)
     assert store.kv_bytes_per_token == 0 and store.window_row_bytes > 0
-    assert store.attn_pool is store.window_kv
-    assert load_model(model_dirs["lfm3"]).window_state is None  # full attention beside
+    pools = store.pools
+    assert isinstance(pools, SplitPools) and pools.window is store.window_kv
+    assert pools.blocks == frozenset(model.attn_blocks)  # every attention block windowed
+    lfm3 = load_model(model_dirs["lfm3"])
+    split = StateStore(lfm3)
+    full = [i for i in lfm3.attn_blocks if i not in lfm3.window_blocks]
+    assert lfm3.window_state == W and lfm3.window_blocks and full
+    assert set(split.device_kv.shapes) == set(full)
+    assert split.window_kv is not None and set(split.window_kv.shapes) == set(lfm3.window_blocks)
 
 
-def test_resume_from_the_window_alone_equals_uncached(model_dirs):
+@pytest.mark.parametrize("family", WINDOWED)
+def test_resume_from_the_window_alone_equals_uncached(model_dirs, family):
     """A checkpoint stored with its window (the last min(depth, W) positions' KV, padded
-    to W) and loaded back resumes with those KV rows only: the rest of the prompt and 8
-    greedy tokens give the uncached run's logits and tokens."""
-    model = load_model(model_dirs[FAMILY])
+    to W) and loaded back resumes with those KV rows only (and the full blocks' whole
+    KV): the rest of the prompt and 8 greedy tokens give the uncached run's logits and
+    tokens."""
+    model = load_model(model_dirs[family])
     store = StateStore(model)
     ids = prompts(51, 1, 140, model.cfg.vocab_size)[0]
     state = model.new_state()
@@ -58,8 +71,11 @@ def test_resume_from_the_window_alone_equals_uncached(model_dirs):
     for ck in ckpts:
         sid = store.put_state(ck.with_window_of(state, W))
         resumed = store.load_state(sid, ck.depth)
-        for i in model.attn_blocks:
+        for i in model.window_blocks:
             assert resumed.kv[i].length == min(ck.depth, W), ck.depth
+        for i in set(model.attn_blocks) - set(model.window_blocks):
+            k, v = state.kv[i].view()
+            resumed.kv[i] = KVBuffer(k[:, : ck.depth].clone(), v[:, : ck.depth].clone())
         model.prefill(torch.tensor(ids[ck.depth :]), resumed)
         assert (resumed.logits - want_logits).abs().max().item() <= 1e-4, ck.depth
         assert model.greedy(resumed, 8) == want, ck.depth
@@ -78,11 +94,12 @@ def test_a_checkpoint_without_its_window_is_refused(model_dirs):
     assert store.live_states == 0 and store.bytes_used == 0
 
 
+@pytest.mark.parametrize("family", WINDOWED)
 @pytest.mark.parametrize("first_len", [W - 1 - NEW, W - NEW, W + 1 - NEW, 2])
-def test_hits_at_depths_around_the_window_are_exact(model_dirs, first_len):
+def test_hits_at_depths_around_the_window_are_exact(model_dirs, family, first_len):
     """A second turn resumes from the first turn's final state at depth W - 1, W, W + 1
     (and 5): its cached tokens are that depth, its tokens the unpooled model's."""
-    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7)
+    engine = Engine(model_dirs[family], system="marconi", cache_bytes=10**7)
     vocab = engine.config.vocab_size
     first = prompts(52, 1, first_len, vocab)[0]
     out = engine.generate(first, PARAMS)
@@ -94,13 +111,14 @@ def test_hits_at_depths_around_the_window_are_exact(model_dirs, first_len):
     assert engine.store.bytes_used == engine.cache.bytes_used
 
 
-def test_running_rows_stay_within_the_window(model_dirs):
+@pytest.mark.parametrize("family", WINDOWED)
+def test_running_rows_stay_within_the_window(model_dirs, family):
     """Two long requests, one prefilled in chunks, decoding 40 tokens past their
     prompts: between steps each holds at most W + 1 window rows, and a step adds at most
     its `max_batch_tokens`; their tokens are the unpooled model's, and when they end
     no window row is held."""
     chunk = 24
-    engine = Engine(model_dirs[FAMILY], system="marconi", cache_bytes=10**7, max_batch_tokens=chunk)
+    engine = Engine(model_dirs[family], system="marconi", cache_bytes=10**7, max_batch_tokens=chunk)
     worker, store = engine.worker, engine.store
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     a, b = prompts(54, 2, 90, engine.config.vocab_size)

@@ -96,14 +96,15 @@ class ModelSpec:
             (sum(v[0] for v in by_kind.values()), sum(v[1] for v in by_kind.values())),
         )
         d = self.dtype_bytes
-        kv_layers = [x for x in layers if x.kv_bytes_per_token(d) > 0]
-        windows: list[int | None] = [getattr(x, "window", None) for x in kv_layers]
-        sized = [w for w in windows if w is not None]
-        window_state = max(sized) if kv_layers and len(sized) == len(windows) else None
+        in_windows = [_window(x) is not None for x in layers]
+        sizes = [w for x in layers if (w := _window(x)) is not None]
+        window_state = max(sizes) if sizes else None
         sets(self, "_window_state", window_state)
-        per_token = sum(x.kv_bytes_per_token(d) for x in kv_layers)
-        sets(self, "_kv_bytes_per_token", 0 if window_state else per_token)
-        sets(self, "_window_bytes", window_state * per_token if window_state else 0)
+        per_token = [x.kv_bytes_per_token(d) for x in layers]
+        kv = sum(b for b, w in zip(per_token, in_windows, strict=True) if not w)
+        sets(self, "_kv_bytes_per_token", kv)
+        in_window = sum(b for b, w in zip(per_token, in_windows, strict=True) if w)
+        sets(self, "_window_bytes", (window_state or 0) * in_window)
         ds = d if self.state_dtype_bytes is None else self.state_dtype_bytes
         sets(self, "_ssm_recurrent_bytes", sum(x.state_bytes(ds) for x in layers))
         sets(self, "_ssm_conv_bytes", sum(x.conv_bytes(d) for x in layers))
@@ -155,7 +156,8 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV bytes of one token summed over all attention layers."""
+        """KV bytes of one token summed over the attention layers without a window (a
+        windowed layer's KV is in each checkpoint: `window_state`)."""
         return self._kv_bytes_per_token
 
     def kv_bytes(self, n_tokens: int) -> int:
@@ -175,14 +177,14 @@ class ModelSpec:
 
     @property
     def window_state(self) -> int | None:
-        """W when every layer that keeps KV is a sliding-window attention layer
-        (RecurrentGemma), else None: then a cached prefix keeps no per-token KV, and each
-        checkpoint holds its window, the KV of its last W positions (zero-padded below
-        W), beside its recurrent states. Resuming at depth p reads only that window, so
-        the window is all-or-nothing and in-place-updated like an SSM state, and the
-        cache admits and evicts it as one (`kv_bytes_per_token` 0, `ssm_state_bytes`
-        counting it). With a full-attention layer beside (LFM3), every row is kept:
-        one row holds a token's KV of every layer."""
+        """W, the largest window of the model's sliding-window attention layers, or None
+        without any. Resuming at depth p needs only such a layer's KV of positions
+        p - W .. p - 1, and a hybrid resumes only from a state at exactly p: that KV is
+        all-or-nothing and updated in place like a recurrent state. So a checkpoint holds
+        its window (the last W positions' KV of every windowed layer, zero-padded below
+        W) beside its recurrent states, counted in `ssm_state_bytes`, and the cache admits
+        and evicts it as one; `kv_bytes_per_token` counts the other attention layers only
+        (none in RecurrentGemma, the full ones in LFM3)."""
         return self._window_state
 
     @property
@@ -239,3 +241,9 @@ class ModelSpec:
         if freed == 0:
             return 0.0
         return self.prefill_flops(n_tokens, n_prefix) / freed
+
+
+def _window(layer: LayerSpec) -> int | None:
+    """A layer's sliding window (an `AttentionLayer`'s), None without one."""
+    window = getattr(layer, "window", None)
+    return None if window is None else int(window)

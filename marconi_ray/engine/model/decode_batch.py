@@ -19,9 +19,15 @@ table on the device: `table[r, :lens[r]]` are member r's pool rows, oldest token
 `advance` counts the token in. Without a pool the members' KV stays in their own
 `KVBuffer`s (`SeqState.kv`), one attention call per sequence.
 
+With a window pool (`window_pool`, for the sliding-window blocks `window_blocks`) the
+batch keeps a second table, `window_table`, of the members' rows there
+(`SeqState.window_rows`), extended in the same step; each block reads the table of its
+pool.
+
 Invariant (checked by `check`): `members[r].conv[i]` is `conv[i][r]` for every member
 row r and SSM block i, `len(members) <= capacity`, and with a pool `lens[r]` is
-`members[r].length` and a member's own `rows` is None (its rows are the table's).
+`members[r].length` and a member's own `rows` (and `window_rows`) is None (its rows are
+the tables').
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class DecodeBatch:
         capacity: most members (the worker's `max_batch`).
         pool: the KV pool the members' rows index (None: members keep `KVBuffer`s).
         device: where the row table lives (the pool's device).
+        window_pool: the pool of the blocks in `window_blocks` (None: one pool for all).
+        window_blocks: the attention blocks whose KV is in `window_pool`.
     """
 
     def __init__(
@@ -52,6 +60,8 @@ class DecodeBatch:
         capacity: int,
         pool: KVRows | None = None,
         device: torch.device | str = "cpu",
+        window_pool: KVRows | None = None,
+        window_blocks: tuple[int, ...] = (),
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -64,8 +74,16 @@ class DecodeBatch:
         """[capacity, width] pool rows of each member (with a pool)."""
         self.lens = torch.zeros(capacity, dtype=torch.long, device=device)
         """[capacity] tokens each member has consumed (with a pool)."""
+        if window_pool is not None and pool is None:
+            raise ValueError("a window pool needs a pool for the other blocks")
+        self.window_pool = window_pool
+        self.window_blocks = frozenset(window_blocks) if window_pool is not None else frozenset()
+        self.window_table = torch.zeros_like(self.table)
+        """[capacity, width] window-pool rows of each member (with a window pool)."""
         self._step: tuple[torch.Tensor, torch.Tensor, int] | None = None
         """(new rows [n], tokens attended over [n], width) of the step `extend` prepared."""
+        self._window_new: torch.Tensor | None = None
+        """The step's new window rows [n] (with a window pool)."""
 
     def __len__(self) -> int:
         return len(self.members)
@@ -86,6 +104,11 @@ class DecodeBatch:
             self.table[row, : state.length] = state.rows
             self.lens[row] = state.length
             state.rows = None
+            if self.window_pool is not None:
+                if state.window_rows is None or len(state.window_rows) != state.length:
+                    raise ValueError(f"a member needs {state.length} window rows")
+                self.window_table[row, : state.length] = state.window_rows
+                state.window_rows = None
         for i in self.conv:
             self.conv[i][row].copy_(state.conv[i])
             self.ssm[i][row].copy_(state.ssm[i])
@@ -99,31 +122,43 @@ class DecodeBatch:
         state.ssm = {i: t[row].clone() for i, t in self.ssm.items()}
         if self.pool is not None:
             state.rows = self.table[row, : state.length].clone()
+        if self.window_pool is not None:
+            state.window_rows = self.window_table[row, : state.length].clone()
         last = len(self.members) - 1
         moved = self.members.pop()
         self._step = None
+        self._window_new = None
         if row != last:
             for i in self.conv:
                 self.conv[i][row].copy_(self.conv[i][last])
                 self.ssm[i][row].copy_(self.ssm[i][last])
             self.table[row] = self.table[last]
+            self.window_table[row] = self.window_table[last]
             self.lens[row] = self.lens[last]
             self.members[row] = moved
             self._bind(moved, row)
 
     # ------------------------------------------------------------------ KV rows
-    def extend(self, new_rows: torch.Tensor) -> None:
+    def extend(self, new_rows: torch.Tensor, new_window_rows: torch.Tensor | None = None) -> None:
         """Give every member (in row order) its row for the next token, `new_rows` [n] on
-        the table's device: written at column `lens[r]` in one scatter."""
+        the table's device: written at column `lens[r]` in one scatter (and its window
+        row, `new_window_rows` [n], which a batch with a window pool needs)."""
         n = len(self.members)
         if self.pool is None:
             raise ValueError("this decode batch has no KV pool")
         if new_rows.shape != (n,):
             raise ValueError(f"need one new row per member ({n}), got {tuple(new_rows.shape)}")
+        if (self.window_pool is None) != (new_window_rows is None):
+            raise ValueError("new window rows go with a window pool, and only with one")
+        if new_window_rows is not None and new_window_rows.shape != (n,):
+            raise ValueError(f"need one new window row per member ({n})")
         width = max(m.length for m in self.members) + 1
         self._widen(width)
         members = torch.arange(n, device=self.table.device)
         self.table.index_put_((members, self.lens[:n]), new_rows)
+        if new_window_rows is not None:
+            self.window_table.index_put_((members, self.lens[:n]), new_window_rows)
+        self._window_new = new_window_rows
         self._step = (new_rows, self.lens[:n] + 1, width)
 
     def decode_kv(self, i: int, kernel: PagedAttention) -> PagedDecode:
@@ -132,8 +167,18 @@ class DecodeBatch:
             raise ValueError("call extend(new_rows) before a pooled decode step")
         new, lens, width = self._step
         n = len(self.members)
+        if i in self.window_blocks:
+            assert self.window_pool is not None and self._window_new is not None
+            k, v = self.window_pool.k[i], self.window_pool.v[i]
+            table = self.window_table[:n, :width]
+            return PagedDecode(k, v, table, lens, self._window_new, kernel)
         k, v = self.pool.k[i], self.pool.v[i]
         return PagedDecode(k, v, self.table[:n, :width], lens, new, kernel)
+
+    def window_step_rows(self) -> torch.Tensor | None:
+        """The new window rows [n] of the step `extend` prepared (None without a window
+        pool)."""
+        return self._window_new
 
     def step_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(new rows [n], tokens attended over [n]) of the step `extend` prepared."""
@@ -150,12 +195,16 @@ class DecodeBatch:
         """Count the step's token in: every member's length grows by one."""
         self.lens[: len(self.members)] += 1
         self._step = None
+        self._window_new = None
 
     def _widen(self, width: int) -> None:
         if width > self.table.shape[1]:
-            grown = self.table.new_zeros((self.capacity, max(width, 2 * self.table.shape[1])))
-            grown[:, : self.table.shape[1]] = self.table
-            self.table = grown
+            size = (self.capacity, max(width, 2 * self.table.shape[1]))
+            for name in ("table", "window_table"):
+                old = getattr(self, name)
+                grown = old.new_zeros(size)
+                grown[:, : old.shape[1]] = old
+                setattr(self, name, grown)
 
     def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [n, C, K], ssm [n, ...]) views of SSM block i's member rows."""
@@ -172,7 +221,7 @@ class DecodeBatch:
         if self.pool is not None:
             lens = self.lens[: len(self.members)].tolist()
             assert lens == [m.length for m in self.members], (lens, "member lengths")
-            assert all(m.rows is None for m in self.members)
+            assert all(m.rows is None and m.window_rows is None for m in self.members)
         for row, m in enumerate(self.members):
             for i in self.conv:
                 assert m.conv[i].data_ptr() == self.conv[i][row].data_ptr()

@@ -74,7 +74,9 @@ from marconi_ray.engine.model.paged_kv import (
     PackedPrefill,
     PackedRows,
     PagedPrefill,
+    Pools,
     ScratchKV,
+    SplitPools,
 )
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.prefill_part import PrefillPart
@@ -582,16 +584,19 @@ class HybridModel(nn.Module):
         return {i: _kv_shape(self.attention(i)) for i in self.attn_blocks}
 
     @property
+    def window_blocks(self) -> list[int]:
+        """The sliding-window attention blocks (their KV is held with each checkpoint
+        and, served, in a pool of its own: `SplitPools`)."""
+        return [i for i in self.attn_blocks if getattr(self.attention(i), "window", None)]
+
+    @property
     def window_state(self) -> int | None:
-        """W when every KV block is a sliding-window attention block (RecurrentGemma),
-        the largest window; else None (`core.model.model_spec.ModelSpec.window_state`):
-        a pooled sequence then holds only its last W positions' rows, and a checkpoint
-        carries those positions' KV (`StateCheckpoint.window`)."""
-        windows: list[int | None] = [
-            getattr(self.attention(i), "window", None) for i in self.attn_blocks
-        ]
-        sized = [w for w in windows if w is not None]
-        return max(sized) if windows and len(sized) == len(windows) else None
+        """W, the largest window of `window_blocks`, None without any
+        (`core.model.model_spec.ModelSpec.window_state`): a pooled sequence then holds
+        only its last W positions' rows of those blocks, and a checkpoint carries those
+        positions' KV (`StateCheckpoint.window`)."""
+        windows = [getattr(self.attention(i), "window", 0) for i in self.window_blocks]
+        return max(windows) if windows else None
 
     def attention(self, i: int) -> KVMixer:
         """The KV-caching mixer (attention, or a Zamba2 shared block) of block `i`."""
@@ -716,7 +721,7 @@ class HybridModel(nn.Module):
         ids: torch.Tensor,
         state: SeqState,
         emit_at: Sequence[int] = (),
-        pool: KVRows | None = None,
+        pool: Pools | None = None,
     ) -> list[StateCheckpoint]:
         """Consume `ids` [L] after `state.length` tokens, updating `state` in place.
 
@@ -724,7 +729,8 @@ class HybridModel(nn.Module):
             emit_at: absolute depths d with state.length < d <= state.length + L, sorted;
                 the SSM states and next-token logits after each are returned.
             pool: the KV pool of a pooled state: `state.rows` must hold length + L rows
-                (the caller allocated the new tokens' rows), whose K and V are written.
+                (the caller allocated the new tokens' rows), whose K and V are written;
+                with `SplitPools`, the windowed blocks' in `state.window_rows`, as long.
         Returns:
             one `StateCheckpoint` per depth in `emit_at`; `state.logits` is the last one.
         """
@@ -736,7 +742,7 @@ class HybridModel(nn.Module):
         ids: torch.Tensor,
         state: SeqState,
         emit_at: Sequence[int] = (),
-        pool: KVRows | None = None,
+        pool: Pools | None = None,
     ) -> tuple[list[StateCheckpoint], torch.Tensor]:
         """`prefill`, also returning the next-token logits [L, V] (float32) at every
         position of the chunk (prompt log-probabilities); the same computation, one
@@ -745,7 +751,7 @@ class HybridModel(nn.Module):
 
     @torch.inference_mode()
     def prefill_many(
-        self, parts: Sequence[PrefillPart], pool: KVRows | None = None
+        self, parts: Sequence[PrefillPart], pool: Pools | None = None
     ) -> list[tuple[list[StateCheckpoint], torch.Tensor]]:
         """Several requests' chunks in one forward (each part as `prefill` would consume
         it; see `PrefillPart`): embeddings, norms, MLPs, MoE and the `lm_head` run once
@@ -753,7 +759,8 @@ class HybridModel(nn.Module):
         own KV and states (the mixers' kernels take one sequence).
 
         Args:
-            pool: as in `prefill`: every part's `state.rows` holds its length + L rows.
+            pool: as in `prefill`: every part's `state.rows` holds its length + L rows
+                (and its `window_rows` with `SplitPools`).
         Returns:
             per part: (one `StateCheckpoint` per depth in its `emit_at`, its logits: [L, V]
             when `scored`, else the emitted depths' and the last position's
@@ -818,12 +825,12 @@ class HybridModel(nn.Module):
         ids: torch.Tensor,
         state: SeqState,
         emit_at: Sequence[int],
-        pool: KVRows | None,
+        pool: Pools | None,
         every: bool,
     ) -> tuple[list[StateCheckpoint], torch.Tensor]:
         return self.prefill_many([PrefillPart(ids, state, tuple(emit_at), every)], pool)[0]
 
-    def _check_part(self, part: PrefillPart, pool: KVRows | None) -> list[int]:
+    def _check_part(self, part: PrefillPart, pool: Pools | None) -> list[int]:
         """The part's emit depths relative to its start; ValueError naming bad ones."""
         n, start = part.ids.shape[0], part.state.length
         rel = [d - start for d in part.emit_at]
@@ -831,12 +838,15 @@ class HybridModel(nn.Module):
             raise ValueError(
                 f"emit_at {list(part.emit_at)} must be sorted, distinct, in ({start}, {start + n}]"
             )
-        rows = part.state.rows
-        if pool is not None and (rows is None or len(rows) != start + n):
-            have = None if rows is None else len(rows)
-            raise ValueError(
-                f"a pooled prefill to depth {start + n} needs as many rows, got {have}"
-            )
+        lists = [part.state.rows]
+        if isinstance(pool, SplitPools):
+            lists.append(part.state.window_rows)
+        for rows in lists if pool is not None else []:
+            if rows is None or len(rows) != start + n:
+                have = None if rows is None else len(rows)
+                raise ValueError(
+                    f"a pooled prefill to depth {start + n} needs as many rows, got {have}"
+                )
         return rel
 
     @torch.inference_mode()
@@ -859,14 +869,18 @@ class HybridModel(nn.Module):
                 s.conv[i], s.ssm[i] = conv[b], ssm[b]
         return logits
 
-    def new_decode_batch(self, capacity: int, pool: KVRows | None = None) -> DecodeBatch:
+    def new_decode_batch(self, capacity: int, pool: Pools | None = None) -> DecodeBatch:
         """A persistent decode batch of this rank's SSM state shapes, its members' KV in
-        `pool` (None: in their own buffers); see `DecodeBatch`."""
+        `pool` (None: in their own buffers; `SplitPools`: two row tables); see
+        `DecodeBatch`."""
+        split = pool if isinstance(pool, SplitPools) else None
         return DecodeBatch(
             {i: self.ssm(i).empty_state(self.device) for i in self.ssm_blocks},
             capacity,
-            pool,
+            pool if not isinstance(pool, SplitPools) else pool.token,
             self.device,
+            None if split is None else split.window,
+            () if split is None else tuple(sorted(split.blocks)),
         )
 
     @torch.inference_mode()
@@ -921,7 +935,9 @@ class HybridModel(nn.Module):
         parts' states."""
         if batch.pool is None:
             raise ValueError("decode_and_prefill needs a pooled decode batch")
-        pool = batch.pool
+        pool: Pools = batch.pool
+        if batch.window_pool is not None:
+            pool = SplitPools(batch.pool, batch.window_pool, batch.window_blocks)
         rels = [self._check_part(p, pool) for p in parts]
         rows, kv, positions = self._batch_inputs(batch)
         emb_d = self._embed(ids)
@@ -1016,7 +1032,7 @@ class HybridModel(nn.Module):
         ids: torch.Tensor,
         state: SeqState,
         rel: Sequence[int],
-        pool: KVRows | None = None,
+        pool: Pools | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """Run the blocks over `ids` after `state.length` tokens (updating `state`'s KV and
         SSM states; with `pool`, writing the KV into `state.rows`). Returns the final
@@ -1029,7 +1045,7 @@ class HybridModel(nn.Module):
         self,
         parts: Sequence[PrefillPart],
         rels: Sequence[Sequence[int]],
-        pool: KVRows | None,
+        pool: Pools | None,
     ) -> tuple[torch.Tensor, list[dict[int, torch.Tensor]], list[dict[int, torch.Tensor]]]:
         """`_prefill_hidden` of several parts in one pass over the blocks: hidden states
         [sum L, D] (the parts' tokens in order) and each part's emitted SSM states."""
@@ -1041,7 +1057,7 @@ class HybridModel(nn.Module):
         self,
         parts: Sequence[PrefillPart],
         rels: Sequence[Sequence[int]],
-        pool: KVRows | None,
+        pool: Pools | None,
     ) -> tuple[
         torch.Tensor,
         Callable[[int, torch.Tensor], torch.Tensor],
@@ -1105,27 +1121,47 @@ class HybridModel(nn.Module):
         return emb, run, conv_outs, ssm_outs
 
     def _prefill_kv(
-        self, parts: Sequence[PrefillPart], lens: Sequence[int], pool: KVRows | None
+        self, parts: Sequence[PrefillPart], lens: Sequence[int], pool: Pools | None
     ) -> tuple[Callable[[int], PackedPrefill] | None, Callable[[int, int], PrefillKV]]:
         """(packed, part): packed(i) is attention block i's `PackedPrefill` of every part
         (one call for all of them), None when the parts run one at a time (no pool, or a
-        single part, which keeps its SDPA path); part(i, k) is block i's KV of part k."""
+        single part, which keeps its SDPA path); part(i, k) is block i's KV of part k.
+        With `SplitPools` the windowed blocks read their pool through the parts'
+        `window_rows` (a layout of their own)."""
         if pool is None:
             return None, lambda i, k: parts[k].state.kv[i]
-        rows = []
-        for p in parts:
-            assert p.state.rows is not None
-            rows.append(p.state.rows)
+        split = pool if isinstance(pool, SplitPools) else None
+
+        def rows_of(windowed: bool) -> list[torch.Tensor]:
+            out = [p.state.window_rows if windowed else p.state.rows for p in parts]
+            assert all(r is not None for r in out)
+            return out  # type: ignore[return-value]
+
+        rows = {False: rows_of(False)}
+        if split is not None:
+            rows[True] = rows_of(True)
+
+        def where(i: int) -> tuple[KVRows, bool]:
+            if split is None:
+                return pool, False  # type: ignore[return-value]
+            return split.of(i), i in split.blocks
 
         def part(i: int, k: int) -> PrefillKV:
             start = parts[k].state.length
-            return PagedPrefill(pool.k[i], pool.v[i], rows[k][:start], rows[k][start:])
+            kv, windowed = where(i)
+            mine = rows[windowed][k]
+            return PagedPrefill(kv.k[i], kv.v[i], mine[:start], mine[start:])
 
         if len(parts) == 1:
             return None, part
-        layout = PackedRows.of(rows, lens)
+        layouts = {w: PackedRows.of(r, lens) for w, r in rows.items()}
         attend = self.kernels.paged_prefill_attention
-        return lambda i: PackedPrefill(pool.k[i], pool.v[i], layout, attend), part
+
+        def packed(i: int) -> PackedPrefill:
+            kv, windowed = where(i)
+            return PackedPrefill(kv.k[i], kv.v[i], layouts[windowed], attend)
+
+        return packed, part
 
     @torch.inference_mode()
     def warm_up(self) -> float:

@@ -17,6 +17,10 @@ Three per-block views, built by the model for one forward:
   through a row table (`attend`).
 `BufferDecode` is the same call over per-sequence `KVBuffer`s (the unpooled states of the
 model's own API: validation, tools), one SDPA per sequence.
+
+A model with sliding-window blocks, served, keeps their KV in a second pool (`SplitPools`),
+through a second row list per sequence (`SeqState.window_rows`): those rows are freed as
+the window leaves them (`engine.window_rows`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,25 @@ class KVRows(Protocol):
 
     k: dict[int, torch.Tensor]
     v: dict[int, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SplitPools:
+    """The KV pools of a model with sliding-window blocks, served: the blocks in `blocks`
+    keep their KV in `window` (each sequence's `SeqState.window_rows`), every other
+    attention block in `token` (its `SeqState.rows`)."""
+
+    token: KVRows
+    window: KVRows
+    blocks: frozenset[int]
+
+    def of(self, i: int) -> KVRows:
+        """Block i's pool."""
+        return self.window if i in self.blocks else self.token
+
+
+Pools = KVRows | SplitPools
+"""Where a pooled forward's attention blocks keep their KV: one pool, or two."""
 
 
 class DecodeKV(Protocol):

@@ -24,6 +24,11 @@ class SeqState:
             token order (see `paged_kv`); `kv` is then empty. None: the KV is in `kv`,
             or the sequence is a member of a pooled `DecodeBatch`, whose row table
             holds its rows.
+        window_rows: with a window pool (a model with sliding-window blocks, served),
+            the rows of its windowed blocks' KV, [length] long like `rows`: only the
+            last W positions' are its own, the earlier ones are rows the window has left
+            (`engine.window_rows`), never attended. None otherwise, or while a member of
+            a pooled `DecodeBatch`.
         hidden: while the model's `emit_hidden` is on, the final normed hidden states of
             the positions its forwards consumed, as (first position, rows [n, D]) chunks
             in order, for a drafter that reads them (`engine.spec.mtp`), which takes them.
@@ -35,6 +40,7 @@ class SeqState:
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)
     logits: torch.Tensor | None = None
     rows: torch.Tensor | None = None
+    window_rows: torch.Tensor | None = None
     hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
@@ -59,10 +65,11 @@ class StateCheckpoint:
     """The SSM states and the next-token logits after the first `depth` tokens.
 
     conv/ssm map SSM block index -> tensor (same shapes as in `SeqState`).
-    window: a window-state model's (`HybridModel.window_state` = W) attention block
-        index -> (k, v) [n_kv_local, m, head_dim], the KV of the last m positions before
-        `depth`, oldest first (m = min(depth, W), or W padded past them once stored);
-        empty for other models (their KV is per token, in the tree).
+    window: with sliding-window blocks (`HybridModel.window_blocks`, W = `window_state`),
+        such a block's index -> (k, v) [n_kv_local, m, head_dim], the KV of the last m
+        positions before `depth`, oldest first (m = min(depth, W), or W padded past
+        them once stored); empty without such blocks (the others' KV is per token, in
+        the tree).
     """
 
     depth: int

@@ -6,8 +6,9 @@ step of a `DecodeBatch` of n members on a batch-size bucket nb >= n (`buckets`: 
 two up to the batch's capacity, and the capacity) over static inputs: the token ids,
 positions, new KV rows and attended lengths live in buffers of the batch's capacity, the
 SSM states are the batch's own rows `[:nb]` and the row table is the batch's whole
-table. Rows n..nb-1 are padding: token 0 at position 0, attending over the pool's
-`scratch_row` alone and writing their K/V there, their SSM states the batch's spare rows
+table (and, with a window pool, the window table and new window rows). Rows n..nb-1 are
+padding: token 0 at position 0, attending over each pool's `scratch_row` alone and
+writing their K/V there, their SSM states the batch's spare rows
 (never a member's); their logits are dropped. With the model's `emit_hidden` (an MTP
 drafter) the step also outputs the final normed hidden states, and each member's row is
 appended to its `SeqState.hidden` as the eager step does.
@@ -64,7 +65,8 @@ class StepGraphs:
     """
 
     def __init__(self, model: Any, batch: DecodeBatch, capture: bool) -> None:
-        if batch.pool is None or not hasattr(batch.pool, "scratch_row"):
+        pools = [p for p in (batch.pool, batch.window_pool) if p is not None]
+        if batch.pool is None or not all(hasattr(p, "scratch_row") for p in pools):
             raise ValueError("static decode steps need a pooled batch with a scratch row")
         self.model = model
         self.batch = batch
@@ -74,6 +76,7 @@ class StepGraphs:
         self.ids = torch.zeros(batch.capacity, dtype=torch.long, device=device)
         self.positions = torch.zeros_like(self.ids)
         self.new = torch.zeros_like(self.ids)
+        self.window_new = torch.zeros_like(self.ids)
         self.lens = torch.ones_like(self.ids)
         self.captured = 0
         self._graphs: dict[int, tuple[Any, Outputs]] = {}
@@ -103,6 +106,12 @@ class StepGraphs:
         self.positions[:n].copy_(batch.positions())
         self.positions[n:nb].zero_()
         batch.table[n:nb, 0] = scratch
+        window_new = batch.window_step_rows()
+        if window_new is not None:
+            window_scratch = batch.window_pool.scratch_row  # type: ignore[union-attr]
+            self.window_new[:n].copy_(window_new)
+            self.window_new[n:nb].fill_(window_scratch)
+            batch.window_table[n:nb, 0] = window_scratch
         out, normed = self._run(nb)
         logits = out[:n].clone()
         if normed is not None:  # the model's emit_hidden: each member's row, a copy
@@ -117,12 +126,19 @@ class StepGraphs:
         pool = batch.pool
         assert pool is not None
         attend = model.kernels.paged_decode_attention
-        table = batch.table[:nb]
+        table, lens = batch.table[:nb], self.lens[:nb]
         rows = {i: (batch.conv[i][:nb], batch.ssm[i][:nb]) for i in model.ssm_blocks}
-        kv: dict[int, DecodeKV] = {
-            i: PagedDecode(pool.k[i], pool.v[i], table, self.lens[:nb], self.new[:nb], attend)
-            for i in model.attn_blocks
-        }
+        kv: dict[int, DecodeKV] = {}
+        for i in model.attn_blocks:
+            if i in batch.window_blocks:
+                window = batch.window_pool
+                assert window is not None
+                kv[i] = PagedDecode(
+                    window.k[i], window.v[i], batch.window_table[:nb], lens,
+                    self.window_new[:nb], attend,
+                )  # fmt: skip
+            else:
+                kv[i] = PagedDecode(pool.k[i], pool.v[i], table, lens, self.new[:nb], attend)
         ids, positions = self.ids[:nb], self.positions[:nb]
 
         def step() -> Outputs:
@@ -148,11 +164,11 @@ class StepGraphs:
         return out
 
     def _current_layout(self) -> tuple[int, ...]:
-        pool = self.batch.pool
-        assert pool is not None
-        table = self.batch.table
-        tensors = [*pool.k.values(), *pool.v.values()]
-        return (table.data_ptr(), table.shape[1], *(t.data_ptr() for t in tensors))
+        batch = self.batch
+        pools = [p for p in (batch.pool, batch.window_pool) if p is not None]
+        tensors = [t for p in pools for t in (*p.k.values(), *p.v.values())]
+        tables = (batch.table.data_ptr(), batch.window_table.data_ptr(), batch.table.shape[1])
+        return (*tables, *(t.data_ptr() for t in tensors))
 
     def _record(self, step: Callable[[], Outputs], nb: int) -> tuple[Any, Outputs]:
         batch = self.batch

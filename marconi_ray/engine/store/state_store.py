@@ -14,13 +14,15 @@ model's device and host memory.
   at: a resumed state is exactly the one captured, in any dtype. State ids are never
   reused.
 
-Window-state models (`HybridModel.window_state` = W, every attention block a sliding
-window: RecurrentGemma): the cache keeps no per-token KV (the token pool has no blocks,
-its slots no bytes) and each checkpoint also holds its window (`StateCheckpoint.window`:
-the KV of its last min(depth, W) positions, padded to W), counted in `state_bytes` and
-moved with the state. A running sequence's KV is in rows of `window_kv`, which the
-worker frees as the window leaves them (`alloc_window`, `free_window`,
-`engine.window_rows`); `attn_pool` is the pool the model's attention reads.
+Sliding-window blocks (`HybridModel.window_blocks`, W = `window_state`: RecurrentGemma's
+attention, LFM3's windowed layers): the cache keeps no per-token KV of theirs (the token
+pool `device_kv` holds the other attention blocks only: none for RecurrentGemma, whose
+slots then have no bytes) and each checkpoint also holds its window
+(`StateCheckpoint.window`: their KV of its last min(depth, W) positions, padded to W),
+counted in `state_bytes` and moved with the state. A running sequence's KV of those
+blocks is in rows of `window_kv`, which the worker frees as the window leaves them
+(`alloc_window`, `free_window`, `engine.window_rows`); `pools` are what the model's
+attention reads.
 
 Tiers: `apply_moves` moves ids between the tiers; ids never change, only where their
 tensors live. A demotion copies device rows and states to the host (on CUDA on a copy
@@ -64,6 +66,7 @@ import torch
 
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.kv_buffer import KVBuffer
+from marconi_ray.engine.model.paged_kv import Pools, SplitPools
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.store.device_pool import DeviceKVPool
 from marconi_ray.engine.store.host_pool import HostKVPool
@@ -114,15 +117,24 @@ class StateStore:
         self.device = model.device
         shapes = model.kv_shapes()
         self.window = model.window_state
-        """W for a window-state model (`HybridModel.window_state`), else None."""
+        """W for a model with sliding-window blocks (`HybridModel.window_state`), else
+        None."""
+        windowed = set(model.window_blocks)
         self.copier = TierCopier(self.device)
         self.device_kv = DeviceKVPool(
-            {} if self.window else shapes, self.dtype, self.device, initial_slots
+            {i: sh for i, sh in shapes.items() if i not in windowed},
+            self.dtype,
+            self.device,
+            initial_slots,
         )
         self.window_kv = (
-            DeviceKVPool(shapes, self.dtype, self.device, initial_slots) if self.window else None
+            DeviceKVPool(
+                {i: shapes[i] for i in sorted(windowed)}, self.dtype, self.device, initial_slots
+            )
+            if windowed
+            else None
         )
-        """A window-state model's running rows (`alloc_window`; None for other models)."""
+        """The windowed blocks' running rows (`alloc_window`; None without such blocks)."""
         self.host_kv = HostKVPool(
             self.device_kv.row_elems, self.dtype, self.copier.host_empty, initial_host_slots
         )
@@ -136,7 +148,8 @@ class StateStore:
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.kv_bytes_per_token = self.device_kv.row_elems * elem
         self.window_row_bytes = 0 if self.window_kv is None else self.window_kv.row_elems * elem
-        """Bytes of one running row of a window-state model (0 for other models)."""
+        """Bytes of one window row (the windowed blocks' K and V of one token; 0 without
+        such blocks)."""
         self.state_bytes = (self.window or 0) * self.window_row_bytes + sum(
             c.numel() * elem + s.numel() * STATE_DTYPE.itemsize
             for c, s in (model.ssm(i).empty_state(self.device) for i in model.ssm_blocks)
@@ -172,7 +185,7 @@ class StateStore:
     @property
     def bytes_used(self) -> int:
         """KV + SSM bytes held on the device (what the prefix cache budgets there), and
-        a window-state model's running rows."""
+        the running window rows."""
         return (
             self.device_slots * self.kv_bytes_per_token
             + self.device_states * self.state_bytes
@@ -180,14 +193,16 @@ class StateStore:
         )
 
     @property
-    def attn_pool(self) -> DeviceKVPool:
-        """The pool the model's attention reads and writes: the window rows of a
-        window-state model, else the device tier's token rows."""
-        return self.device_kv if self.window_kv is None else self.window_kv
+    def pools(self) -> Pools:
+        """The pools the model's attention reads and writes: the device tier's token
+        rows, and the windowed blocks' rows (`SplitPools`) when the model has some."""
+        if self.window_kv is None:
+            return self.device_kv
+        return SplitPools(self.device_kv, self.window_kv, frozenset(self.window_kv.shapes))
 
     @property
     def window_rows_held(self) -> int:
-        """Running rows of a window-state model held now (0 for other models)."""
+        """Window rows held now by running sequences (0 without windowed blocks)."""
         return 0 if self.window_kv is None else self.window_kv.held
 
     @property
@@ -294,9 +309,9 @@ class StateStore:
 
     # ------------------------------------------------------------------ windows
     def alloc_window(self, n: int) -> Slots:
-        """`n` running rows of a window-state model (ValueError for another model)."""
+        """`n` window rows for running sequences (ValueError without windowed blocks)."""
         if self.window_kv is None:
-            raise ValueError("this model keeps no window rows (it is not window-state)")
+            raise ValueError("this model keeps no window rows (it has no sliding-window blocks)")
         return self.window_kv.alloc(n)
 
     def free_window(self, rows: Slots) -> None:
@@ -306,7 +321,7 @@ class StateStore:
         if not len(rows):
             return
         if self.window_kv is None:
-            raise ValueError("this model keeps no window rows (it is not window-state)")
+            raise ValueError("this model keeps no window rows (it has no sliding-window blocks)")
         inside = (rows >= 0) & (rows < self.window_kv.capacity)
         held = np.zeros(len(rows), dtype=np.bool_)
         held[inside] = self.window_kv.is_held(rows[inside])
@@ -321,7 +336,7 @@ class StateStore:
     # ------------------------------------------------------------------ states
     def put_state(self, ckpt: StateCheckpoint, window_rows: Slots | None = None) -> int:
         """Store a copy of `ckpt` on the device (conv in the store dtype, recurrent in
-        float32); returns its new state id. A window-state model's checkpoint carries
+        float32); returns its new state id. With sliding-window blocks a checkpoint carries
         its window: `ckpt.window`, or `window_rows`, the window rows of its last
         min(depth, W) positions (`WindowRows.at`), read here; stored zero-padded to W
         positions (ValueError when it is missing or the wrong length)."""
@@ -347,13 +362,14 @@ class StateStore:
         assert self.window is not None and self.window_kv is not None
         m = min(ckpt.depth, self.window)
         src = ckpt.window if rows is None else self.window_kv.read(np.asarray(rows, np.int64))
-        if set(src) != set(self.window_kv.shapes):
+        if not set(self.window_kv.shapes) <= set(src):
             raise ValueError(
-                f"a checkpoint of this window-state model needs its window (blocks "
+                f"a checkpoint of this model needs its window (sliding-window blocks "
                 f"{sorted(self.window_kv.shapes)}), got blocks {sorted(src)}"
             )
         out = {}
-        for i, (k, v) in src.items():
+        for i in self.window_kv.shapes:
+            k, v = src[i]
             if k.shape[1] != m or v.shape[1] != m:
                 raise ValueError(
                     f"the window of a checkpoint at depth {ckpt.depth} has {m} positions, "
@@ -485,8 +501,8 @@ class StateStore:
     def load_state(self, sid: int, length: int) -> SeqState:
         """A `SeqState` resuming after `length` cached tokens: copies of state `sid`'s
         SSM states (conv in the model dtype) and its logits, from either tier, and for a
-        window-state model its window as `kv` (`KVBuffer`s of the last min(length, W)
-        positions; no KV otherwise). ValueError when the state is at another depth."""
+        model with sliding-window blocks their window as `kv` (`KVBuffer`s of the last
+        min(length, W) positions; no KV otherwise). ValueError when the state is at another depth."""
         ckpt = self._states.get(sid)
         if ckpt is None:
             raise ValueError(f"state {sid} of the hit is not held")

@@ -4,10 +4,9 @@ transformers' `sliding_window` masks it).
 
 Decode and packed prefills pass the window to the kernel set's paged attention kernels;
 one sequence's prefill runs SDPA with a windowed mask over the last window + L keys only
-(on a pool it reads only the last `window` past rows). In a model whose attention blocks
-are all windowed (`HybridModel.window_state`), the positions the window has left have no
-row any more (`engine.window_rows`): nothing here reads them. Beside a full-attention
-block (LFM3) every row is kept: the same row holds that block's KV.
+(on a pool it reads only the last `window` past rows). Served, a windowed block keeps its
+KV in a pool of its own (`paged_kv.SplitPools`) whose rows the window has left are freed
+(`engine.window_rows`): nothing here reads them.
 """
 
 from __future__ import annotations
