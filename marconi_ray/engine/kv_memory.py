@@ -89,9 +89,9 @@ def plan_kv_memory(
     """Split `budget` (see the module docstring); ValueError naming the numbers when it
     leaves the running requests not one row. A model with no per-token KV (the pure
     SSMs, RecurrentGemma whose only KV is windowed: `kv_bytes_per_token` 0) needs no
-    row: the plan has none, and the budget must only hold the cache, the running states and the `window_rows`
-    running window rows of `window_row_bytes` each (ValueError naming the numbers
-    otherwise)."""
+    row: the plan has none, and the budget must only hold the cache, the running states
+    and the `window_rows` running window rows of `window_row_bytes` each (ValueError
+    naming the numbers otherwise)."""
     states = STATES_PER_REQUEST * max_batch * state_bytes + window_rows * window_row_bytes
     if kv_bytes_per_token == 0:
         if budget < cache_bytes + states:

@@ -502,7 +502,8 @@ class StateStore:
         """A `SeqState` resuming after `length` cached tokens: copies of state `sid`'s
         SSM states (conv in the model dtype) and its logits, from either tier, and for a
         model with sliding-window blocks their window as `kv` (`KVBuffer`s of the last
-        min(length, W) positions; no KV otherwise). ValueError when the state is at another depth."""
+        min(length, W) positions; no KV otherwise). ValueError when the state is at
+        another depth."""
         ckpt = self._states.get(sid)
         if ckpt is None:
             raise ValueError(f"state {sid} of the hit is not held")
