@@ -155,10 +155,12 @@ def test_cost_numbers_by_hand():
     """D=64, 4 heads of 16 (2 KV), kernel 7, window 16, ff 96, two attention layers."""
     spec = spec_from_hf_config({"model_type": "lfm3", **SMALL}, dtype_bytes=2)
     d, k = 64, 7
-    # KV: both attention layers keep every row (the window is a mask): 2 * 2 * 16 each
-    assert spec.kv_bytes_per_token == 2 * (2 * 2 * 16) * 2
-    # the three convs' windows, D * K elements each
-    assert spec.ssm_state_bytes == 3 * d * k * 2
+    # KV per token: the full attention layer's, 2 * 2 * 16; the windowed layer's KV is in
+    # each checkpoint, 16 positions of it (`ModelSpec.window_state`)
+    assert spec.kv_bytes_per_token == 1 * (2 * 2 * 16) * 2
+    assert spec.window_state == 16 and spec.window_bytes == 16 * (2 * 2 * 16) * 2
+    # the three convs' windows, D * K elements each, and the attention window
+    assert spec.ssm_state_bytes == 3 * d * k * 2 + spec.window_bytes
     conv = 2 * d * 3 * d + 2 * d * k + 2 * d * d
     attn = 2 * d * 64 + 2 * 2 * d * 32 + 2 * 64 * d + 2 * d * 4  # q, k+v, o, g_proj
     mlp = 3 * 2 * d * 96

@@ -98,8 +98,8 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     assert spec.n_ssm == sum(cfg.blocks.count(k) for k in recurrent)
     assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe") + n_shared
     attn = cfg.attention or (cfg.shared.attention if cfg.shared is not None else None)
-    if attn is not None:
-        kv = spec.kv_bytes_per_token // spec.n_attention
+    if attn is not None:  # per token: the unwindowed layers' KV (a window is in the state)
+        kv = spec.kv_bytes_per_token // (spec.n_attention - cfg.blocks.count("swa"))
         assert kv == 2 * attn.n_kv_heads * attn.head_dim * spec.dtype_bytes
 
 
