@@ -220,6 +220,11 @@ def _triton_set() -> KernelSet | str:
             lightning_chunk_varlen_triton,
             lightning_step_triton,
         )
+        from .triton_mlstm import (
+            mlstm_chunk_triton,
+            mlstm_chunk_varlen_triton,
+            mlstm_step_triton,
+        )
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
         from .triton_rglru import rglru_scan_triton, rglru_scan_varlen_triton, rglru_step_triton
@@ -255,9 +260,9 @@ def _triton_set() -> KernelSet | str:
         lightning_chunk=lightning_chunk_triton,
         lightning_chunk_varlen=lightning_chunk_varlen_triton,
         lightning_step=lightning_step_triton,
-        mlstm_chunk=mlstm_chunk_ref,
-        mlstm_chunk_varlen=mlstm_chunk_varlen_ref,
-        mlstm_step=mlstm_step_ref,
+        mlstm_chunk=mlstm_chunk_triton,
+        mlstm_chunk_varlen=mlstm_chunk_varlen_triton,
+        mlstm_step=mlstm_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -284,9 +289,9 @@ def _triton_set() -> KernelSet | str:
             "lightning_chunk": "triton:marconi",
             "lightning_chunk_varlen": "triton:marconi",
             "lightning_step": "triton:marconi",
-            "mlstm_chunk": "ref",
-            "mlstm_chunk_varlen": "ref",
-            "mlstm_step": "ref",
+            "mlstm_chunk": "triton:marconi",
+            "mlstm_chunk_varlen": "triton:marconi",
+            "mlstm_step": "triton:marconi",
         },
     )
 

@@ -304,6 +304,25 @@ def mlstm_recurrent_ref(
     return token_by_token(step, state, L, check_positions(emit_at, L), q.new_empty((b, 0, H, V)))
 
 
+def check_mlstm_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    igate: torch.Tensor,
+    fgate: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    cu_seqlens: Sequence[int],
+    emit_at: Sequence[Sequence[int]],
+) -> tuple[int, int, int, list[int], list[list[int]]]:
+    """Validate a varlen prefill's arguments (see `mlstm_chunk_varlen_ref`); returns
+    (H, K, V, cu_seqlens, each sequence's distinct emit positions)."""
+    _, T, H, K, V = check_mlstm_shapes(q[None], k[None], v[None], igate[None], fgate[None], None)
+    cu, emits = check_varlen(cu_seqlens, T, emit_at, initial_states, (H, mlstm_state_size(K, V)))
+    for s, e in enumerate(emits):
+        check_positions(e, cu[s + 1] - cu[s])
+    return H, K, V, cu, emits
+
+
 def mlstm_chunk_varlen_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -330,10 +349,9 @@ def mlstm_chunk_varlen_ref(
         h: [T, H, V] in q.dtype; final_states: [S, H, P]; emitted: [E, H, P], sequence by
         sequence in emit order. Each sequence runs alone from its state (a loop).
     """
-    _, T, H, K, V = check_mlstm_shapes(q[None], k[None], v[None], igate[None], fgate[None], None)
-    cu, emits = check_varlen(cu_seqlens, T, emit_at, initial_states, (H, mlstm_state_size(K, V)))
-    for s, e in enumerate(emits):
-        check_positions(e, cu[s + 1] - cu[s])
+    _, _, _, cu, emits = check_mlstm_varlen(
+        q, k, v, igate, fgate, initial_states, cu_seqlens, emit_at
+    )
 
     def run(rows: slice, state: torch.Tensor | None, e: list[int]) -> Outputs:
         return mlstm_chunk_ref(
