@@ -10,16 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import hf_model, prompts
 from family_checks import (
+    NEW_TOKENS,
+    PROMPT_LEN,
     check_batched_decode,
     check_greedy_and_second_turn,
     check_logits_equal_transformers,
     check_resume_at_depths,
+    hf_greedy,
 )
 
 from marconi_kernels import get_kernels
 from marconi_kernels.mlstm import mlstm_state_size, pack_mlstm_state
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
+from marconi_ray.engine.engine import Engine
 from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.layers.mlstm import MLSTMMixer
 from marconi_ray.engine.model.loader import load_model, read_config
@@ -28,6 +33,7 @@ from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.engine.store.state_store import StateStore
+from marconi_ray.protocol.sampling import SamplingParams
 
 ODD_DEPTHS = (1, 7, 15, 16, 17, 63, 64, 65, 129, 255, 300)
 """Odd depths, the chunk edges of the engine (64) and of transformers' preset (16)."""
@@ -52,6 +58,25 @@ def test_greedy_and_cached_second_turn_equal_transformers(xlstm_dir):
     per_layer = m.n_heads * (m.qk_head_dim * m.v_head_dim + m.qk_head_dim + 1) * 4
     assert engine.store.state_bytes == spec.ssm_state_bytes == 5 * per_layer
     assert spec.kv_bytes_per_token == 0
+
+
+def test_two_more_cached_turns_equal_transformers(xlstm_dir):
+    """A 300-token first turn and two more turns, each extending the whole conversation:
+    every later turn is served from the cached state of the one before (its cached
+    tokens reported) and its greedy tokens equal transformers' on the whole history."""
+    ref = hf_model(xlstm_dir)
+    engine = Engine(xlstm_dir, system="marconi", cache_bytes=10**8)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    vocab = engine.config.vocab_size
+    history = prompts(51, 1, PROMPT_LEN, vocab)[0]
+    cached = 0
+    for turn in range(3):
+        out = engine.generate(history, params)
+        assert out.usage.cached_tokens == cached, turn
+        assert list(out.tokens) == hf_greedy(ref, history, NEW_TOKENS), turn
+        history = history + list(out.tokens)
+        cached = len(history)
+        history += prompts(52 + turn, 1, 25, vocab)[0]
 
 
 def test_logits_equal_transformers(xlstm_dir):
