@@ -114,7 +114,7 @@ def _chunk_kernel(  # type: ignore[no-untyped-def]
     else:
         C = tl.zeros([KP, BV], dtype=tl.float32)
         n = tl.zeros([KP], dtype=tl.float32)
-        m = tl.zeros([], dtype=tl.float32)
+        m = tl.sum(tl.zeros([KP], dtype=tl.float32), axis=0)  # a float32 scalar 0
 
     causal = rows[:, None] >= rows[None, :]
     q_rows = q_ptr + i_b * sqb + i_h * sqh
