@@ -51,6 +51,10 @@ _EXPORTS = {
     "lightning_chunk_varlen_ref": "marconi_kernels.lightning",
     "lightning_recurrent_ref": "marconi_kernels.lightning",
     "lightning_step_ref": "marconi_kernels.lightning",
+    "mlstm_chunk_ref": "marconi_kernels.mlstm",
+    "mlstm_chunk_varlen_ref": "marconi_kernels.mlstm",
+    "mlstm_recurrent_ref": "marconi_kernels.mlstm",
+    "mlstm_step_ref": "marconi_kernels.mlstm",
     "mamba2_state_update_ref": "marconi_kernels.state_update",
 }
 

@@ -32,6 +32,7 @@ from .gated_delta import (
 from .grouped_matmul import grouped_matmul_ref
 from .kda import kda_chunk_ref, kda_chunk_varlen_ref, kda_step_ref
 from .lightning import lightning_chunk_ref, lightning_chunk_varlen_ref, lightning_step_ref
+from .mlstm import mlstm_chunk_ref, mlstm_chunk_varlen_ref, mlstm_step_ref
 from .paged_attention import paged_decode_attention_ref
 from .paged_prefill import paged_prefill_attention_ref
 from .rglru import rglru_scan_ref, rglru_scan_varlen_ref, rglru_step_ref
@@ -67,6 +68,9 @@ OPS = (
     "lightning_chunk",
     "lightning_chunk_varlen",
     "lightning_step",
+    "mlstm_chunk",
+    "mlstm_chunk_varlen",
+    "mlstm_step",
 )
 
 
@@ -114,6 +118,9 @@ class KernelSet:
     lightning_chunk_varlen: see ``lightning_chunk_varlen_ref`` (S sequences packed in
         q, k [T, H, K], each from its own state -> o, states [S, H, K, V], emitted).
     lightning_step: see ``lightning_step_ref`` (state [b, H, K, V] in place).
+    mlstm_chunk, mlstm_chunk_varlen, mlstm_step: see ``mlstm_chunk_ref`` and its twins
+        (xLSTM's mLSTM cell: q, k [b, L, H, K], v [b, L, H, V], gate preactivations
+        [b, L, H]; packed states [b, H, K * V + K + 1]).
     name: registry key of the set ("ref" or "triton").
     backends: op name -> the implementation that runs it (e.g. "triton:mamba-ssm 2.3.2").
     """
@@ -142,6 +149,9 @@ class KernelSet:
     lightning_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     lightning_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     lightning_step: Callable[..., torch.Tensor]
+    mlstm_chunk: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    mlstm_chunk_varlen: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    mlstm_step: Callable[..., torch.Tensor]
     name: str
     backends: Mapping[str, str] = field(default_factory=dict)
 
@@ -178,6 +188,9 @@ def _build_ref() -> KernelSet:
         lightning_chunk=lightning_chunk_ref,
         lightning_chunk_varlen=lightning_chunk_varlen_ref,
         lightning_step=lightning_step_ref,
+        mlstm_chunk=mlstm_chunk_ref,
+        mlstm_chunk_varlen=mlstm_chunk_varlen_ref,
+        mlstm_step=mlstm_step_ref,
         name="ref",
         backends=dict.fromkeys(OPS, "ref"),
     )
@@ -206,6 +219,11 @@ def _triton_set() -> KernelSet | str:
             lightning_chunk_triton,
             lightning_chunk_varlen_triton,
             lightning_step_triton,
+        )
+        from .triton_mlstm import (
+            mlstm_chunk_triton,
+            mlstm_chunk_varlen_triton,
+            mlstm_step_triton,
         )
         from .triton_paged_attention import paged_decode_attention_triton
         from .triton_paged_prefill import paged_prefill_attention_triton
@@ -242,6 +260,9 @@ def _triton_set() -> KernelSet | str:
         lightning_chunk=lightning_chunk_triton,
         lightning_chunk_varlen=lightning_chunk_varlen_triton,
         lightning_step=lightning_step_triton,
+        mlstm_chunk=mlstm_chunk_triton,
+        mlstm_chunk_varlen=mlstm_chunk_varlen_triton,
+        mlstm_step=mlstm_step_triton,
         name="triton",
         backends={
             "ssd_chunk_scan": upstream,
@@ -268,6 +289,9 @@ def _triton_set() -> KernelSet | str:
             "lightning_chunk": "triton:marconi",
             "lightning_chunk_varlen": "triton:marconi",
             "lightning_step": "triton:marconi",
+            "mlstm_chunk": "triton:marconi",
+            "mlstm_chunk_varlen": "triton:marconi",
+            "mlstm_step": "triton:marconi",
         },
     )
 

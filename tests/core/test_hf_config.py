@@ -31,6 +31,7 @@ from transformers import (
     Qwen3NextConfig,
     RecurrentGemmaConfig,
     Zamba2Config,
+    xLSTMConfig,
 )
 
 from marconi_ray.core.model.hf.parse import (
@@ -74,6 +75,7 @@ FAMILIES: dict[str, Callable[..., Any]] = {
     "bailing_hybrid": BailingHybridConfig,
     "lfm3": Lfm3Config,
     "lfm3_vl": Lfm3VlConfig,
+    "xlstm": xLSTMConfig,
 }
 REQUIRED: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention"] * 10 + ["conv"] * 2},

@@ -22,6 +22,7 @@ from transformers import (
     Qwen3_5MoeConfig,
     Qwen3NextConfig,
     RecurrentGemmaConfig,
+    xLSTMConfig,
 )
 from transformers.models.bailing_hybrid.configuration_bailing_hybrid import BailingHybridConfig
 
@@ -97,8 +98,11 @@ FLEET = {
     # 64 Mamba-1 layers of d_inner 8192 (the file's intermediate_size, not its expand of
     # 16), state 16; no attention, no context limit in the config
     "falcon-mamba-7b": (64, mamba1_state_bytes(8192, 16, 4), 0, 0, 0, None),
+    # 32 mLSTM layers of 8 heads: C (256 x 512), n (256) and m per head, in fp32; no
+    # attention, no context limit in the config
+    "xlstm-7b": (32, 8 * (256 * 512 + 256 + 1) * FP32, 0, 0, 0, None),
 }
-NO_KV = {"falcon-mamba-7b"}
+NO_KV = {"falcon-mamba-7b", "xlstm-7b"}
 """Pure SSMs: no KV bytes and no quadratic FLOPs."""
 
 
@@ -288,6 +292,7 @@ CLASSES: dict[str, Callable[..., Any]] = {
     "JAMBA_1_5_MINI": JambaConfig,
     "LFM2_2_6B": Lfm2Config,
     "FALCON_MAMBA_7B": FalconMambaConfig,
+    "XLSTM_7B": xLSTMConfig,
     "KIMI_LINEAR_48B_A3B": KimiLinearConfig,
     "OLMO_HYBRID_7B": OlmoHybridConfig,
     "MINIMAX_TEXT_01": MiniMaxConfig,

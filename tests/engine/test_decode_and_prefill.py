@@ -18,7 +18,7 @@ from marconi_ray.engine.model.paged_kv import ScratchKV
 from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState
 
-FAMILIES = ("nemotron_h", "qwen3_5", "lfm2", "zamba2", "falcon_h1", "jamba", "minimax")
+FAMILIES = ("nemotron_h", "qwen3_5", "lfm2", "zamba2", "falcon_h1", "jamba", "minimax", "xlstm")
 LENGTHS = (9, 14, 11, 6)
 """Prompt lengths: the first two decode one token, the last two prefill 4 and 3 more."""
 ROWS = 64

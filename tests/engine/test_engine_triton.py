@@ -34,6 +34,7 @@ FAMILY_OPS = {
     "recurrent_gemma": {"rglru_scan", "rglru_scan_varlen", "rglru_step", *CONV},
     "kimi_linear": {"kda_chunk", "kda_chunk_varlen", "kda_step", *CONV},  # MLA: torch
     "minimax": {"lightning_chunk", "lightning_chunk_varlen", "lightning_step"},  # no conv
+    "xlstm": {"mlstm_chunk", "mlstm_chunk_varlen", "mlstm_step"},  # no conv
 }
 RESUMED = (
     "nemotron_h",
@@ -43,11 +44,12 @@ RESUMED = (
     "recurrent_gemma",
     "kimi_linear",
     "minimax",
+    "xlstm",
 )
 """One family per recurrent kernel set (Mamba-2, Mamba-1, Gated DeltaNet, short conv,
-RG-LRU, KDA, lightning attention): Bamba, FalconH1, Zamba2 and Granite run NemotronH's
-Mamba-2 ops (`FAMILY_OPS`), and a kernel's states do not depend on the layers around it
-(CI time: each resume is a Triton prefill in the interpreter)."""
+RG-LRU, KDA, lightning attention, mLSTM): Bamba, FalconH1, Zamba2 and Granite run
+NemotronH's Mamba-2 ops (`FAMILY_OPS`), and a kernel's states do not depend on the layers
+around it (CI time: each resume is a Triton prefill in the interpreter)."""
 FEW_DEPTHS = {"qwen3_next", "lfm2", "jamba", "recurrent_gemma", "kimi_linear"}
 """Families resumed at the fixed depths only (the Gated DeltaNet, KDA and Mamba-1
 prefills are the slowest kernels in the interpreter, the short conv has nothing but the

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from marconi_ray.core.model.hf.xlstm import round_up
 from marconi_ray.engine.presets.byte_tokenizer import BOS_ID, BYTE_VOCAB_SIZE, EOS_ID, PAD_ID
 from marconi_ray.engine.presets.factory import (
     FAMILIES,
@@ -46,12 +47,14 @@ FEWEST = {
     "lfm3": 0.9,
     "recurrent_gemma": 0.8,
     **dict.fromkeys(PURE_SSM_FAMILIES, 0.4),
+    "xlstm": 0.8,
 }
 """Share of the usual least parameters a family has: Zamba2 has no per-layer MLP (its
 shared block's two copies hold its only MLP weights); a short conv holds about 4 D^2
 weights against Mamba-2's 6 D^2, an RG-LRU block about 3 D^2 (RecurrentGemma has one
 layer fewer than the preset's mixers, as `rgemma_presets` builds it); the pure SSMs have
-no MLP and no attention at all."""
+no MLP and no attention at all; an xLSTM block (mLSTM + feed-forward, 4 heads, the width
+rounded up to 128) holds about 12 D^2."""
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -150,9 +153,11 @@ def test_small_parameter_count_and_tp2_divisibility(family: str) -> None:
         heads = (cfg.linear_num_heads, cfg.moe_intermediate_size, cfg.intermediate_size)
     elif family == "minimax":
         heads = ()  # lightning attention splits the attention heads
+    elif family == "xlstm":  # no attention: the mLSTM heads and the feed-forward width
+        heads = (cfg.num_heads, round_up(cfg.hidden_size * cfg.ffn_proj_factor, 64))
     else:
         heads = (cfg.mamba_n_heads, cfg.mamba_n_groups)
-    if family not in PURE_SSM_FAMILIES:
+    if family not in (*PURE_SSM_FAMILIES, "xlstm"):
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, *heads)
     for value in heads:
         assert value % 2 == 0

@@ -52,6 +52,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "minimax",
             "bailing_hybrid",
             "lfm3",
+            "xlstm",
         )
     },
     "zamba2": preset_config("tiny", "zamba2").to_dict(),
@@ -81,7 +82,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     spec = spec_from_hf_config(raw)
     assert tuple(zip(cfg.blocks, cfg.hf_layer, strict=True)) == _engine_view(arch)
     kinds = ("attention", "mlp", "mamba2", "mamba1", "gdn", "moe", "shortconv", "rglru", "swa")
-    for kind in (*kinds, "kda", "mla", "lightning"):
+    for kind in (*kinds, "kda", "mla", "lightning", "mlstm"):
         own = tuple(dict.fromkeys(b.config for b in arch.blocks if b.kind == kind and not b.shared))
         assert (getattr(cfg, kind),) == (own or (None,))
     assert (cfg.vocab_size, cfg.hidden_size, cfg.norm_eps) == (
@@ -94,7 +95,7 @@ def test_both_views_come_from_one_parse(family: str) -> None:
     n_shared = cfg.blocks.count("shared_transformer")
     attention = sum(cfg.blocks.count(k) for k in ("attention", "swa", "mla"))
     assert spec.n_attention == attention + n_shared
-    recurrent = ("mamba2", "mamba1", "gdn", "shortconv", "rglru", "kda", "lightning")
+    recurrent = ("mamba2", "mamba1", "gdn", "shortconv", "rglru", "kda", "lightning", "mlstm")
     assert spec.n_ssm == sum(cfg.blocks.count(k) for k in recurrent)
     assert spec.n_mlp == cfg.blocks.count("mlp") + cfg.blocks.count("moe") + n_shared
     attn = cfg.attention or (cfg.shared.attention if cfg.shared is not None else None)

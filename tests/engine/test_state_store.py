@@ -26,6 +26,7 @@ FAMILIES = (
     "lfm2_moe",
     "minimax",
     "bailing_hybrid",
+    "xlstm",
 )
 
 

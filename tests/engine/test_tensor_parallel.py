@@ -79,6 +79,7 @@ LOGIT_MODELS = (
     "minimax",
     "bailing_hybrid",
     "lfm3",
+    "xlstm",
 )
 # Per-device budgets (bytes, as each rank's cache counts them) that force evictions in the
 # conversation below yet keep the last turn's final state (so the last prompt is fully

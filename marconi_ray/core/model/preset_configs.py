@@ -376,6 +376,41 @@ FALCON_MAMBA_7B: Final[Mapping[str, object]] = MappingProxyType(
 """tiiuae/falcon-mamba-7b: 64 Mamba-1 layers (d_inner 8192, state 16, weightless RMSNorms
 on dt, B and C), no attention: no KV at all, every cached prefix is a state."""
 
+# - NX-AI/xLSTM-7b: the hub config.json (huggingface.co/NX-AI/xLSTM-7b, blob
+#   2504cc718375742c242e2e29017e32ce7f738019, as the documentation index serves it; the
+#   blame view of the first commit f52774c shows the same keys). Kept: every key
+#   transformers' xLSTMConfig reads. Left out: the file's backend and init keys
+#   ("forward_backend_name", "step_backend_name", "igate_bias_init_range", ...) and
+#   "head_dim": 512, which transformers does not read (its v heads are 4096 / 8 = 512
+#   anyway). The file writes "embedding_dim" and "num_blocks", not hidden_size /
+#   num_hidden_layers; it names no "weight_mode" (transformers' default "single") and no
+#   context limit.
+XLSTM_7B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "xlstm",
+        "embedding_dim": 4096,
+        "num_blocks": 32,
+        "num_heads": 8,
+        "qk_dim_factor": 0.5,
+        "v_dim_factor": 1.0,
+        "ffn_proj_factor": 2.667,
+        "ffn_round_up_to_multiple_of": 64,
+        "gate_soft_cap": 15.0,
+        "output_logit_soft_cap": 30.0,
+        "norm_eps": 1e-06,
+        "norm_reduction_force_float32": True,
+        "use_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": 50304,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "pad_token_id": 1,
+    }
+)
+"""NX-AI/xLSTM-7b: 32 blocks of an mLSTM layer (8 heads, q/k heads of 256, v heads of
+512; its state C + n + m per head) and a SwiGLU of 10944; no attention: no KV at all,
+every cached prefix is a state."""
+
 # ---- the 2026 hybrids -----------------------------------------------------------------
 #
 # Sources (the hub files could not be opened from here; each value comes from the copy

@@ -45,7 +45,7 @@ def paper_7b() -> ModelSpec:
 
 def _published(name: str, config: Mapping[str, object]) -> Callable[[], ModelSpec]:
     """A factory of the spec of a published config.json: KV and conv states in bf16, the
-    recurrent states (Gated DeltaNet, KDA, lightning attention, RG-LRU, Mamba-1/2) in
+    recurrent states (Gated DeltaNet, KDA, lightning attention, RG-LRU, mLSTM, Mamba-1/2) in
     fp32, as the engine keeps them (and as the Qwen models run the delta rule and
     Nemotron 3 Nano's config asks, mamba_ssm_cache_dtype float32)."""
 
@@ -76,6 +76,7 @@ PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType(
         "jamba-1.5-mini": _published("jamba-1.5-mini", preset_configs.JAMBA_1_5_MINI),
         "lfm2-2.6b": _published("lfm2-2.6b", preset_configs.LFM2_2_6B),
         "falcon-mamba-7b": _published("falcon-mamba-7b", preset_configs.FALCON_MAMBA_7B),
+        "xlstm-7b": _published("xlstm-7b", preset_configs.XLSTM_7B),
         "kimi-linear-48b-a3b": _published(
             "kimi-linear-48b-a3b", preset_configs.KIMI_LINEAR_48B_A3B
         ),

@@ -29,6 +29,7 @@ from marconi_ray.engine.model.model_config import (
     Mamba2Config,
     MLAConfig,
     MLPConfig,
+    MLSTMConfig,
     MoEConfig,
     RGLRUConfig,
     SharedBlockConfig,
@@ -60,6 +61,7 @@ FAMILIES: Final = (
     "bailing_hybrid",
     "lfm3",
     "lfm3_vl",
+    "xlstm",
 )
 """The model_types whose weights the engine can load (see `hybrid_model.HF_NAMES`)."""
 
@@ -84,6 +86,7 @@ _C = TypeVar(
     KDAConfig,
     MLAConfig,
     LightningConfig,
+    MLSTMConfig,
 )
 
 
@@ -246,6 +249,7 @@ def from_architecture(arch: HfArchitecture) -> HybridConfig:
         residual_beta=beta,
         norm_residual=arch.norm_residual,
         sandwich_norm=arch.sandwich_norms,
+        mlstm=_one(fam, blocks, "mlstm", MLSTMConfig),
     )
     for group in cfg.residual_groups:
         kinds = [cfg.blocks[i] for i in group]

@@ -49,6 +49,7 @@ from marconi_ray.engine.model.layers.mamba1 import Mamba1Mixer
 from marconi_ray.engine.model.layers.mamba2 import Mamba2Mixer
 from marconi_ray.engine.model.layers.mla import MLAttention
 from marconi_ray.engine.model.layers.mlp import MLP
+from marconi_ray.engine.model.layers.mlstm import MLSTMMixer
 from marconi_ray.engine.model.layers.moe import MoE
 from marconi_ray.engine.model.layers.moe_layout import (
     GRANITE_MOE,
@@ -316,6 +317,21 @@ HF_NAMES = {
             router_fp32=True,
         ),
     ),
+    # xLSTM's layers are `blocks.{i}`, read through the alternates
+    "xlstm": HFNames(
+        "embeddings.weight",
+        "out_norm.weight",
+        "norm_mlstm",
+        "norm_ffn",
+        {"mlstm": "mlstm_layer"},
+        "ffn",
+        renames=(
+            ("gate_proj.weight", "proj_up_gate.weight"),
+            ("up_proj.weight", "proj_up.weight"),
+            ("down_proj.weight", "proj_down.weight"),
+        ),
+        alternates=(("layers.", "blocks."),),
+    ),
 }
 
 
@@ -333,6 +349,7 @@ Mixer = (
     | SharedBlock
     | KDAMixer
     | MLAttention
+    | MLSTMMixer
 )
 SSMMixer = (
     Mamba2Mixer
@@ -342,6 +359,7 @@ SSMMixer = (
     | RGLRUMixer
     | KDAMixer
     | LightningMixer
+    | MLSTMMixer
 )
 KVMixer = Attention | SharedBlock | MLAttention
 """Mixers that keep a KV cache (one `KVBuffer` per sequence); `SlidingWindowAttention`
@@ -474,6 +492,10 @@ class Block(nn.Module):
                 dtype,
                 kernels,
             )
+        elif self.kind == "mlstm":
+            assert cfg.mlstm is not None
+            prefix = f"{layer}.{names.mixer['mlstm']}"
+            mixer = MLSTMMixer(d, cfg.mlstm, prefix, tp, dtype, kernels)
         elif self.kind == "mamba2":
             assert cfg.mamba2 is not None
             mixer = Mamba2Mixer(

@@ -45,6 +45,7 @@ from marconi_ray.core.model.hf.arch import (
 from marconi_ray.core.model.hf.kda_arch import KDAConfig
 from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
+from marconi_ray.core.model.hf.mlstm_arch import MLSTMConfig
 
 __all__ = [
     "BLOCK_KINDS",
@@ -57,6 +58,7 @@ __all__ = [
     "LightningConfig",
     "MLAConfig",
     "MLPConfig",
+    "MLSTMConfig",
     "Mamba1Config",
     "Mamba2Config",
     "MoEConfig",
@@ -81,6 +83,7 @@ BLOCK_KINDS = (
     "kda",
     "mla",
     "lightning",
+    "mlstm",
 )
 FEED_FORWARD_KINDS = ("mlp", "moe")
 PATTERN_CHARS = {
@@ -97,6 +100,7 @@ PATTERN_CHARS = {
     "K": "kda",
     "A": "mla",
     "L": "lightning",
+    "X": "mlstm",
 }
 
 
@@ -154,6 +158,7 @@ class HybridConfig:
             post-norm layers); otherwise r = x.
         sandwich_norm: every block's output is normed too, `x = x + post(mixer(norm(x)))`
             (LFM3; the post norms' names are `HFNames.post_norms`).
+        mlstm: the config of the `mlstm` blocks (xLSTM's mLSTM layer).
     """
 
     family: str
@@ -192,6 +197,7 @@ class HybridConfig:
     residual_beta: tuple[float, ...] = ()
     norm_residual: bool = False
     sandwich_norm: bool = False
+    mlstm: MLSTMConfig | None = None
 
     def __post_init__(self) -> None:
         for kind in self.blocks:
@@ -224,6 +230,7 @@ class HybridConfig:
             "kda": self.kda,
             "mla": self.mla,
             "lightning": self.lightning,
+            "mlstm": self.mlstm,
         }
         for kind in set(self.blocks):
             if needs[kind] is None:
@@ -317,6 +324,8 @@ class HybridConfig:
             sizes["num_key_value_heads (windowed)"] = self.swa.attention.n_kv_heads
         if self.lightning is not None and "lightning" in self.blocks:
             sizes["num_attention_heads (lightning)"] = self.lightning.n_heads
+        if self.mlstm is not None and "mlstm" in self.blocks:
+            sizes["num_heads (mLSTM)"] = self.mlstm.n_heads
         if self.moe is not None and "moe" in self.blocks:
             sizes["moe_intermediate_size"] = self.moe.intermediate_size
             if self.moe.n_shared_experts:

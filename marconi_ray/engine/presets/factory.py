@@ -76,6 +76,7 @@ from marconi_ray.engine.presets.model_presets import (
     get_preset,
 )
 from marconi_ray.engine.presets.rgemma_presets import rgemma_lift
+from marconi_ray.engine.presets.xlstm_presets import prepare_xlstm
 
 __all__ = [
     "DTYPES",
@@ -166,6 +167,7 @@ _MODEL_CLASSES: Final = {
     "minimax": "MiniMaxForCausalLM",
     "bailing_hybrid": "BailingHybridForCausalLM",
     "lfm3": "Lfm3ForCausalLM",
+    "xlstm": "xLSTMForCausalLM",
 }
 MARCONI_FILE: Final = "marconi.json"
 
@@ -415,6 +417,8 @@ def _separate_logits(model: Any, hidden_size: int) -> None:
     if config.model_type == "minimax":  # no bias: the embedding table writes the channel
         lift_through_embedding(model, LIFT_CHANNEL, LIFT_RATIO)
         balance_writes(model)
+    elif config.model_type == "xlstm":  # no bias: the embedding table writes the channel
+        prepare_xlstm(model, LIFT_CHANNEL, LIFT_RATIO)
     elif config.model_type == "lfm3":  # post norms: the last conv's bias through its own
         lfm3_prepare(model, LIFT_CHANNEL, LIFT_RATIO)
     else:

@@ -32,6 +32,7 @@ from marconi_ray.engine.presets.moe_presets import moe_preset_config
 from marconi_ray.engine.presets.olmo_presets import olmo_preset_config
 from marconi_ray.engine.presets.rgemma_presets import recurrent_gemma_kwargs
 from marconi_ray.engine.presets.ssm_presets import ssm_preset_config
+from marconi_ray.engine.presets.xlstm_presets import xlstm_kwargs
 
 
 def _vision_kwargs(p: ModelPreset) -> dict[str, Any]:
@@ -82,6 +83,8 @@ def preset_config(preset: str, family: str, *, initializer_range: float = 0.02) 
         return transformers.BailingHybridConfig(**bailing_hybrid_kwargs(p, initializer_range))
     if family == "lfm3":
         return transformers.Lfm3Config(**lfm3_kwargs(p))
+    if family == "xlstm":
+        return transformers.xLSTMConfig(**xlstm_kwargs(p))
     text = qwen_kwargs(p, family, initializer_range)
     if family in ("qwen3_5", "qwen3_5_moe"):
         outer = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig

@@ -94,6 +94,7 @@ FAMILIES: Final = (
     "minimax",
     "bailing_hybrid",
     "lfm3",
+    "xlstm",
 )
 """Model families a preset can be built as: transformers `model_type` names, and
 `nemotron_h_moe` (a NemotronH checkpoint with MoE layers)."""

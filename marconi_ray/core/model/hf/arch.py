@@ -21,6 +21,7 @@ from typing import ClassVar, Final
 from marconi_ray.core.model.hf.kda_arch import KIND_KDA, KDAConfig
 from marconi_ray.core.model.hf.lightning import KIND_LIGHTNING, LightningConfig
 from marconi_ray.core.model.hf.mla_arch import KIND_MLA, MLAConfig
+from marconi_ray.core.model.hf.mlstm_arch import KIND_MLSTM, MLSTMConfig
 from marconi_ray.core.model.layers import Mamba2Sizes
 from marconi_ray.core.model.spec_checks import require_non_negative, require_positive
 
@@ -51,6 +52,7 @@ BLOCK_CONFIG_KINDS: Final = (
     KIND_LINEAR,
     KIND_KDA,
     KIND_MLA,
+    KIND_MLSTM,
 )
 
 
@@ -451,6 +453,7 @@ BlockConfig = (
     | LinearConfig
     | KDAConfig
     | MLAConfig
+    | MLSTMConfig
 )
 
 

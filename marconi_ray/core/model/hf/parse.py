@@ -36,7 +36,9 @@ from marconi_ray.core.model.hf.lfm3 import parse_lfm3, parse_lfm3_vl
 from marconi_ray.core.model.hf.lightning import LightningConfig
 from marconi_ray.core.model.hf.minimax import parse_minimax
 from marconi_ray.core.model.hf.mla_arch import MLAConfig
+from marconi_ray.core.model.hf.mlstm_arch import MLSTMConfig
 from marconi_ray.core.model.hf.recurrent_gemma import parse_recurrent_gemma
+from marconi_ray.core.model.hf.xlstm import parse_xlstm
 from marconi_ray.core.model.kimi_layers import KDALayer, MLALayer
 from marconi_ray.core.model.layers import (
     AttentionLayer,
@@ -51,6 +53,7 @@ from marconi_ray.core.model.layers import (
     ShortConvLayer,
 )
 from marconi_ray.core.model.lightning_layer import LightningLayer
+from marconi_ray.core.model.mlstm_layer import MLSTMLayer
 from marconi_ray.core.model.model_spec import ModelSpec
 from marconi_ray.core.model.spec_checks import require_positive
 
@@ -79,6 +82,7 @@ HF_PARSERS: Final[Mapping[str, HfParser]] = MappingProxyType(
         "recurrent_gemma": parse_recurrent_gemma,
         "kimi_linear": parse_kimi_linear,
         "minimax": parse_minimax,
+        "xlstm": parse_xlstm,
         "bailing_hybrid": parse_bailing_hybrid,
         "lfm3": parse_lfm3,
         "lfm3_vl": parse_lfm3_vl,
@@ -157,6 +161,8 @@ def layer_spec(config: BlockConfig, d_model: int) -> LayerSpec:
             )  # fmt: skip
         case LightningConfig(n_heads=h, head_dim=hd):
             return LightningLayer(d_model, h, hd)
+        case MLSTMConfig(n_heads=h, qk_head_dim=dqk, v_head_dim=dv):
+            return MLSTMLayer(d_model, h, dqk, dv)
         case LinearConfig(d_in=d_in, d_out=d_out):
             return LinearLayer(d_in, d_out)
         case KDAConfig(n_heads=h, head_dim=hd, d_conv=k):
