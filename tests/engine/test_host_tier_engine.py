@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 
 from marconi_ray.engine.engine import Engine
-from marconi_ray.engine.presets.model_presets import FAMILIES, PURE_SSM_FAMILIES
+from marconi_ray.engine.presets.model_presets import FAMILIES
 from marconi_ray.protocol.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 HOST_BYTES = 10**8
-NO_TOKEN_KV = (*PURE_SSM_FAMILIES, "recurrent_gemma")
-"""Families whose cache keeps no per-token KV (every cached prefix is a state)."""
 
 
 def _two_tier_engine(model_dir, turns_kept: float) -> Engine:
@@ -35,10 +33,11 @@ def _two_tier_engine(model_dir, turns_kept: float) -> Engine:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_conversations_served_from_the_host_tier_are_exact(model_dirs, family):
-    # a pure SSM has no KV, and RecurrentGemma's window is in its states: 1.5 "turns"
-    # would be three states, enough for both chats' last states, and nothing would come
-    # back from the host; one turn is two states
-    turns = 1.0 if family in NO_TOKEN_KV else 1.5
+    # a pure SSM (Mamba, xLSTM) has no KV, and RecurrentGemma's window is in its states:
+    # 1.5 "turns" would be three states, enough for both chats' last states, and nothing
+    # would come back from the host; one turn is two states
+    no_token_kv = Engine(model_dirs[family], system="vanilla").store.kv_bytes_per_token == 0
+    turns = 1.0 if no_token_kv else 1.5
     engine = _two_tier_engine(model_dirs[family], turns_kept=turns)
     reference = Engine(model_dirs[family], system="vanilla")
     rng = np.random.default_rng(8)
