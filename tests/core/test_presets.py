@@ -15,6 +15,7 @@ from transformers import (
     JambaConfig,
     KimiLinearConfig,
     Lfm2Config,
+    Lfm3Config,
     MiniMaxConfig,
     NemotronHConfig,
     OlmoHybridConfig,
@@ -143,7 +144,12 @@ HYBRIDS_2026 = {
     # the latent (512) and the shared RoPE key (64); no context limit in the copy: the
     # class default
     "ling-3.0-flash": (35, kda_state_bytes(32, 128, 4), 7, (512 + 64) * BF16, 262144),
+    # 13 gated short convs of 2048 (their state: the last 7 inputs); 11 attentions (4 KV
+    # heads of 128), 5 of them windowed (256): those in each state, the 6 full per token
+    "lfm3-1.7b": (13, 2048 * 7 * BF16, 11, 2 * 4 * 128 * BF16, 262144),
 }
+WINDOWED_2026 = {"recurrentgemma-2b": 8, "lfm3-1.7b": 5}
+"""Of each windowed preset's attention layers, the sliding-window ones."""
 
 
 def test_registry() -> None:
@@ -162,8 +168,9 @@ def test_every_preset_builds(name: str) -> None:
     if name in NO_KV:
         assert spec.kv_bytes_per_token == 0 and quadratic == 0
     elif spec.window_state is not None:
-        # every attention layer windowed (RecurrentGemma): its KV is in each checkpoint
-        assert spec.kv_bytes_per_token == 0 and spec.window_bytes > 0 and spec.window_terms()
+        # windowed attention layers: their KV is in each checkpoint, their FLOPs windowed
+        # (RecurrentGemma has no other KV, LFM3 its full layers' per token)
+        assert spec.window_bytes > 0 and spec.window_terms()
     else:
         # attention past linear: n*n, or n*min(n, W) for a sliding window (RecurrentGemma)
         assert spec.kv_bytes_per_token > 0 and (quadratic > 0 or spec.window_terms())
@@ -298,6 +305,7 @@ CLASSES: dict[str, Callable[..., Any]] = {
     "MINIMAX_TEXT_01": MiniMaxConfig,
     "RECURRENTGEMMA_2B": RecurrentGemmaConfig,
     "LING_3_0_FLASH": BailingHybridConfig,
+    "LFM3_1_7B": Lfm3Config,
 }
 
 
@@ -330,9 +338,10 @@ def test_2026_hybrids_state_and_kv_bytes_by_hand(name: str) -> None:
     n_recurrent, layer_state, n_kv, layer_kv, positions = HYBRIDS_2026[name]
     spec = get_preset(name)
     assert (spec.n_ssm, spec.n_attention) == (n_recurrent, n_kv)
-    window = spec.window_state or 0  # RecurrentGemma: its 2048-token window is state
-    assert spec.ssm_state_bytes == n_recurrent * layer_state + window * n_kv * layer_kv
-    assert spec.kv_bytes_per_token == (0 if window else n_kv * layer_kv)
+    window = spec.window_state or 0  # a windowed layer's W positions of KV are state
+    n_window = WINDOWED_2026.get(name, 0)
+    assert spec.ssm_state_bytes == n_recurrent * layer_state + window * n_window * layer_kv
+    assert spec.kv_bytes_per_token == (n_kv - n_window) * layer_kv
     assert spec.max_position == positions
 
 
@@ -346,6 +355,7 @@ def test_2026_hybrids_published_numbers() -> None:
         "minimax-text-01": (293_601_280, 40_960),
         "recurrentgemma-2b": (17_330_176, 0),
         "ling-3.0-flash": (76_840_960, 8_064),
+        "lfm3-1.7b": (2_994_176, 12_288),
     }
     ratios = {
         n: round(s.ssm_state_bytes / s.kv_bytes_per_token, 1)
@@ -357,6 +367,7 @@ def test_2026_hybrids_published_numbers() -> None:
         "olmo-hybrid-7b": 450.0,
         "minimax-text-01": 7168.0,
         "ling-3.0-flash": 9528.9,
+        "lfm3-1.7b": 243.7,
     }
     gemma = specs["recurrentgemma-2b"]  # 552,960 of RG-LRU states, 2048 x 8,192 of window
     assert gemma.ssm_bytes_by_part()["window"] == 2048 * 8_192 == gemma.window_bytes
@@ -396,6 +407,14 @@ def test_2026_hybrids_layer_kinds_and_feed_forwards() -> None:
     assert len(moes) == 40 and {(m.n_experts, m.top_k, m.d_ff, m.shared_d_ff) for m in moes} == {
         (512, 8, 768, 768)
     }
+    lfm3 = get_preset("lfm3-1.7b")
+    windows = [x.window for x in lfm3.layers if isinstance(x, AttentionLayer)]
+    assert windows == [None, 256] * 5 + [None] and lfm3.n_ssm == 13
+    assert {
+        (x.n_kv_heads, x.head_dim, x.head_gate)
+        for x in lfm3.layers
+        if isinstance(x, AttentionLayer)
+    } == {(4, 128, True)}
     gemma = get_preset("recurrentgemma-2b")
     kinds = [x for x in gemma.layers if isinstance(x, (AttentionLayer, RGLRULayer))]
     assert [isinstance(x, AttentionLayer) for x in kinds] == [i % 3 == 2 for i in range(26)]

@@ -596,6 +596,49 @@ RECURRENTGEMMA_2B: Final[Mapping[str, object]] = MappingProxyType(
 """google/recurrentgemma-2b: 18 RG-LRU blocks (width 2560, conv 4) and 8 local attention
 layers (window 2048, one KV head of 256) in the cycle recurrent, recurrent, attention."""
 
+# - LiquidAI/LFM3-1.7B: the config.json Ollama serves as the config blob of its `lfm3`
+#   model (ollama.com/library/lfm3:latest/blobs/218cc1b25bb4, "LFM3-1.7B is a tri-hybrid
+#   model"; the `lfm3:1.7b-mxfp8` blob 8c6ae8b8f6d8 shows the same keys), as the docs index
+#   serves it: the hub file with its remote-code `auto_map`. Its layout agrees with the
+#   model's public description (24 layers: 13 gated convolutions of kernel 7, 5 sliding
+#   windows of 256, 6 global attentions) and with transformers 5.25's `Lfm3Config`
+#   defaults, whose docstring names this checkpoint. Kept: every key the parse reads. Left
+#   out: the token ids, `auto_map`, `dtype`; the index shows the file only up to
+#   `tie_word_embeddings`, so `vocab_size` is `Lfm3Config`'s default (128000, above the
+#   file's bos 124894; informational: no cost figure reads it).
+LFM3_1_7B: Final[Mapping[str, object]] = MappingProxyType(
+    {
+        "model_type": "lfm3",
+        "architectures": ["Lfm3ForCausalLM"],
+        "conv_L_cache": 7,
+        "conv_bias": False,
+        "head_dim": 128,
+        "hidden_size": 2048,
+        "intermediate_size": 7680,
+        "layer_types": [  # conv, conv, then full / conv / sliding / conv from layer 2
+            "conv" if i % 2 or i == 0 else "full_attention" if i % 4 == 2 else "sliding_attention"
+            for i in range(24)
+        ],
+        "max_position_embeddings": 262144,
+        "norm_eps": 1e-05,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 4,
+        "rope_parameters": {
+            "full_attention": {
+                "partial_rotary_factor": 0.5,
+                "rope_theta": 1000000.0,
+                "rope_type": "default",
+            },
+            "sliding_attention": {"rope_theta": 10000, "rope_type": "default"},
+        },
+        "sliding_window": 256,
+        "tie_word_embeddings": True,
+    }
+)
+"""LiquidAI/LFM3-1.7B: 13 gated short convolutions (kernel 7), 5 sliding-window attentions
+(window 256) and 6 full attentions (16 heads of 128, 4 KV heads), SwiGLU MLPs of 7680."""
+
 # - inclusionAI/Ling-3.0-flash: the config.json facts a public Rust port pins in its tests
 #   as "the Ling-3.0-flash-int4 config facts (subset)", its layer schedule checked there
 #   against the real checkpoint's safetensors index (MLA weights only at layers 5, 11, ...,

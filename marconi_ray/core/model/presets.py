@@ -84,6 +84,7 @@ PRESETS: Mapping[str, Callable[[], ModelSpec]] = MappingProxyType(
         "minimax-text-01": _published("minimax-text-01", preset_configs.MINIMAX_TEXT_01),
         "recurrentgemma-2b": _published("recurrentgemma-2b", preset_configs.RECURRENTGEMMA_2B),
         "ling-3.0-flash": _published("ling-3.0-flash", preset_configs.LING_3_0_FLASH),
+        "lfm3-1.7b": _published("lfm3-1.7b", preset_configs.LFM3_1_7B),
     }
 )
 """Immutable registry of preset names -> spec factories."""
