@@ -35,6 +35,7 @@ FAMILIES = (
     "minimax",
     "bailing_hybrid",
     "lfm3",
+    "xlstm",
 )
 """The families of issue 36 (each on its tiny preset)."""
 
