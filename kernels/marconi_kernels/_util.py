@@ -46,6 +46,27 @@ def process_dt(
     return out
 
 
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Validate a linear-attention prefill's q, k [b, L, H, K] and v [b, L, H, V] (ValueError
+    naming the shapes); returns (b, L, H, K, V)."""
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(
+            f"q and k must both be [b, L, H, K], got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
+    b, L, H, K = q.shape
+    if v.dim() != 4 or v.shape[:3] != (b, L, H):
+        raise ValueError(f"v must be [b, L, H, V] with b, L, H = {(b, L, H)}, got {tuple(v.shape)}")
+    return b, L, H, K, v.shape[3]
+
+
+def check_shape(name: str, t: torch.Tensor | None, want: tuple[int, ...], layout: str = "") -> None:
+    """ValueError "`name` must be [`layout` =] `want`, got ..." unless `t` is None or has
+    shape `want`."""
+    if t is not None and t.shape != want:
+        shown = f"{layout} = {want}" if layout else f"{want}"
+        raise ValueError(f"{name} must be {shown}, got {tuple(t.shape)}")
+
+
 def check_emit_at(emit_at: Sequence[int], length: int) -> list[int]:
     """Validate emit positions: ints, sorted ascending, each in [1, length]. Returns a list."""
     positions = [int(p) for p in emit_at]

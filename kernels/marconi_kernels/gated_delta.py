@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from ._util import (
     Outputs,
     check_emit_at,
+    check_qkv,
+    check_shape,
     check_varlen,
     compute_dtype,
     per_sequence,
@@ -53,19 +55,10 @@ def check_gated_delta_shapes(
 ) -> tuple[int, int, int, int, int]:
     """Validate prefill shapes (q, k [b, L, H, K], v [b, L, H, V], g, beta [b, L, H],
     initial_state [b, H, K, V] or None); return (b, L, H, K, V)."""
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(
-            f"q and k must both be [b, L, H, K], got {tuple(q.shape)}, {tuple(k.shape)}"
-        )
-    b, L, H, K = q.shape
-    if v.dim() != 4 or v.shape[:3] != (b, L, H):
-        raise ValueError(f"v must be [b, L, H, V] with b, L, H = {(b, L, H)}, got {tuple(v.shape)}")
-    V = v.shape[3]
+    b, L, H, K, V = check_qkv(q, k, v)
     for name, t in (("g", g), ("beta", beta)):
-        if t.shape != (b, L, H):
-            raise ValueError(f"{name} must be [b, L, H] = {(b, L, H)}, got {tuple(t.shape)}")
-    if initial_state is not None and initial_state.shape != (b, H, K, V):
-        raise ValueError(f"initial_state must be {(b, H, K, V)}, got {tuple(initial_state.shape)}")
+        check_shape(name, t, (b, L, H), "[b, L, H]")
+    check_shape("initial_state", initial_state, (b, H, K, V))
     return b, L, H, K, V
 
 

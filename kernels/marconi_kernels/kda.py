@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from ._util import (
     Outputs,
+    check_qkv,
+    check_shape,
     compute_dtype,
     per_sequence,
     start_state,
@@ -48,20 +50,10 @@ def check_kda_shapes(
 ) -> tuple[int, int, int, int, int]:
     """Validate prefill shapes (q, k, g [b, L, H, K], v [b, L, H, V], beta [b, L, H],
     initial_state [b, H, K, V] or None); return (b, L, H, K, V)."""
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(
-            f"q and k must both be [b, L, H, K], got {tuple(q.shape)}, {tuple(k.shape)}"
-        )
-    b, L, H, K = q.shape
-    if v.dim() != 4 or v.shape[:3] != (b, L, H):
-        raise ValueError(f"v must be [b, L, H, V] with b, L, H = {(b, L, H)}, got {tuple(v.shape)}")
-    V = v.shape[3]
-    if g.shape != q.shape:
-        raise ValueError(f"g must be [b, L, H, K] = {(b, L, H, K)}, got {tuple(g.shape)}")
-    if beta.shape != (b, L, H):
-        raise ValueError(f"beta must be [b, L, H] = {(b, L, H)}, got {tuple(beta.shape)}")
-    if initial_state is not None and initial_state.shape != (b, H, K, V):
-        raise ValueError(f"initial_state must be {(b, H, K, V)}, got {tuple(initial_state.shape)}")
+    b, L, H, K, V = check_qkv(q, k, v)
+    check_shape("g", g, (b, L, H, K), "[b, L, H, K]")
+    check_shape("beta", beta, (b, L, H), "[b, L, H]")
+    check_shape("initial_state", initial_state, (b, H, K, V))
     return b, L, H, K, V
 
 

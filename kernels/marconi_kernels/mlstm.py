@@ -37,7 +37,16 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._util import Outputs, check_varlen, compute_dtype, per_sequence, start_state, token_by_token
+from ._util import (
+    Outputs,
+    check_qkv,
+    check_shape,
+    check_varlen,
+    compute_dtype,
+    per_sequence,
+    start_state,
+    token_by_token,
+)
 from .gated_delta import check_positions
 
 MLSTM_EPS = 1e-6
@@ -77,20 +86,10 @@ def check_mlstm_shapes(
 ) -> tuple[int, int, int, int, int]:
     """Validate prefill shapes (q, k [b, L, H, K], v [b, L, H, V], igate, fgate [b, L, H],
     initial_state [b, H, P] or None); return (b, L, H, K, V)."""
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(
-            f"q and k must both be [b, L, H, K], got {tuple(q.shape)}, {tuple(k.shape)}"
-        )
-    b, L, H, K = q.shape
-    if v.dim() != 4 or v.shape[:3] != (b, L, H):
-        raise ValueError(f"v must be [b, L, H, V] with b, L, H = {(b, L, H)}, got {tuple(v.shape)}")
-    V = v.shape[3]
+    b, L, H, K, V = check_qkv(q, k, v)
     for name, g in (("igate", igate), ("fgate", fgate)):
-        if g.shape != (b, L, H):
-            raise ValueError(f"{name} must be [b, L, H] = {(b, L, H)}, got {tuple(g.shape)}")
-    P = mlstm_state_size(K, V)
-    if initial_state is not None and initial_state.shape != (b, H, P):
-        raise ValueError(f"initial_state must be {(b, H, P)}, got {tuple(initial_state.shape)}")
+        check_shape(name, g, (b, L, H), "[b, L, H]")
+    check_shape("initial_state", initial_state, (b, H, mlstm_state_size(K, V)))
     return b, L, H, K, V
 
 
