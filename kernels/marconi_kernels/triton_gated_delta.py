@@ -47,9 +47,9 @@ from .gated_delta import (
     check_step_shapes,
 )
 from .triton_runtime import device_guard
+from .triton_tiles import MIN_BLOCK, block_k
 
 _BV = 32  # value columns per program (prefill state pass, WY value blocks, decode step)
-_MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
 
 
 @triton.jit
@@ -262,10 +262,6 @@ def _step_kernel(  # type: ignore[no-untyped-def]
     tl.store(o_ptr + pid_bh * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
-def _block_k(K: int) -> int:
-    return max(_MIN_BLOCK, int(triton.next_power_of_2(K)))
-
-
 def gated_delta_chunk_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -308,8 +304,8 @@ def gated_delta_chunk_triton(
         emitted_0 = final.expand(len(positions), b, H, K, V).clone()
         return torch.zeros(b, L, H, V, dtype=q.dtype, device=dev), final.clone(), emitted_0
 
-    BT = max(_MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
-    KP = _block_k(K)
+    BT = max(MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
+    KP = block_k(K)
     nc = triton.cdiv(L, BT)
     Lp = nc * BT
     w = torch.empty(b * H, Lp, K, dtype=torch.float32, device=dev)
@@ -373,7 +369,7 @@ def gated_delta_step_triton(
             H, K, V, K**-0.5,
             *state.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
             *beta.stride(),
-            USE_L2=bool(use_qk_l2norm), EPS=L2_EPS, KP=_block_k(K), BV=_BV,
+            USE_L2=bool(use_qk_l2norm), EPS=L2_EPS, KP=block_k(K), BV=_BV,
         )  # fmt: skip
     return o
 
@@ -402,8 +398,8 @@ def gated_delta_chunk_varlen_triton(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     n_seq, total = len(cu) - 1, q.shape[0]
     dev = q.device
-    BT = max(_MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
-    KP = _block_k(K)
+    BT = max(MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
+    KP = block_k(K)
     table = ChunkTable.of(cu, emits, BT)
     nc = len(table.starts)
     h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()

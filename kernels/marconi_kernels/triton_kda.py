@@ -45,10 +45,10 @@ from .gated_delta import L2_EPS, check_positions
 from .kda import check_kda_shapes, check_kda_step_shapes, check_kda_varlen
 from .triton_gated_delta import _l2norm_rows, _load_rows
 from .triton_runtime import device_guard
+from .triton_tiles import block_k
 
 _BV = 32  # value columns per program
 _BT = 16  # tokens per chunk (tl.dot's minimum; see the module docstring)
-_MIN_BLOCK = 16
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -241,10 +241,6 @@ def _step_kernel(  # type: ignore[no-untyped-def]
     tl.store(o_ptr + pid_bh * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
-def _block_k(K: int) -> int:
-    return max(_MIN_BLOCK, int(triton.next_power_of_2(K)))
-
-
 def kda_chunk_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -282,7 +278,7 @@ def kda_chunk_triton(
         emitted_0 = final.expand(len(positions), b, H, K, V).clone()
         return torch.zeros(b, L, H, V, dtype=q.dtype, device=dev), final.clone(), emitted_0
 
-    BT, KP = _BT, _block_k(K)
+    BT, KP = _BT, block_k(K)
     nc = triton.cdiv(L, BT)
     Lp = nc * BT
     w = torch.empty(b * H, Lp, K, dtype=torch.float32, device=dev)
@@ -338,7 +334,7 @@ def kda_step_triton(
             H, K, V, K**-0.5,
             *state.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
             *beta.stride(),
-            USE_L2=bool(use_qk_l2norm), EPS=L2_EPS, KP=_block_k(K), BV=_BV,
+            USE_L2=bool(use_qk_l2norm), EPS=L2_EPS, KP=block_k(K), BV=_BV,
         )  # fmt: skip
     return o
 
@@ -364,7 +360,7 @@ def kda_chunk_varlen_triton(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     n_seq, total = len(cu) - 1, q.shape[0]
     dev = q.device
-    BT, KP = _BT, _block_k(K)
+    BT, KP = _BT, block_k(K)
     table = ChunkTable.of(cu, emits, BT)
     nc = len(table.starts)
     h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()

@@ -32,9 +32,9 @@ from .chunk_table import ChunkTable
 from .gated_delta import check_positions
 from .lightning import check_lightning_shapes, check_lightning_step_shapes, check_lightning_varlen
 from .triton_runtime import device_guard
+from .triton_tiles import block_k, chunk_len, warps
 
 _BV = 32  # value columns per program
-_MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
 
 
 @triton.jit
@@ -162,22 +162,6 @@ def _step_kernel(  # type: ignore[no-untyped-def]
     tl.store(o_ptr + pid_bh * V + offs_v, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
-def _block_k(K: int) -> int:
-    return max(_MIN_BLOCK, int(triton.next_power_of_2(K)))
-
-
-def _chunk_len(chunk_size: int) -> int:
-    """The kernel's chunk: `chunk_size` rounded up to a power of two >= 16."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    return max(_MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
-
-
-def _warps(KP: int, BT: int) -> int:
-    """More warps for wide tiles (fewer register spills)."""
-    return 4 if KP * BT <= 4096 else 8
-
-
 def lightning_chunk_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -204,7 +188,7 @@ def lightning_chunk_triton(
     Raises ValueError on bad shapes, chunk_size < 1 or bad emit positions, like the reference.
     """
     b, L, H, K, V = check_lightning_shapes(q, k, v, slope, initial_state)
-    BT = _chunk_len(chunk_size)
+    BT = chunk_len(chunk_size)
     positions = check_positions(emit_at, L)
     dev = q.device
     h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
@@ -213,7 +197,7 @@ def lightning_chunk_triton(
         emitted_0 = final.expand(len(positions), b, H, K, V).clone()
         return torch.zeros(b, L, H, V, dtype=q.dtype, device=dev), final.clone(), emitted_0
 
-    KP = _block_k(K)
+    KP = block_k(K)
     table = ChunkTable.of([0, L], [positions], BT)
     o = torch.empty(b, L, H, V, dtype=q.dtype, device=dev)
     final = torch.empty(b, H, K, V, dtype=torch.float32, device=dev)
@@ -226,7 +210,7 @@ def lightning_chunk_triton(
             L, H, K, V,
             *q.stride(), *k.stride(), *v.stride(), L * H * V, b * H * K * V,
             HAS_H0=h0 is not None, BT=BT, KP=KP, BV=_BV, PRECISION="ieee", VARLEN=False,
-            num_warps=_warps(KP, BT),
+            num_warps=warps(KP, BT),
         )  # fmt: skip
     return o, final, emitted
 
@@ -246,10 +230,10 @@ def lightning_chunk_varlen_triton(
     are cut into chunks of their own (a chunk never spans two) and each (sequence, head)
     program row walks its sequence's chunks from its own state."""
     H, K, V, cu, emits = check_lightning_varlen(q, k, v, slope, initial_states, cu_seqlens, emit_at)
-    BT = _chunk_len(chunk_size)
+    BT = chunk_len(chunk_size)
     n_seq, total = len(cu) - 1, q.shape[0]
     dev = q.device
-    KP = _block_k(K)
+    KP = block_k(K)
     table = ChunkTable.of(cu, emits, BT)
     h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()
     o = torch.zeros(total, H, V, dtype=q.dtype, device=dev)
@@ -265,7 +249,7 @@ def lightning_chunk_varlen_triton(
             total, H, K, V,
             0, *q.stride(), 0, *k.stride(), 0, *v.stride(), 0, H * K * V,
             HAS_H0=h0 is not None, BT=BT, KP=KP, BV=_BV, PRECISION="ieee", VARLEN=True,
-            num_warps=_warps(KP, BT),
+            num_warps=warps(KP, BT),
         )  # fmt: skip
     return o, final, emitted
 
@@ -291,6 +275,6 @@ def lightning_step_triton(
             state, q, k, v, slope.to(torch.float32).contiguous(), o,
             H, K, V,
             *state.stride(), *q.stride(), *k.stride(), *v.stride(),
-            KP=_block_k(K), BV=_BV,
+            KP=block_k(K), BV=_BV,
         )  # fmt: skip
     return o

@@ -40,9 +40,9 @@ from .mlstm import (
     mlstm_state_size,
 )
 from .triton_runtime import device_guard
+from .triton_tiles import block_k, chunk_len, warps
 
 _BV = 32  # value columns per program
-_MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
 
 
 @triton.jit
@@ -219,22 +219,6 @@ def _step_kernel(  # type: ignore[no-untyped-def]
     tl.store(s_row + (K * V + K) * ssp, m_new.to(state_ptr.dtype.element_ty))
 
 
-def _block_k(K: int) -> int:
-    return max(_MIN_BLOCK, int(triton.next_power_of_2(K)))
-
-
-def _chunk_len(chunk_size: int) -> int:
-    """The kernel's chunk: `chunk_size` rounded up to a power of two >= 16."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    return max(_MIN_BLOCK, int(triton.next_power_of_2(chunk_size)))
-
-
-def _warps(KP: int, BT: int) -> int:
-    """More warps for wide tiles (fewer register spills)."""
-    return 4 if KP * BT <= 4096 else 8
-
-
 def mlstm_chunk_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -265,7 +249,7 @@ def mlstm_chunk_triton(
     Raises ValueError on bad shapes, chunk_size < 1 or bad emit positions, like the reference.
     """
     b, L, H, K, V = check_mlstm_shapes(q, k, v, igate, fgate, initial_state)
-    BT = _chunk_len(chunk_size)
+    BT = chunk_len(chunk_size)
     positions = check_positions(emit_at, L)
     dev = q.device
     P = mlstm_state_size(K, V)
@@ -275,7 +259,7 @@ def mlstm_chunk_triton(
         emitted_0 = final.expand(len(positions), b, H, P).clone()
         return torch.zeros(b, L, H, V, dtype=q.dtype, device=dev), final.clone(), emitted_0
 
-    KP = _block_k(K)
+    KP = block_k(K)
     table = ChunkTable.of([0, L], [positions], BT)
     o = torch.empty(b, L, H, V, dtype=q.dtype, device=dev)
     final = torch.empty(b, H, P, dtype=torch.float32, device=dev)
@@ -289,7 +273,7 @@ def mlstm_chunk_triton(
             *q.stride(), *k.stride(), *v.stride(), *igate.stride(), *fgate.stride(),
             L * H * V, b * H * P, K**-0.5, eps,
             HAS_H0=h0 is not None, BT=BT, KP=KP, BV=_BV, PRECISION="ieee", VARLEN=False,
-            num_warps=_warps(KP, BT),
+            num_warps=warps(KP, BT),
         )  # fmt: skip
     return o, final, emitted
 
@@ -313,11 +297,11 @@ def mlstm_chunk_varlen_triton(
     H, K, V, cu, emits = check_mlstm_varlen(
         q, k, v, igate, fgate, initial_states, cu_seqlens, emit_at
     )
-    BT = _chunk_len(chunk_size)
+    BT = chunk_len(chunk_size)
     n_seq, total = len(cu) - 1, q.shape[0]
     dev = q.device
     P = mlstm_state_size(K, V)
-    KP = _block_k(K)
+    KP = block_k(K)
     table = ChunkTable.of(cu, emits, BT)
     h0 = None if initial_states is None else initial_states.to(torch.float32).contiguous()
     o = torch.zeros(total, H, V, dtype=q.dtype, device=dev)
@@ -334,7 +318,7 @@ def mlstm_chunk_varlen_triton(
             0, *q.stride(), 0, *k.stride(), 0, *v.stride(), 0, *igate.stride(),
             0, *fgate.stride(), 0, H * P, K**-0.5, eps,
             HAS_H0=h0 is not None, BT=BT, KP=KP, BV=_BV, PRECISION="ieee", VARLEN=True,
-            num_warps=_warps(KP, BT),
+            num_warps=warps(KP, BT),
         )  # fmt: skip
     return o, final, emitted
 
@@ -368,6 +352,6 @@ def mlstm_step_triton(
             H, K, V,
             *state.stride(), *q.stride(), *k.stride(), *v.stride(), *igate.stride(),
             *fgate.stride(), K**-0.5, eps,
-            KP=_block_k(K), BV=_BV,
+            KP=block_k(K), BV=_BV,
         )  # fmt: skip
     return o
