@@ -5,9 +5,6 @@ state against the cost model, and two tensor-parallel ranks against one."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import torch
 from engine_helpers import hf_model, prompts
 from family_checks import (
@@ -18,8 +15,8 @@ from family_checks import (
     check_resume_at_depths,
     hf_greedy,
 )
+from kda_mla_checks import check_packed_prefill_on_the_pool, check_tp2_equals_tp1
 from safetensors.torch import load_file
-from test_tensor_parallel import run_tp2
 
 from marconi_ray.core.model.hf.parse import spec_from_hf_config
 from marconi_ray.engine.engine import Engine
@@ -27,10 +24,7 @@ from marconi_ray.engine.model.hybrid_model import HybridModel
 from marconi_ray.engine.model.layers.kda import KDAMixer
 from marconi_ray.engine.model.layers.mla import MLAttention
 from marconi_ray.engine.model.loader import load_model, read_config
-from marconi_ray.engine.model.parallel import TPGroup
-from marconi_ray.engine.model.prefill_part import PrefillPart
 from marconi_ray.engine.model.seq_state import SeqState, StateCheckpoint
-from marconi_ray.engine.store.state_store import StateStore
 from marconi_ray.protocol.sampling import SamplingParams
 
 FAMILY = "kimi_linear"
@@ -111,61 +105,10 @@ def test_packed_prefill_on_the_pool_equals_one_at_a_time(model_dirs):
     """Three requests (one resuming after cached rows) prefilled in one forward on the
     pool (MLA over each part's own rows, KDA varlen) give the logits, checkpoints and
     latent rows of each prefilled alone."""
-    model = load_model(model_dirs[FAMILY])
-    ids = [torch.tensor(p) for p in prompts(12, 3, 20, model.cfg.vocab_size)]
-
-    def run(together: bool):
-        store = StateStore(model)
-        states = [SeqState(rows=torch.as_tensor(store.device_rows(store.alloc_slots(20))))
-                  for _ in ids]  # fmt: skip
-        rows = states[1].rows
-        states[1].rows = rows[:7]
-        model.prefill(ids[1][:7], states[1], (), store.device_kv)
-        states[1].rows = rows
-        parts = [PrefillPart(ids[0], states[0], (5, 20)), PrefillPart(ids[1][7:], states[1], (9,)),
-                 PrefillPart(ids[2][:3], SeqState(rows=states[2].rows[:3]), (2,))]  # fmt: skip
-        if together:
-            out = model.prefill_many(parts, store.device_kv)
-        else:
-            out = [model.prefill_many([p], store.device_kv)[0] for p in parts]
-        kv = [store.device_kv.k[i][:, p.state.rows] for i in model.attn_blocks for p in parts]
-        return out, kv
-
-    got, got_kv = run(True)
-    want, want_kv = run(False)
-    for (ckpts, logits), (want_ckpts, want_logits) in zip(got, want, strict=True):
-        torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=0)
-        for c, w in zip(ckpts, want_ckpts, strict=True):
-            for i in model.ssm_blocks:
-                torch.testing.assert_close(c.ssm[i], w.ssm[i], atol=1e-5, rtol=0)
-    for g, w in zip(got_kv, want_kv, strict=True):
-        torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
-
-
-def _tp_job(model_dir: str, ids: list[int], tp: TPGroup) -> dict[str, Any]:
-    """Logits of a prompt and greedy tokens of the served engine on one rank."""
-    model = load_model(model_dir, tp=tp)
-    logits = model.forward_logits(torch.tensor(ids)).numpy()
-    engine = Engine(model_dir, system="marconi", cache_bytes=10**7, tp=tp)
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    first = engine.generate(ids, params)
-    second = engine.generate(ids + list(first.tokens) + ids[:9], params)
-    return {
-        "logits": logits,
-        "tokens": [list(first.tokens), list(second.tokens)],
-        "cached": second.usage.cached_tokens,
-    }
+    check_packed_prefill_on_the_pool(model_dirs[FAMILY])
 
 
 def test_tp2_equals_tp1(model_dirs):
     """Two ranks (KDA and MLA heads, MLP and expert widths split; MLA's latent row
     replicated) give the one-rank logits and greedy tokens, a cached second turn too."""
-    d = model_dirs[FAMILY]
-    vocab = read_config(d)[0].vocab_size
-    ids = prompts(77, 1, 70, vocab)[0]
-    ranks = run_tp2([("kimi", _tp_job, (str(d), ids))])["kimi"]
-    want = _tp_job(str(d), ids, TPGroup())
-    for got in ranks:
-        np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4, rtol=0)
-        assert got["tokens"] == want["tokens"]
-        assert got["cached"] == want["cached"] == len(ids) + 12
+    check_tp2_equals_tp1(model_dirs[FAMILY])
