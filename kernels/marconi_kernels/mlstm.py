@@ -231,10 +231,9 @@ def check_mlstm_step_shapes(
         )
     b, H, K = q.shape
     V = v.shape[2]
-    expected = {"state": (b, H, mlstm_state_size(K, V)), "igate": (b, H), "fgate": (b, H)}
-    for name, t in (("state", state), ("igate", igate), ("fgate", fgate)):
-        if t.shape != expected[name]:
-            raise ValueError(f"{name} must be {expected[name]}, got {tuple(t.shape)}")
+    check_shape("state", state, (b, H, mlstm_state_size(K, V)))
+    check_shape("igate", igate, (b, H))
+    check_shape("fgate", fgate, (b, H))
     return b, H, K, V
 
 
