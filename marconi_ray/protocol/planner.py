@@ -252,6 +252,68 @@ class Planner:
             release = release + Release(tuple(done.state_ids.values()), done.kv_slots)
         return release
 
+    # --------------------------------------------------------------- transfers
+    def pin(self, request_id: int, tokens: npt.NDArray[np.int32]) -> tuple[int, int, Slots]:
+        """Lock the deepest usable entry of `tokens` for a copy to another replica:
+        (depth, state id, KV slots of `tokens[:depth]`); depth 0 when there is none.
+        Holds a plan under `request_id` until `abort(request_id)` (the lock and any tier
+        promotion its `Release` brings, as for a request's plan)."""
+        if request_id in self._plans:
+            raise ValueError(f"request id {request_id} is already planned")
+        plan = self.cache.plan(tokens)
+        self._plans[request_id] = plan
+        h = plan.hit_len
+        slots = _slots(self.cache.path_kv(plan.hit_node))[:h] if h else no_slots()
+        return h, (plan.hit_state if h else -1), slots
+
+    def pin_release(self, request_id: int) -> Release:
+        """What a `pin`'s plan brought for the store to do (its tier promotions)."""
+        return release_of(self._plans[request_id].freed)
+
+    def plan_import(
+        self, request_id: int, tokens: npt.NDArray[np.int32]
+    ) -> tuple[int, Slots, Release]:
+        """Plan the admission of an entry for `tokens` copied from another replica
+        (`PrefixCache.plan_import`): (hit_len, the KV slots of `tokens[:hit_len]` the
+        cache already holds, what planning evicted). The import brings the KV of
+        `tokens[hit_len:]` and the state at the end; `commit_import` or `abort` it."""
+        if request_id in self._plans:
+            raise ValueError(f"request id {request_id} is already planned")
+        plan = self.cache.plan_import(tokens)
+        self._plans[request_id] = plan
+        h = plan.hit_len
+        slots = _slots(self.cache.path_kv(plan.hit_node))[:h] if h else no_slots()
+        return h, slots, release_of(plan.freed)
+
+    def commit_import(self, request_id: int, state_id: int, kv_slots: Slots) -> Release:
+        """Admit an imported entry: `state_id` after all of its tokens and `kv_slots`,
+        the KV of its tokens past the planned hit. Returns what to free (what the cache
+        did not keep, and what making room evicted). Not counted as a request."""
+        plan = self._plans.pop(request_id)
+        n = len(plan.tokens)
+        try:
+            result = self.cache.commit(
+                plan,
+                plan.tokens,
+                {n: state_id},
+                kv=kv_slots,
+                kv_start=plan.hit_len,
+                counted=False,
+            )
+        except CommitFailed as exc:
+            own = Release((state_id,), kv_slots)
+            return release_of(exc.freed) + own.without(exc.held, exc.held_kv)
+        except ValueError:
+            self._plans[request_id] = plan
+            raise
+        start, end = (max(p - plan.hit_len, 0) for p in result.kv_used)
+        unused = kv_slots[:start], kv_slots[max(start, end) :]
+        return Release(
+            (*result.freed.states, *result.rejected_states),
+            np.concatenate([_slots(result.freed.kv), *unused]),
+            moves_of(result.freed),
+        )
+
     # ------------------------------------------------------------------ tuning
     def _after_request(self, prompt: npt.NDArray[np.int32], output: tuple[int, ...]) -> None:
         if self.tuner is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from itertools import repeat
 
 import numpy as np
@@ -278,6 +279,28 @@ class PrefixCache:
         self._planned = planned
         return plan
 
+    def plan_import(self, tokens: object) -> Plan:
+        """Plan the admission of an entry copied from another replica's cache: the KV of
+        `tokens` and the state after all of them (reason `transfer`).
+
+        Locks the local hit (the import's KV starts there: the tree already holds
+        `tokens[:hit_len]`) and reserves the bytes the entry adds, evicting to make room.
+        Commit it with `commit(plan, tokens, {len(tokens): state_id}, kv, hit_len,
+        counted=False)` once the bytes have arrived, or `abort` it. Where the entry cannot
+        fit even after evicting every unlocked one, the reservation is what fits and the
+        commit drops the state, as for a request. ValueError (nothing changed) when
+        `tokens` is empty or the cache already holds a state at its end."""
+        arr = as_tokens(tokens, "import tokens")
+        if self.tree.match(arr).hit_len == len(arr):
+            raise ValueError(f"the cache already holds a state after these {len(arr)} tokens")
+        plan = self.plan(arr)
+        want = self.cost.kv_bytes(len(arr) - plan.hit_len) + self.cost.state_bytes
+        granted = self._reserve(want, plan.freed, self.clock)
+        self._forget(plan.freed)
+        plan = replace(plan, checkpoints=((len(arr), "transfer"),), reserved=granted, hit_reason="")
+        self._open[plan.plan_id] = plan
+        return plan
+
     def _upper_bound(
         self, n_input: int, hit_len: int, ckpts: tuple[Checkpoint, ...], max_output: int
     ) -> int:
@@ -340,6 +363,7 @@ class PrefixCache:
         state_ids: Mapping[int, int] | None = None,
         kv: KVHandle = None,
         kv_start: int = 0,
+        counted: bool = True,
     ) -> CommitResult:
         """Admit the states of a finished request and release its plan.
 
@@ -353,6 +377,8 @@ class PrefixCache:
                 `kv_start` on, covering at least every token the commit adds (up to the
                 last checkpoint) and not past `tokens`; `kv_start` must not exceed the
                 position where the tree's copy of `tokens` ends (the new tokens' start).
+            counted: count it as a request in `stats` (False for an import, which
+                serves no request: `plan_import`).
 
         Transactional: everything is validated before anything changes, so a ValueError
         leaves the cache exactly as it was (the plan stays open; `abort` it or commit
@@ -433,13 +459,14 @@ class PrefixCache:
             self.stats.host_peak_bytes = max(self.stats.host_peak_bytes, self.tree.host_bytes)
             self.stats.host_hit_tokens += plan.host_tokens
             self.stats.host_hit_bytes += plan.host_bytes
-        self.stats.record_request(
-            n_input,
-            plan.hit_len,
-            self.cost.prefill_flops(n_input),
-            self.cost.prefill_flops(plan.hit_len),
-            plan.matched_len,
-        )
+        if counted:
+            self.stats.record_request(
+                n_input,
+                plan.hit_len,
+                self.cost.prefill_flops(n_input),
+                self.cost.prefill_flops(plan.hit_len),
+                plan.matched_len,
+            )
         kept = {sid for _, sid, _ in admitted}
         rejected = tuple(sid for sid in ids if sid not in kept)
         return CommitResult(tuple(admitted), rejected, freed, dropped, kv_used)

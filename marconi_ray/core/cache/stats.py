@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ADMISSION_REASONS = ("branch", "last_token", "block", "speculative")
+ADMISSION_REASONS = ("branch", "last_token", "block", "speculative", "transfer")
+"""Why a state entered a cache; `transfer`: copied in from another replica's cache
+(`PrefixCache.plan_import`)."""
 
 STATELESS_MIN_TOKENS = 32
 """Tokens of a request's input the tree must hold for a hit of 0 to count as missed for
