@@ -41,6 +41,7 @@ from marconi_ray.engine.model.loader import load_model, read_config
 from marconi_ray.engine.model.parallel import TPGroup
 from marconi_ray.engine.spec.drafters import Drafter
 from marconi_ray.engine.spec.mtp import MTPDrafter
+from marconi_ray.engine.store.entry_io import EntryPayload, export_entry, import_entry
 from marconi_ray.engine.store.state_store import STATE_DTYPE
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
@@ -288,6 +289,49 @@ class Engine:
         self._commit_finished()
         out, self._results = self._results, []
         return out
+
+    # ------------------------------------------------------------- transfers
+    def held_prefix(self, tokens: Sequence[int]) -> int:
+        """Tokens of `tokens` this cache could serve as a hit now (its usable depth)."""
+        return self.cache.lookup(np.asarray(tokens, dtype=np.int32))
+
+    def export_prefix(self, tokens: Sequence[int], kv_from: int = 0) -> EntryPayload | None:
+        """A copy of this cache's deepest usable entry of `tokens` (KV of positions
+        [kv_from, depth) and the state at its depth), for another replica's
+        `import_prefix`; None when the cache holds none deeper than `kv_from`. The entry
+        is locked only while it is copied."""
+        rid = self._next_id
+        self._next_id += 1
+        arr = np.asarray(tokens, dtype=np.int32)
+        depth, sid, slots = self.planner.pin(rid, arr)
+        try:
+            self.worker.release(self.planner.pin_release(rid))
+            if depth <= kv_from:
+                return None
+            return export_entry(self.store, arr[:depth], slots, sid, kv_from)
+        finally:
+            self.worker.release(self.planner.abort(rid))
+
+    def import_prefix(self, payload: EntryPayload) -> int:
+        """Admit an entry another replica exported (`export_prefix`) into this cache;
+        returns the hit it makes for its tokens (its depth; 0 when the cache already held
+        it or could not keep it). `TransferError` (the store and the cache unchanged)
+        when the payload arrived short or corrupt, or does not fit this model or this
+        cache's holdings: the caller then recomputes."""
+        tokens = payload.meta.tokens
+        if self.cache.lookup(tokens) == len(tokens):
+            return 0
+        rid = self._next_id
+        self._next_id += 1
+        held, _, release = self.planner.plan_import(rid, tokens)
+        self.worker.release(release)
+        try:
+            sid, slots = import_entry(self.store, payload, tokens, held)
+        except Exception:
+            self.worker.release(self.planner.abort(rid))
+            raise
+        self.worker.release(self.planner.commit_import(rid, sid, slots))
+        return len(tokens) if self.cache.lookup(tokens) == len(tokens) else 0
 
     def validate(
         self, prompt: Sequence[int], params: SamplingParams

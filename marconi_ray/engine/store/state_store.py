@@ -541,6 +541,25 @@ class StateStore:
             state.kv[i] = KVBuffer(k.to(self.model.dtype), v.to(self.model.dtype))
         return state
 
+    def pack_kv(self, slots: Slots) -> torch.Tensor:
+        """The KV of held slots as token rows `[len(slots), row_elems]` on the device, in
+        order, read from whichever tier holds each (a copy: the store is unchanged).
+        ValueError naming slots that are not held."""
+        ids = self._hit_ids(slots, len(slots))
+        self._await_promotions()
+        rows = self.slots.row[ids]
+        on_host = self.slots.tier[ids] == HOST
+        if not on_host.any():
+            return self.device_kv.pack(rows)
+        out = torch.empty(
+            (len(ids), self.device_kv.row_elems), dtype=self.dtype, device=self.device
+        )
+        host_part, _ = self._to_device(rows[on_host], [])
+        out[torch.as_tensor(on_host, device=self.device)] = host_part
+        if not on_host.all():
+            out[torch.as_tensor(~on_host, device=self.device)] = self.device_kv.pack(rows[~on_host])
+        return out
+
     def _hit_ids(self, slots: Slots, length: int) -> Slots:
         """A hit's slot ids as an array; ValueError unless there are `length` of them,
         all held."""
