@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from marconi_ray.core.cache.host_tier import NO_HOST_TIER, HostTier
 from marconi_ray.core.cache.prefix_cache import CacheConfig, Plan, PrefixCache, as_tokens
-from marconi_ray.core.cache.stats import ADMISSION_REASONS, CacheStats
+from marconi_ray.core.cache.stats import ADMISSION_REASONS, LOCAL_REASONS, CacheStats
 from marconi_ray.core.model.cost_model import DEFAULT_EFFICIENCY, CostModel
 from marconi_ray.core.model.window_term import WindowTerm
 from marconi_ray.core.tree.radix_tree import FlatTree, RadixTree
@@ -355,9 +355,8 @@ def _stats_from(obj: object) -> CacheStats:
         unknown = sorted(set(present) - set(ADMISSION_REASONS))
         if unknown:
             raise ValueError(f"cache.stats.{name}: unknown key(s) {unknown}")
-        setattr(
-            stats, name, {r: counts.get_int(r, 0) if r in present else 0 for r in ADMISSION_REASONS}
-        )
+        keys = [r for r in ADMISSION_REASONS if r in LOCAL_REASONS or r in present]
+        setattr(stats, name, {r: counts.get_int(r, 0) if r in present else 0 for r in keys})
     return stats
 
 

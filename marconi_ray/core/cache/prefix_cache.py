@@ -34,7 +34,7 @@ from marconi_ray.core.cache.admission import AdmissionPolicy, Checkpoint, make_a
 from marconi_ray.core.cache.cache_types import CacheConfig, CommitResult, Plan, as_tokens
 from marconi_ray.core.cache.commit_checks import CommitFailed, check_kv, held, repair, validated_ids
 from marconi_ray.core.cache.eviction import EvictionPolicy, make_eviction, validate_alpha
-from marconi_ray.core.cache.stats import CacheStats
+from marconi_ray.core.cache.stats import CacheStats, count_reason
 from marconi_ray.core.cache.tiering import TierPlacer
 from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.core.tree.radix_tree import RadixTree
@@ -508,20 +508,20 @@ class PrefixCache:
         stats = self.stats
         only = self.admission.only_reason
         if only is not None:
-            stats.states_admitted[only] += len(admitted)
+            count_reason(stats.states_admitted, only, len(admitted))
         elif admitted:
             by_reason = stats.states_admitted
             for _, sid, name in admitted:
                 self.reasons[sid] = name
-                by_reason[name] += 1
+                count_reason(by_reason, name)
         reason = plan.hit_reason
         if not reason:
             return
-        stats.hits_by_reason[reason] += 1
-        stats.hit_tokens_by_reason[reason] += plan.hit_len
+        count_reason(stats.hits_by_reason, reason)
+        count_reason(stats.hit_tokens_by_reason, reason, plan.hit_len)
         if hit_state in self.hit_once:
             return
-        stats.states_hit[reason] += 1
+        count_reason(stats.states_hit, reason)
         if plan.hit_node.state == hit_state:  # still live (not replaced by a refill)
             self.hit_once.add(hit_state)
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ADMISSION_REASONS = ("branch", "last_token", "block", "speculative", "transfer")
-"""Why a state entered a cache; `transfer`: copied in from another replica's cache
-(`PrefixCache.plan_import`)."""
+LOCAL_REASONS = ("branch", "last_token", "block", "speculative")
+"""Why an admission policy checkpoints a state of a request the replica computed itself;
+the by-reason counters of a fresh `CacheStats` hold these keys."""
+
+ADMISSION_REASONS = (*LOCAL_REASONS, "transfer")
+"""Every reason a state can enter a cache; `transfer`: copied in from another replica's
+cache (`PrefixCache.plan_import`). Its key appears in the by-reason counters from the
+first transfer on (`count_reason`), so a replica that never imports reports as before."""
+
+
+def count_reason(counts: dict[str, int], reason: str, n: int = 1) -> None:
+    """Add `n` to `counts[reason]`, starting a reason the dict does not hold yet at 0."""
+    counts[reason] = counts.get(reason, 0) + n
 
 STATELESS_MIN_TOKENS = 32
 """Tokens of a request's input the tree must hold for a hit of 0 to count as missed for
@@ -29,20 +39,20 @@ class CacheStats:
     flops_saved: float = 0.0
     evictions: int = 0
     states_admitted: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+        default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0)
     )
     states_dropped: int = 0
     states_superseded: int = 0
     """States a later one replaced in place (`AdmissionPolicy.superseded_by`)."""
     hits_by_reason: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+        default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0)
     )
     """Requests whose hit came from a state admitted for each reason."""
     hit_tokens_by_reason: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+        default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0)
     )
     """Input tokens those hits reused."""
-    states_hit: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0))
+    states_hit: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0))
     """States of each reason that served at least one hit (each counted once)."""
     peak_bytes: int = 0
     """Most device bytes held after a commit."""
