@@ -18,6 +18,7 @@ def count_reason(counts: dict[str, int], reason: str, n: int = 1) -> None:
     """Add `n` to `counts[reason]`, starting a reason the dict does not hold yet at 0."""
     counts[reason] = counts.get(reason, 0) + n
 
+
 STATELESS_MIN_TOKENS = 32
 """Tokens of a request's input the tree must hold for a hit of 0 to count as missed for
 want of a state (`CacheStats.stateless_misses`): fewer is a shared first token or two."""
@@ -38,15 +39,11 @@ class CacheStats:
     flops_total: float = 0.0
     flops_saved: float = 0.0
     evictions: int = 0
-    states_admitted: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0)
-    )
+    states_admitted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0))
     states_dropped: int = 0
     states_superseded: int = 0
     """States a later one replaced in place (`AdmissionPolicy.superseded_by`)."""
-    hits_by_reason: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0)
-    )
+    hits_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0))
     """Requests whose hit came from a state admitted for each reason."""
     hit_tokens_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(LOCAL_REASONS, 0)
