@@ -35,6 +35,11 @@ _FLAG_KEYS = (
     "host",
     "tp",
     "replicas",
+    "prefill_replicas",
+    "decode_replicas",
+    "transfer",
+    "transfer_gbps",
+    "remote_hits",
     "coordinators",
     "system",
     "cache_bytes",
@@ -131,6 +136,43 @@ def add_parser(subparsers: Any) -> None:
         "<tool_call>{json}</tool_call> blocks (Qwen2.5/3, Hermes, our presets), qwen3_coder "
         "the XML calls of Qwen3.5 / Qwen3-Next / Qwen3-Coder templates, json_list a JSON list "
         "of {name, arguments} (default: auto)",
+    )
+    p.add_argument(
+        "--prefill-replicas",
+        type=int,
+        metavar="P",
+        help="replicas that prefill prompts (with their own caches) and hand the entry at "
+        "the prompt's end to a decode replica; needs --decode-replicas; --replicas "
+        "defaults to P + D (default: 0, mixed replicas)",
+    )
+    p.add_argument(
+        "--decode-replicas",
+        type=int,
+        metavar="D",
+        help="replicas that decode, each caching the state after its turns' last decoded "
+        "token; a next turn is prefilled there when its suffix is short, or its hit is "
+        "pulled to a prefill replica, whichever the cost model prices lower (default: 0)",
+    )
+    p.add_argument(
+        "--transfer",
+        choices=["auto", "nixl", "nccl", "gloo", "object_store"],
+        help="how cache entries move between replicas over Ray Direct Transport: auto "
+        "(NIXL where installed, else NCCL on CUDA, GLOO on CPU), or the one named; "
+        "object_store goes through Ray's object store (default: auto)",
+    )
+    p.add_argument(
+        "--transfer-gbps",
+        type=float,
+        metavar="GB/S",
+        help="link speed a move is priced at against recomputing its tokens at "
+        "--prefill-tflops' speed (default: 50, one 400 Gb/s link)",
+    )
+    p.add_argument(
+        "--remote-hits",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mixed replicas pull a deeper cached prefix held by another replica when that "
+        "beats recomputing it (default: off)",
     )
     p.add_argument(
         "--coordinators",

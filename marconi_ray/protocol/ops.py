@@ -9,8 +9,11 @@ the only place an operation's layout is written.
 
 Operations: `Register` / `Unregister` a replica's cache, `Plan` (a lease grant: route
 decision, prompt, sampling parameters), `Commit` (what a finished request stored),
-`Abort` (client gone, lease expired, abandoned, reconciliation) and `Adopt` (an alpha the
-tuner picked).
+`Abort` (client gone, lease expired, abandoned, reconciliation), `Adopt` (an alpha the
+tuner picked), and the two ends of a move between replicas (`serve.disagg`): `Pin` (the
+source's entry locked while it is copied) and `Import` (the receiver's room reserved;
+its `Commit` admits the entry, with `Finished.finish_reason` "transfer"). Both hold a
+lease like a `Plan` and end with an `Abort` (a pin always; an import when it failed).
 """
 
 from __future__ import annotations
@@ -199,9 +202,44 @@ class Adopt:
         return cls(f.get_str("replica"), result_from(f.get("result"), f.where("result")))
 
 
-Op = Register | Unregister | Plan | Commit | Abort | Adopt
+@dataclass(frozen=True, eq=False)
+class Pin:
+    """Lock `replica`'s deepest usable entry of `tokens` under request id `request`,
+    for a copy to another replica (`Planner.pin`)."""
+
+    NAME: ClassVar[str] = "pin"
+    KEYS: ClassVar[tuple[str, ...]] = ("replica", "request", "tokens")
+    replica: str
+    request: int
+    tokens: npt.NDArray[np.int32]
+
+    def to_record(self) -> Record:
+        return {
+            "replica": self.replica,
+            "request": self.request,
+            "tokens": encode_array(self.tokens, "<i4"),
+        }
+
+    @classmethod
+    def from_record(cls, f: Fields) -> Pin:
+        return cls(f.get_str("replica"), f.get_int("request", 0), f.get_array("tokens", "<i4"))
+
+
+@dataclass(frozen=True, eq=False)
+class Import(Pin):
+    """Reserve `replica`'s room for an entry of `tokens` copied from another replica
+    (`Planner.plan_import`); its `Commit` admits it."""
+
+    NAME: ClassVar[str] = "import"
+
+    @classmethod
+    def from_record(cls, f: Fields) -> Import:
+        return cls(f.get_str("replica"), f.get_int("request", 0), f.get_array("tokens", "<i4"))
+
+
+Op = Register | Unregister | Plan | Commit | Abort | Adopt | Pin | Import
 OP_TYPES: Final[dict[str, Any]] = {
-    cls.NAME: cls for cls in (Register, Unregister, Plan, Commit, Abort, Adopt)
+    cls.NAME: cls for cls in (Register, Unregister, Plan, Commit, Abort, Adopt, Pin, Import)
 }
 
 

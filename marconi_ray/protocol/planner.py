@@ -211,7 +211,17 @@ class Planner:
         return order, release_of(plan.freed)
 
     def commit(self, done: Finished) -> Release:
-        """Admit what the cache keeps of a finished request; returns what to free."""
+        """Admit what the cache keeps of a finished request; returns what to free. The
+        commit of an import (`plan_import`) is `commit_import` of its one state and its
+        KV slots (`done.state_ids` holds exactly the state at the entry's end)."""
+        if self.is_import(done.request_id):
+            n = len(self._plans[done.request_id].tokens)
+            if set(done.state_ids) != {n}:
+                raise ValueError(
+                    f"import {done.request_id}: expected one state at depth {n}, "
+                    f"got depths {sorted(done.state_ids)}"
+                )
+            return self.commit_import(done.request_id, done.state_ids[n], done.kv_slots)
         plan = self._plans.pop(done.request_id)
         prompt = plan.tokens
         full = np.concatenate([prompt, np.asarray(done.tokens, dtype=np.int32)])
@@ -265,6 +275,16 @@ class Planner:
         h = plan.hit_len
         slots = _slots(self.cache.path_kv(plan.hit_node))[:h] if h else no_slots()
         return h, (plan.hit_state if h else -1), slots
+
+    def is_import(self, request_id: int) -> bool:
+        """Whether `request_id` holds an import's plan (`plan_import`: its one checkpoint
+        is the `transfer` state at the entry's end)."""
+        plan = self._plans.get(request_id)
+        return plan is not None and plan.checkpoints == ((len(plan.tokens), "transfer"),)
+
+    def import_requests(self) -> list[int]:
+        """The request ids holding an import's plan."""
+        return [rid for rid in self._plans if self.is_import(rid)]
 
     def pin_release(self, request_id: int) -> Release:
         """What a `pin`'s plan brought for the store to do (its tier promotions)."""

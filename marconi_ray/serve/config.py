@@ -31,6 +31,11 @@ from marconi_ray.protocol.model_files import checkpoint_dtype
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.protocol.speculative import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from marconi_ray.serve.coordinator.routing.routers import DEFAULT_ROUTING, ROUTERS, check_routing
+from marconi_ray.serve.disagg import (
+    DEFAULT_TRANSFER_GBPS,
+    DEFAULT_TRANSFER_LATENCY_S,
+    DisaggSettings,
+)
 from marconi_ray.serve.model_source import (
     default_model_name,
     hub_source,
@@ -188,6 +193,50 @@ class ServeConfig(BaseModel):
         gt=0,
         description="Prefill speed in TFLOP/s that flop_aware placement weighs against the "
         "copy (an H200 at about 40% of its dense bf16 peak: 400).",
+    )
+    prefill_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Replicas that prefill (prompts and their caches) and hand the entry at "
+        "the prompt's end to a decode replica; with decode_replicas. Both 0: mixed replicas. "
+        "replicas defaults to their sum.",
+    )
+    decode_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Replicas that decode, each with its own cache (the state after a "
+        "turn's last decoded token lives here); a next turn with a short suffix is "
+        "prefilled where its hit is.",
+    )
+    transfer: Literal["auto", "nixl", "nccl", "gloo", "object_store"] = Field(
+        default="auto",
+        description="How cache entries move between replicas (Ray Direct Transport): auto "
+        "(NIXL where installed, else NCCL on CUDA, GLOO on CPU), nixl, nccl, gloo, or "
+        "object_store (Ray's object store, any device).",
+    )
+    transfer_gbps: float = Field(
+        default=DEFAULT_TRANSFER_GBPS,
+        gt=0,
+        allow_inf_nan=False,
+        description="GB/s a move between replicas is priced at against recomputing its "
+        "tokens at prefill_tflops (one 400 Gb/s link: 50).",
+    )
+    transfer_latency_s: float = Field(
+        default=DEFAULT_TRANSFER_LATENCY_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds each move costs on top of its bytes.",
+    )
+    transfer_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one move may take; past it the receiver recomputes.",
+    )
+    remote_hits: bool = Field(
+        default=False,
+        description="Mixed replicas: when a request's deepest cached prefix is on another "
+        "replica than the one it is routed to, pull it over when that beats recomputing.",
     )
     system: str = Field(
         default="marconi",
@@ -549,6 +598,29 @@ class ServeConfig(BaseModel):
         check_placement(self.control_resource, self.model_resource)
         return self
 
+    @model_validator(mode="after")
+    def _disagg(self) -> ServeConfig:
+        roles = self.disagg_settings()
+        if roles.roles and "replicas" in self.model_fields_set and roles.replicas != self.replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) must equal prefill_replicas + decode_replicas "
+                f"({roles.prefill_replicas} + {roles.decode_replicas}); leave replicas out "
+                "to take their sum"
+            )
+        return self
+
+    def disagg_settings(self) -> DisaggSettings:
+        """The roles and transfer settings (ValueError naming a bad combination)."""
+        return DisaggSettings(
+            prefill_replicas=self.prefill_replicas,
+            decode_replicas=self.decode_replicas,
+            transfer=self.transfer,
+            transfer_gbps=self.transfer_gbps,
+            transfer_latency_s=self.transfer_latency_s,
+            remote_hits=self.remote_hits,
+            transfer_timeout_s=self.transfer_timeout_s,
+        )
+
     @field_validator("system")
     @classmethod
     def _known_system(cls, value: str) -> str:
@@ -580,7 +652,7 @@ class ServeConfig(BaseModel):
             hub_model=hub_source(self.model, model_dir),
             model_name=self.model_name,
             tp=self.tp,
-            replicas=self.replicas,
+            replicas=self.prefill_replicas + self.decode_replicas or self.replicas,
             cache_bytes=self.cache_bytes,
             host_cache_bytes=self.host_cache_bytes,
             host_placement=self.host_placement,
@@ -622,6 +694,7 @@ class ServeConfig(BaseModel):
             journal_max_backlog_bytes=self.journal_max_backlog_bytes,
             control_resource=self.control_resource,
             model_resource=self.model_resource,
+            disagg=self.disagg_settings(),
         )
 
 

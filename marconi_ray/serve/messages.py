@@ -10,6 +10,7 @@ from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.protocol.orders import Finished, PrefillOrder, TokenEvent
 from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import SpecCounts, Timings, Usage
+from marconi_ray.serve.transfer_messages import Handoff, ShardsQuery
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class Dispatch:
     deadline: float = math.inf
     needs: int = 0
     coordinator: int = 0
+    handoff: Handoff | None = None
+    """P/D: this replica prefills and emits the first token, then hands off (see
+    `Handoff`); None: it runs the whole request."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,6 @@ a failure)."""
 StepMessage = dict[int, list[StreamItem]]
 """One message of a channel: request id -> its items since the last message."""
 
-PINNED = (Dispatch, Subscription, Submissions, Settlements)
+PINNED = (Dispatch, Subscription, Submissions, Settlements, ShardsQuery)
 """Calls whose first `replica_id`-bearing argument pins them to one replica (see
 `ingress.pinned_router`)."""

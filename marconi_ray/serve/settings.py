@@ -9,6 +9,7 @@ from marconi_ray.core.cache.tuner import TunerConfig
 from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.orders import DEFAULT_MAX_BATCH_TOKENS
 from marconi_ray.protocol.speculative import SpeculativeConfig
+from marconi_ray.serve.disagg import DisaggSettings
 from marconi_ray.serve.hub_model import HubModel
 from marconi_ray.serve.placement import check_placement
 
@@ -134,6 +135,8 @@ class ServeSettings:
         model_resource: a custom resource that model nodes advertise, one unit per
             replica they may hold (every replica takes one), or None: replicas go
             wherever their CPUs / GPUs fit.
+        disagg: prefill / decode roles, transfers between replicas and remote hits
+            (`serve.disagg.DisaggSettings`); the default: mixed replicas, no transfers.
     """
 
     model_dir: str
@@ -184,9 +187,11 @@ class ServeSettings:
     journal_max_backlog_bytes: int = 64 << 20
     control_resource: str = "auto"
     model_resource: str | None = None
+    disagg: DisaggSettings = field(default_factory=DisaggSettings)
 
     def __post_init__(self) -> None:
         check_placement(self.control_resource, self.model_resource)
+        self._check_disagg()
         if not 0 <= self.coordinator_index < self.coordinators:
             raise ValueError(
                 f"coordinator_index must be in [0, {self.coordinators}), "
@@ -207,6 +212,26 @@ class ServeSettings:
                 f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}; "
                 f"got {self.tool_call_parser!r}"
             )
+
+    def _check_disagg(self) -> None:
+        d = self.disagg
+        if d.roles and d.replicas != self.replicas:
+            raise ValueError(
+                f"prefill_replicas + decode_replicas ({d.prefill_replicas} + "
+                f"{d.decode_replicas}) must equal replicas ({self.replicas})"
+            )
+        if d.moves and self.coordinators != 1:
+            raise ValueError(
+                "prefill / decode roles and remote hits move entries between the replicas "
+                f"of one coordinator: set coordinators to 1 (got {self.coordinators})"
+            )
+
+    @property
+    def shard_actors(self) -> bool:
+        """Replicas host their shards in `ShardActor`s: with tp > 1, and whenever entries
+        move between replicas (Ray Direct Transport sends from actor to actor, so even a
+        tp 1 replica's store lives in a shard actor then)."""
+        return self.tp > 1 or self.disagg.moves
 
     @property
     def kv_memory(self) -> KVMemory | None:

@@ -16,6 +16,8 @@ from marconi_ray.protocol.ops import (
     Abort,
     Adopt,
     Commit,
+    Import,
+    Pin,
     Plan,
     Register,
     Unregister,
@@ -45,6 +47,8 @@ OPS = [
         "r1",
         TuneResult(0.0, ((0.0, 0.5),), 9, 3, 0.1, True, ((0.0, True, 0.5), (0.0, False, 0.25))),
     ),
+    Pin("r0", 8, np.arange(3, 30, dtype=np.int32)),
+    Import("r1", 9, np.arange(3, 30, dtype=np.int32)),
 ]
 
 
@@ -56,6 +60,10 @@ def _same(a, b) -> bool:
             b.params,
             b.submitted,
         ) and np.array_equal(a.prompt, b.prompt)
+    if isinstance(a, Pin):  # and Import
+        return (a.replica, a.request) == (b.replica, b.request) and np.array_equal(
+            a.tokens, b.tokens
+        )
     if isinstance(a, Commit):
         x, y = a.done, b.done
         return (

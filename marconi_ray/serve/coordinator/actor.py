@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -90,10 +90,11 @@ from marconi_ray.serve.coordinator.journal import (
 )
 from marconi_ray.serve.coordinator.leases import LEASE_GRACE, LeaseTable
 from marconi_ray.serve.coordinator.recovery import recover
-from marconi_ray.serve.coordinator.routing.choose import choose_replica
+from marconi_ray.serve.coordinator.routing.choose import choose_replica, max_open
 from marconi_ray.serve.coordinator.routing.routers import make_router
 from marconi_ray.serve.coordinator.stall_watch import StallWatch
 from marconi_ray.serve.coordinator.tier_check import tier_mismatch
+from marconi_ray.serve.coordinator.transfers import TransferPlanning
 from marconi_ray.serve.messages import (
     Dispatch,
     NoReplicaAvailable,
@@ -102,11 +103,12 @@ from marconi_ray.serve.messages import (
     ReplicaStats,
 )
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
+from marconi_ray.serve.transfer_messages import Handoff, Staged
 
 log = logging.getLogger(__name__)
 
 
-class CacheCoordinator:
+class CacheCoordinator(TransferPlanning):
     """The actor: a journalled `CacheState` (one planner per replica), routing, leases
     and the hand-off to the tuner actor.
 
@@ -149,6 +151,7 @@ class CacheCoordinator:
         """Replica -> its store's tier figures from its last heartbeat that carried them
         (for `/metrics`; not journalled: the next heartbeat brings them again)."""
         self._router = make_router(settings.routing, settings)
+        self._voided = set()
         self._context_limit = arch.context_limit
         self.findings: dict[str, Finding] = {}
         """What the cache's setting makes it not do for this model, by code
@@ -304,6 +307,7 @@ class CacheCoordinator:
         info = self.replica_info.get(replica_id)
         if info is None:
             raise NoReplicaAvailable(f"replica {replica_id!r} is not registered")
+        self.void_imports(replica_id)
         if refused:
             self.refusals[replica_id] = self.refusals.get(replica_id, 0) + int(refused)
         release_log = self.state.log_of(replica_id)
@@ -401,12 +405,38 @@ class CacheCoordinator:
         return choose_replica(self.state, self._router, self.settings, prompt)
 
     def plan(
-        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float = 0.0
-    ) -> Dispatch:
-        """Route and plan one validated request (match, checkpoints, reservation, lease)."""
+        self,
+        prompt: npt.NDArray[np.int32],
+        params: SamplingParams,
+        submitted: float = 0.0,
+        route: tuple[str, str | None] | None = None,
+        moves: bool = True,
+    ) -> Dispatch | Staged:
+        """Route and plan one validated request (match, checkpoints, reservation, lease).
+
+        With moves between replicas (`settings.disagg`), where it runs is `stage`'s
+        choice: when an entry must move first (a pull), the answer is `Staged` (its move
+        begun) instead, and the caller plans again with `route` = (the replica, its
+        hand-off or None) once the move is over; a `route` whose replica can no longer
+        take the request is staged anew. `moves=False`: never `Staged` (a pull is
+        skipped). A P/D dispatch (`Dispatch.handoff`) is planned for one token."""
         self._expire()
         prompt = np.asarray(prompt, dtype=np.int32)
-        replica_id = self.route(prompt)
+        if route is not None and self._can_take(route[0]):
+            replica_id, handoff_to = route
+        else:
+            staging = self.stage(prompt)
+            pull = staging.pull
+            if pull is not None and moves:
+                kind = "remote_hit" if staging.way == "remote_hit" else "pull"
+                ticket = self.begin_move(pull.source, staging.replica, prompt[: pull.depth], kind)
+                if ticket is not None:
+                    return Staged(ticket, staging.replica, staging.handoff)
+            replica_id, handoff_to = staging.replica, staging.handoff
+        handoff = None
+        if handoff_to is not None and params.max_tokens > 1 and handoff_to in self.planners:
+            handoff = Handoff(handoff_to, params.max_tokens)
+            params = replace(params, max_tokens=1)
         request = self.state.next_request
         planned: Planned = self._do(Plan(replica_id, request, prompt, params, float(submitted)))
         release_log = self.state.log_of(replica_id)
@@ -418,16 +448,25 @@ class CacheCoordinator:
             planned.deadline,
             planned.needs,
             self.settings.coordinator_index,
+            handoff,
         )
+
+    def _can_take(self, replica_id: str) -> bool:
+        """Whether `replica_id` is confirmed and has room for one more request."""
+        table = self.state.routing.table
+        if replica_id not in table:
+            return False
+        limit = max_open(self.settings)
+        return bool(table.eligible(limit)[table.slot(replica_id)])
 
     def plan_many(
         self, requests: list[tuple[npt.NDArray[np.int32], SamplingParams, float]]
-    ) -> list[Dispatch | Exception]:
+    ) -> list[Dispatch | Staged | Exception]:
         """`plan` for requests that arrived together (one call instead of one each); a
         request that cannot be planned gets its exception in its place (ValueError,
         NoReplicaAvailable, Overloaded; any other is logged) and the others are planned
         all the same, so no plan made in the batch is lost with a later one's error."""
-        out: list[Dispatch | Exception] = []
+        out: list[Dispatch | Staged | Exception] = []
         for prompt, params, submitted in requests:
             try:
                 out.append(self.plan(prompt, params, submitted))
@@ -478,7 +517,7 @@ class CacheCoordinator:
         self,
         commits: list[RelayedCommit],
         requests: list[tuple[npt.NDArray[np.int32], SamplingParams, float]],
-    ) -> tuple[list[bool], list[Dispatch | Exception]]:
+    ) -> tuple[list[bool], list[Dispatch | Staged | Exception]]:
         """What an ingress has for the coordinator, in one call: the commits replicas
         relayed through it (`settings.commit_relay`), applied first, so a plan in the same
         call already finds them, then `plan_many(requests)`. Returns (per commit: whether
@@ -630,8 +669,9 @@ class CacheCoordinator:
         """For `/health`: `replicas`, those that can serve now (confirmed, and heard from
         within a lease: a replica restored from the journal counts once it reconciles),
         `registered`, every replica the coordinator holds a cache for, `journal`
-        (`journal_health`) and `findings` (what the cache's setting makes it not do for
-        this model: `core.cache.findings`, as {code, message})."""
+        (`journal_health`), `findings` (what the cache's setting makes it not do for
+        this model: `core.cache.findings`, as {code, message}) and `roles` (replica id ->
+        `mixed`, `prefill` or `decode`)."""
         now, lease = self.clock(), self.settings.lease_s
         live = [i for i in self.replica_info.values() if i.confirmed and now - i.last_seen <= lease]
         return {
@@ -639,6 +679,7 @@ class CacheCoordinator:
             "registered": len(self.planners),
             "journal": self.journal_health(),
             "findings": [asdict(f) for f in self.findings.values()],
+            "roles": {rid: info.role for rid, info in self.replica_info.items()},
         }
 
     def journal_status(self) -> dict[str, Any]:

@@ -30,17 +30,31 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from marconi_ray.core.cache.invariants import check_cache_tiers
 from marconi_ray.core.cache.tuner import TuneJob
 from marconi_ray.core.model.cost_model import CostModel
 from marconi_ray.core.model.window_term import WindowTerm
 from marconi_ray.core.wire import decode_array, encode_array
-from marconi_ray.protocol.ops import Abort, Adopt, Commit, Op, Plan, Register, Unregister
+from marconi_ray.protocol.ops import (
+    Abort,
+    Adopt,
+    Commit,
+    Import,
+    Op,
+    Pin,
+    Plan,
+    Register,
+    Unregister,
+)
 from marconi_ray.protocol.orders import Finished, Move, PrefillOrder, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.release_log import LogEntry, ReleaseLog
 from marconi_ray.serve.coordinator.leases import LeaseTable
 from marconi_ray.serve.coordinator.routing.state import RouteState
+from marconi_ray.serve.disagg import assign_role
 from marconi_ray.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -54,7 +68,9 @@ class ReplicaInfo:
 
     `confirmed`: its store matches its tree (a replica restored from the journal is not,
     until it reconciles, and gets no traffic); set it with `CacheState.set_confirmed`
-    (routing reads a copy). `last_seen`: its last heartbeat.
+    (routing reads a copy). `last_seen`: its last heartbeat. `role`: `mixed`, `prefill`
+    or `decode`, given at registration (`serve.disagg.assign_role`; a replay of the same
+    registrations gives the same roles).
     """
 
     kv_bytes_per_token: int
@@ -62,6 +78,7 @@ class ReplicaInfo:
     generation: int
     confirmed: bool
     last_seen: float
+    role: str = "mixed"
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,22 @@ class Planned:
     replica's log seq up to which the store must have applied before the order starts."""
 
     order: PrefillOrder
+    release: Release
+    deadline: float
+    needs: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """The result of applying a `Pin` or an `Import`: `depth` (a pin: the entry's depth,
+    0 when the replica holds none; an import: the receiver's own hit, where the copied KV
+    starts), `state_id` (a pin: the entry's state; an import: -1), `slots` (the KV slots
+    of the tokens up to `depth`), what planning evicted or moved (logged), the lease
+    deadline, and the log seq the replica's store must have applied first."""
+
+    depth: int
+    state_id: int
+    slots: npt.NDArray[np.int64]
     release: Release
     deadline: float
     needs: int
@@ -118,6 +151,8 @@ class CacheState:
             Commit: self._commit,
             Abort: self._abort,
             Adopt: self._adopt,
+            Pin: self._pin,
+            Import: self._import,
         }
 
     # ------------------------------------------------------------------ apply
@@ -158,8 +193,14 @@ class CacheState:
             host=s.host_tier,
             windows=self.windows,
         )
+        taken = (info.role for rid, info in self.replicas.items() if rid != op.replica)
         self.replicas[op.replica] = ReplicaInfo(
-            op.kv_bytes_per_token, op.state_bytes, op.generation, True, self.clock()
+            op.kv_bytes_per_token,
+            op.state_bytes,
+            op.generation,
+            True,
+            self.clock(),
+            assign_role(s.disagg, taken),
         )
         self.logs[op.replica] = ReleaseLog(op.generation)
 
@@ -178,6 +219,24 @@ class CacheState:
         needs = self.logs[op.replica].append(release)
         self.next_request = max(self.next_request, op.request + 1)
         return Planned(order, release, deadline, needs)
+
+    def _pin(self, op: Pin) -> Held:
+        planner = self.planners[op.replica]
+        depth, state_id, slots = planner.pin(op.request, op.tokens)
+        return self._held(op, depth, state_id, slots, planner.pin_release(op.request))
+
+    def _import(self, op: Import) -> Held:
+        hit, slots, release = self.planners[op.replica].plan_import(op.request, op.tokens)
+        return self._held(op, hit, -1, slots, release)
+
+    def _held(
+        self, op: Pin, depth: int, state_id: int, slots: npt.NDArray[np.int64], release: Release
+    ) -> Held:
+        deadline = self.clock() + self.settings.lease_s
+        self.leases.grant(op.request, op.replica, deadline)
+        needs = self.logs[op.replica].append(release)
+        self.next_request = max(self.next_request, op.request + 1)
+        return Held(depth, state_id, slots, release, deadline, needs)
 
     def _commit(self, op: Commit) -> Release:
         planner = self.planners[op.replica]
@@ -263,6 +322,7 @@ class CacheState:
                     "kv_bytes_per_token": info.kv_bytes_per_token,
                     "state_bytes": info.state_bytes,
                     "generation": info.generation,
+                    "role": info.role,
                     "planner": self.planners[rid].to_record(),
                     "leases": self.leases.of_replica(rid),
                     "log": {
@@ -292,6 +352,7 @@ class CacheState:
                 int(entry["generation"]),
                 False,
                 0.0,
+                str(entry.get("role", "mixed")),  # older snapshots: mixed replicas
             )
             for request, deadline in entry["leases"]:
                 self.leases.grant(int(request), rid, float(deadline))

@@ -93,10 +93,11 @@ log = logging.getLogger(__name__)
 def shard_bundles(settings: ServeSettings) -> list[dict[str, float]]:
     """Placement-group bundles of one replica: the replica itself (with the device when
     tp is 1: it hosts the worker; and one unit of `model_resource` when set, see
-    `serve.placement`), then one per shard actor when tp > 1."""
+    `serve.placement`), then one per shard actor when it has them
+    (`ServeSettings.shard_actors`)."""
     device = {"CPU": 1.0, "GPU": 1.0} if settings.device == "cuda" else {"CPU": 1.0}
     model_node = model_bundle_resources(settings.model_resource)
-    if settings.tp == 1:
+    if not settings.shard_actors:
         return [{**device, **model_node}]
     return [{"CPU": 1.0, **model_node}] + [dict(device) for _ in range(settings.tp)]
 
@@ -190,7 +191,7 @@ class ModelReplica:
         return ActorShards(self.settings, names, compiled_steps(self.settings))
 
     def _start_shards_sync(self) -> ShardGroup:
-        if self.settings.tp == 1:
+        if not self.settings.shard_actors:
             return LocalShard(self.settings)
         return self._shard_actors().wait()
 

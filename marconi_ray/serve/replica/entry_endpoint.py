@@ -57,30 +57,33 @@ def nixl_available() -> bool:
 
 class EntryEndpoint:
     """Mixed into an actor class: its cache's entries can be exported to and imported
-    from other endpoints (see the module docstring)."""
+    from other endpoints (see the module docstring).
+
+    The `export_<mode>` methods take whatever the actor's `_export` takes (an engine:
+    the tokens and `kv_from`; a replica's shard: the coordinator's `MoveTicket`) and
+    return its payload over that mode's transport."""
 
     def _entry_engine(self) -> EntryEngine:
         raise NotImplementedError
 
-    def _export(self, tokens: npt.NDArray[np.int32], kv_from: int) -> EntryPayload | None:
+    def _export(self, *args: Any) -> EntryPayload | None:
+        tokens, kv_from = args
         return self._entry_engine().export_prefix(tokens, kv_from)
 
     @ray.method(tensor_transport="gloo")
-    def export_gloo(self, tokens: npt.NDArray[np.int32], kv_from: int) -> EntryPayload | None:
-        return self._export(tokens, kv_from)
+    def export_gloo(self, *args: Any) -> EntryPayload | None:
+        return self._export(*args)
 
     @ray.method(tensor_transport="nccl")
-    def export_nccl(self, tokens: npt.NDArray[np.int32], kv_from: int) -> EntryPayload | None:
-        return self._export(tokens, kv_from)
+    def export_nccl(self, *args: Any) -> EntryPayload | None:
+        return self._export(*args)
 
     @ray.method(tensor_transport="nixl")
-    def export_nixl(self, tokens: npt.NDArray[np.int32], kv_from: int) -> EntryPayload | None:
-        return self._export(tokens, kv_from)
+    def export_nixl(self, *args: Any) -> EntryPayload | None:
+        return self._export(*args)
 
-    def export_object_store(
-        self, tokens: npt.NDArray[np.int32], kv_from: int
-    ) -> EntryPayload | None:
-        return self._export(tokens, kv_from)
+    def export_object_store(self, *args: Any) -> EntryPayload | None:
+        return self._export(*args)
 
     def held_prefix(self, tokens: npt.NDArray[np.int32]) -> int:
         """Tokens of `tokens` this endpoint's cache could serve as a hit now."""

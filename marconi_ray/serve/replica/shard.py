@@ -26,6 +26,7 @@ from marconi_ray.engine.draft_model import drafter_for
 from marconi_ray.engine.engine import load_served_model
 from marconi_ray.engine.kv_memory import planned_worker
 from marconi_ray.engine.model.parallel import TPGroup
+from marconi_ray.engine.store.entry_io import EntryPayload
 from marconi_ray.engine.worker import Worker
 from marconi_ray.protocol.kv_memory import KVMemory
 from marconi_ray.protocol.orders import (
@@ -38,6 +39,9 @@ from marconi_ray.protocol.orders import (
 from marconi_ray.protocol.speculative import SpeculativeConfig
 from marconi_ray.serve.host_memory import check_this_node
 from marconi_ray.serve.hub_model import HubModel
+from marconi_ray.serve.replica.entry_endpoint import EntryEndpoint
+from marconi_ray.serve.replica.ticket_io import export_ticket, import_ticket
+from marconi_ray.serve.transfer_messages import ImportResult, MoveTicket
 
 DIST_TIMEOUT = timedelta(seconds=120)
 
@@ -62,13 +66,17 @@ def free_address() -> str:
     return f"tcp://{host}:{port}"
 
 
-class ShardActor:
+class ShardActor(EntryEndpoint):
     """Rank `rank` of `world`; call `setup` on every rank (concurrently) before use.
 
     Thread-safe: `advance`, `release`, `stop`, `cancel`, `holdings`, `store_stats`,
-    `tier_stats` and `shutdown` each hold `self.lock` for their whole run, so a call
-    arriving on another thread (see the module docstring) waits for the one in progress.
-    `setup` runs before any of them and takes no lock."""
+    `tier_stats`, `shutdown` and the two ends of a move (`export_<mode>(ticket)`,
+    `import_ticket`) each hold `self.lock` for their whole run, so a call arriving on
+    another thread (see the module docstring) waits for the one in progress. `setup`
+    runs before any of them and takes no lock.
+
+    Moves (`serve.disagg`): rank i of the source exports its shard of the ticket's
+    entry (`EntryEndpoint.export_<mode>`), rank i of the receiver imports it."""
 
     def __init__(self, rank: int, world: int) -> None:
         torch.set_num_threads(1)
@@ -178,6 +186,17 @@ class ShardActor:
         deadlocks when that buffer comes round again."""
         out = self.advance(pickle.loads(step))
         return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+
+    # ------------------------------------------------------------------ moves
+    def _export(self, *args: Any) -> EntryPayload:
+        (ticket,) = args
+        with self.lock:
+            return export_ticket(self._w().store, ticket)
+
+    def import_ticket(self, payload: EntryPayload | None, ticket: MoveTicket) -> ImportResult:
+        """Store a payload as `ticket`'s entry (`replica.ticket_io.import_ticket`)."""
+        with self.lock:
+            return import_ticket(self._w().store, payload, ticket)
 
     def release(self, release: Release) -> list[str]:
         """`Worker.apply_release`: what the store refused of it (empty: all done)."""

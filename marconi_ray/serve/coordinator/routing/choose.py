@@ -15,7 +15,7 @@ replica (a walk of each tree) and the router's `route`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -91,16 +91,24 @@ class IndexedEligible:
 
 
 def choose_replica(
-    state: RoutedFleet, router: Router, settings: ServeSettings, prompt: npt.NDArray[np.int32]
+    state: RoutedFleet,
+    router: Router,
+    settings: ServeSettings,
+    prompt: npt.NDArray[np.int32],
+    only: Callable[[str], bool] | None = None,
 ) -> str:
     """The replica `router` picks for `prompt` among those that may take it (module
     docstring), from the routing index and table: what `choose_replica_reference`
-    returns, without a walk of every replica's tree."""
+    returns, without a walk of every replica's tree. `only`: a further condition on the
+    replica id (a role), checked for every eligible replica."""
     table = state.routing.table
     confirmed = table.confirmed_count()
     if not confirmed:
         raise _no_replica(state.planners)
     mask = table.eligible(max_open(settings))
+    if only is not None:
+        for slot in np.flatnonzero(mask):
+            mask[slot] = only(table.id_at(int(slot)))
     count = int(np.count_nonzero(mask))
     if not count:
         raise _overloaded(settings, confirmed)

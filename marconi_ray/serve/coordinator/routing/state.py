@@ -11,8 +11,8 @@ deadlines (`leases.Deadlines` over `ReplicaInfo.last_seen`).
 `follow(fleet, op, run)` applies an operation through `run` with its hook around it:
 - `Register`: a table row, no index entries, a silence entry;
 - `Unregister`: its row and index entries go;
-- `Plan`, `Abort`: the state ids the returned `Release` lists leave the index (what
-  planning evicted; what the abort freed);
+- `Plan`, `Pin`, `Import`, `Abort`: the state ids the returned `Release` lists leave
+  the index (what planning evicted; what the abort freed);
 - `Commit`: the release's state ids leave the index, then every state the request stored
   that the release does not free enters it at the depth it was taken (the states the
   commit admitted or refilled, or a failed commit kept; no tree walk);
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from marconi_ray.protocol.ops import Abort, Commit, Op, Plan, Register, Unregister
+from marconi_ray.protocol.ops import Abort, Commit, Import, Op, Pin, Plan, Register, Unregister
 from marconi_ray.protocol.orders import Finished, Release
 from marconi_ray.protocol.planner import Planner
 from marconi_ray.serve.coordinator.leases import Deadlines
@@ -75,6 +75,8 @@ class RouteState:
             Plan: self._plan,
             Commit: self._commit,
             Abort: self._abort,
+            Pin: self._plan,
+            Import: self._plan,
         }
 
     # ------------------------------------------------------------------ operations
@@ -102,7 +104,7 @@ class RouteState:
         self.index.drop_replica(op.replica)
         return result
 
-    def _plan(self, fleet: Fleet, op: Plan, run: Run) -> Any:
+    def _plan(self, fleet: Fleet, op: Plan | Pin, run: Run) -> Any:
         planned = run(op)
         self.index.remove(op.replica, planned.release.states)
         return planned
