@@ -10,7 +10,7 @@ from marconi_ray.core.cache.prefix_cache import PrefixCache
 from marconi_ray.protocol.orders import Finished, PrefillOrder, TokenEvent
 from marconi_ray.protocol.release_log import Releases
 from marconi_ray.protocol.results import SpecCounts, Timings, Usage
-from marconi_ray.serve.transfer_messages import Handoff, ShardsQuery
+from marconi_ray.serve.transfer_messages import Handoff, ReceiveOrder, ShardsQuery
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,7 @@ class ReplicaStats:
             copied and moves per direction); empty until it reports (it does only with
             a host tier).
         refused_releases: releases the replica's store refused (each made it reconcile).
+        role: `mixed`, `prefill` or `decode` (`serve.disagg`).
     """
 
     replica_id: str
@@ -175,6 +176,7 @@ class ReplicaStats:
     host_capacity: int = 0
     store: dict[str, float] = field(default_factory=dict)
     refused_releases: int = 0
+    role: str = "mixed"
 
     @classmethod
     def of(
@@ -185,9 +187,10 @@ class ReplicaStats:
         tuner_runs: int,
         store: dict[str, float] | None = None,
         refused_releases: int = 0,
+        role: str = "mixed",
     ) -> ReplicaStats:
-        """A snapshot of `cache`'s figures, with the replica's `store` figures and the
-        releases its store refused."""
+        """A snapshot of `cache`'s figures, with the replica's `store` figures, the
+        releases its store refused and its role."""
         return cls(
             replica_id=replica_id,
             capacity=cache.capacity,
@@ -202,6 +205,7 @@ class ReplicaStats:
             host_capacity=cache.host_capacity,
             store=dict(store or {}),
             refused_releases=refused_releases,
+            role=role,
         )
 
 
@@ -213,6 +217,6 @@ a failure)."""
 StepMessage = dict[int, list[StreamItem]]
 """One message of a channel: request id -> its items since the last message."""
 
-PINNED = (Dispatch, Subscription, Submissions, Settlements, ShardsQuery)
+PINNED = (Dispatch, Subscription, Submissions, Settlements, ShardsQuery, ReceiveOrder)
 """Calls whose first `replica_id`-bearing argument pins them to one replica (see
 `ingress.pinned_router`)."""

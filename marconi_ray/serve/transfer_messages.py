@@ -6,6 +6,7 @@ for one move, a `Staged` answer to a plan (move first, then plan again), the P/D
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -81,3 +82,28 @@ class ShardsQuery:
     """Ask replica `replica_id` for the Ray names of its shard actors (rank order)."""
 
     replica_id: str
+
+
+@dataclass(frozen=True)
+class TransferGroup:
+    """A collective group over shard actors (`members`, actor handles, by group rank)
+    named `name` on `backend`: every process that owns a move between two members
+    registers it before the move (`replica.receiver.know_groups`)."""
+
+    name: str
+    backend: str
+    members: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ReceiveOrder:
+    """Replica `replica_id` (the ticket's receiver) is to pull `ticket`'s entry from the
+    source's shards (`source_shards`, actor handles in rank order) over transfer mode
+    `mode`, its rank i from the source's rank i; `groups`: the collective groups those
+    pairs share (empty for NIXL and the object store)."""
+
+    replica_id: str
+    ticket: MoveTicket
+    source_shards: tuple[Any, ...]
+    mode: str
+    groups: tuple[TransferGroup, ...] = ()

@@ -10,6 +10,7 @@ over the endpoints (`collective`, a `ray.util.collective` backend); NIXL needs n
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 
@@ -59,3 +60,13 @@ def resolve_transfer(name: str, device: str, nixl_available: bool) -> TransferMo
     if name == "nixl" and not nixl_available:
         raise ValueError("transfer 'nixl' needs the nixl package, which is not installed")
     return mode
+
+
+def nixl_available() -> bool:
+    """Whether the NIXL package is importable in this process."""
+    return importlib.util.find_spec("nixl") is not None
+
+
+def transfer_mode(name: str, device: str) -> TransferMode:
+    """`resolve_transfer` with this process's view of whether NIXL is installed."""
+    return resolve_transfer(name, device, nixl_available())

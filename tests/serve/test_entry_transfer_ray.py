@@ -18,13 +18,8 @@ from serve_helpers import local_ray
 
 from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.serve.replica.engine_endpoint import EngineEndpoint
-from marconi_ray.serve.replica.entry_endpoint import (
-    join_transfer_group,
-    move_entry,
-    settle_move,
-    transfer_mode,
-)
-from marconi_ray.serve.transfer_modes import TRANSFER_MODES, resolve_transfer
+from marconi_ray.serve.replica.entry_endpoint import join_transfer_group, move_entry, settle_move
+from marconi_ray.serve.transfer_modes import TRANSFER_MODES, resolve_transfer, transfer_mode
 
 pytestmark = [pytest.mark.ray]
 

@@ -411,6 +411,7 @@ class CacheCoordinator(TransferPlanning):
         submitted: float = 0.0,
         route: tuple[str, str | None] | None = None,
         moves: bool = True,
+        handoff: bool = True,
     ) -> Dispatch | Staged:
         """Route and plan one validated request (match, checkpoints, reservation, lease).
 
@@ -419,7 +420,9 @@ class CacheCoordinator(TransferPlanning):
         begun) instead, and the caller plans again with `route` = (the replica, its
         hand-off or None) once the move is over; a `route` whose replica can no longer
         take the request is staged anew. `moves=False`: never `Staged` (a pull is
-        skipped). A P/D dispatch (`Dispatch.handoff`) is planned for one token."""
+        skipped). A P/D dispatch (`Dispatch.handoff`) is planned for one token;
+        `handoff=False`: the request runs whole where it is planned (a re-plan after a
+        fault)."""
         self._expire()
         prompt = np.asarray(prompt, dtype=np.int32)
         if route is not None and self._can_take(route[0]):
@@ -428,14 +431,14 @@ class CacheCoordinator(TransferPlanning):
             staging = self.stage(prompt)
             pull = staging.pull
             if pull is not None and moves:
-                kind = "remote_hit" if staging.way == "remote_hit" else "pull"
+                kind = "remote_hit" if staging.way == "remote_hit" else "pd"
                 ticket = self.begin_move(pull.source, staging.replica, prompt[: pull.depth], kind)
                 if ticket is not None:
                     return Staged(ticket, staging.replica, staging.handoff)
             replica_id, handoff_to = staging.replica, staging.handoff
-        handoff = None
-        if handoff_to is not None and params.max_tokens > 1 and handoff_to in self.planners:
-            handoff = Handoff(handoff_to, params.max_tokens)
+        handoff_of = None
+        if handoff and handoff_to in self.planners and params.max_tokens > 1:
+            handoff_of = Handoff(handoff_to, params.max_tokens)
             params = replace(params, max_tokens=1)
         request = self.state.next_request
         planned: Planned = self._do(Plan(replica_id, request, prompt, params, float(submitted)))
@@ -448,7 +451,7 @@ class CacheCoordinator(TransferPlanning):
             planned.deadline,
             planned.needs,
             self.settings.coordinator_index,
-            handoff,
+            handoff_of,
         )
 
     def _can_take(self, replica_id: str) -> bool:
@@ -660,8 +663,11 @@ class CacheCoordinator(TransferPlanning):
             runs = 0 if planner.tuner is None else len(planner.tuner.history)
             store = self._store_figures.get(rid)
             refused = self.refusals.get(rid, 0)
+            role = self.replica_info[rid].role
             out.append(
-                ReplicaStats.of(rid, planner.cache, planner.open_requests, runs, store, refused)
+                ReplicaStats.of(
+                    rid, planner.cache, planner.open_requests, runs, store, refused, role
+                )
             )
         return out
 

@@ -147,7 +147,7 @@ class TransferPlanning:
         """Pin `source`'s deepest usable entry of `tokens` and reserve `receiver`'s room
         for it (journalled `Pin` and `Import`); None when there is nothing to move (an
         unknown replica, no entry on the source, or none deeper than the receiver's own
-        hit). `kind` (`pd`, `pull`, `remote_hit`) is carried for metrics."""
+        hit). `kind` (`pd`, `remote_hit`) is carried for metrics."""
         if source == receiver or source not in self.planners or receiver not in self.planners:
             return None
         tokens = np.asarray(tokens, dtype=np.int32)

@@ -49,6 +49,7 @@ from marconi_ray.serve.ingress.http_errors import (
     install_error_handlers,
 )
 from marconi_ray.serve.ingress.metrics import CONTENT_TYPE, IngressMetrics, render_metrics
+from marconi_ray.serve.ingress.mover import Mover
 from marconi_ray.serve.ingress.openai_protocol import APIError
 from marconi_ray.serve.ingress.prepare import (
     Prepared,
@@ -65,6 +66,7 @@ from marconi_ray.serve.ingress.security import (
 )
 from marconi_ray.serve.messages import Dispatch, Overloaded, ReplicaStats
 from marconi_ray.serve.settings import NAMESPACE, ServeSettings
+from marconi_ray.serve.transfer_modes import transfer_mode
 
 __all__ = ["Backend", "EventStream", "IngressServer", "OpenAIIngress", "RayBackend", "build_app"]
 
@@ -364,8 +366,17 @@ class IngressServer:
             settings.local_model_dir(), settings.model_name, settings.tool_call_parser
         )
         metrics = IngressMetrics()
+        mover = None
+        if settings.disagg.moves:
+            mode = transfer_mode(settings.disagg.transfer, settings.device)
+            timeout = settings.disagg.transfer_timeout_s
+            mover = Mover(self.replicas, coordinators[0], mode, timeout, metrics)
         self.backend = RayBackend(
-            coordinators, self.replicas, metrics, key_tokens=settings.group_key_tokens
+            coordinators,
+            self.replicas,
+            metrics,
+            key_tokens=settings.group_key_tokens,
+            mover=mover,
         )
         return build_app(
             self.backend,

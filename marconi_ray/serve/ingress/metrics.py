@@ -13,8 +13,12 @@ Cache metrics (label `replica`; `kind` and `reason` where noted):
 `marconi_cache_evictions_total`, `marconi_cache_alpha`, `marconi_replica_in_flight`,
 `marconi_replica_tuner_runs_total`, `marconi_replica_refused_releases_total` (releases the
 replica's store refused, each followed by a reconcile); and `marconi_tuner_runs_total`
-(all replicas). The ingress's own: `marconi_replans_total{cause}` (requests planned
-again after a fault).
+(all replicas); `marconi_replica_info{replica, role}` (1, with the replica's role: join
+on `replica` to break any figure down by `mixed` / `prefill` / `decode`). The ingress's
+own: `marconi_replans_total{cause}` (requests planned again after a fault), and moves
+between replicas (`serve.disagg`; `kind` is `pd` or `remote_hit`):
+`marconi_transfer_bytes_total{kind}`, `marconi_transfers_total{kind, outcome, mode}`,
+`marconi_transfer_seconds{kind}` and `marconi_remote_hit_tokens_total`.
 
 The two tiers (label `replica`; `tier` is `device` or `host`, `direction` is `to_host`
 or `to_device`): from the coordinator's caches `marconi_cache_tier_bytes{tier}`,
@@ -232,6 +236,15 @@ class CacheCollector(Collector):
         for r in self.stats:
             refused.add_metric([r.replica_id], float(r.refused_releases))
         yield refused
+        info = GaugeMetricFamily(
+            "marconi_replica_info",
+            "1 per replica, labelled with its role (mixed, prefill, decode): join it on "
+            "`replica` to break any replica figure down by role.",
+            labels=["replica", "role"],
+        )
+        for r in self.stats:
+            info.add_metric([r.replica_id, r.role], 1.0)
+        yield info
         runs = CounterMetricFamily(
             "marconi_replica_tuner_runs", "Alpha searches adopted, by replica.", labels=label
         )
@@ -357,6 +370,35 @@ class IngressMetrics:
             "replica that had gone reached another; refused: the replica refused the "
             "dispatch; lost: the replica or its channel failed).",
             ["cause"],
+            registry=self.registry,
+        )
+        self.transfer_bytes = Counter(
+            "marconi_transfer_bytes",
+            "Bytes of cache entries moved between replicas, by kind (pd: a prefill/decode "
+            "hand-off or a decode-side hit pulled to a prefill replica; remote_hit: a "
+            "mixed replica pulled a hit another one held).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.remote_hit_tokens = Counter(
+            "marconi_remote_hit_tokens",
+            "Prompt tokens a mixed replica reused from a hit it pulled from another replica "
+            "(beyond its own hit).",
+            registry=self.registry,
+        )
+        self.transfers = Counter(
+            "marconi_transfers",
+            "Moves between replicas, by kind, outcome (ok; failed: the receiver "
+            "recomputes) and the transfer mode that carried them.",
+            ["kind", "outcome", "mode"],
+            registry=self.registry,
+        )
+        self.transfer_seconds = Histogram(
+            "marconi_transfer_seconds",
+            "Seconds one move between replicas took, from the ingress's order to the "
+            "receiver's answer, by kind.",
+            ["kind"],
+            buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
         self.spills = Counter(

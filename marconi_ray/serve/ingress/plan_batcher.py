@@ -24,10 +24,11 @@ import numpy.typing as npt
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.ingress.coalescer import Coalescer
 from marconi_ray.serve.messages import Dispatch, RelayedCommit
+from marconi_ray.serve.transfer_messages import Staged
 
 PlanArgs = tuple[npt.NDArray[np.int32], SamplingParams, float]
 Item = PlanArgs | RelayedCommit
-Answer = Dispatch | bool
+Answer = Dispatch | Staged | bool
 
 
 class PlanBatcher:
@@ -51,10 +52,11 @@ class PlanBatcher:
 
     async def plan(
         self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
-    ) -> Dispatch:
-        """Route and plan one request at the coordinator (see `CacheCoordinator.plan`)."""
+    ) -> Dispatch | Staged:
+        """Route and plan one request at the coordinator (see `CacheCoordinator.plan`:
+        `Staged` when an entry must move first)."""
         answer = await self._coalescer.submit((prompt, params, submitted))
-        assert isinstance(answer, Dispatch)
+        assert isinstance(answer, Dispatch | Staged)
         return answer
 
     async def commit(self, commit: RelayedCommit) -> bool:
@@ -68,7 +70,9 @@ class PlanBatcher:
     async def _send(self, batch: list[Item]) -> list[Answer | BaseException]:
         commits = [i for i, item in enumerate(batch) if isinstance(item, RelayedCommit)]
         if not commits:
-            planned: list[Dispatch | BaseException] = await self.coordinator.plan_many.remote(batch)
+            planned: list[
+                Dispatch | Staged | BaseException
+            ] = await self.coordinator.plan_many.remote(batch)
             return list(planned)
         self.commits += len(commits)
         relayed = set(commits)

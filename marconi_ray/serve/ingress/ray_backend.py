@@ -20,7 +20,9 @@ from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.coordinator.journal import JOURNAL_STATES
 from marconi_ray.serve.ingress.generation import EventStream
 from marconi_ray.serve.ingress.group_key import group_of, spill_order
+from marconi_ray.serve.ingress.handoff_stream import HandoffStream
 from marconi_ray.serve.ingress.metrics import IngressMetrics
+from marconi_ray.serve.ingress.mover import Mover
 from marconi_ray.serve.ingress.plan_batcher import PlanBatcher
 from marconi_ray.serve.ingress.replica_channel import ChannelStream, ReplicaChannel
 from marconi_ray.serve.messages import (
@@ -36,6 +38,7 @@ from marconi_ray.serve.messages import (
     Settlements,
     WrongReplica,
 )
+from marconi_ray.serve.transfer_messages import Staged
 
 log = logging.getLogger(__name__)
 
@@ -171,20 +174,11 @@ class GuardedStream:
             await coordinator.report_unreachable.remote(self._dispatch.replica_id)
         self.attempts += 1
         prompt = np.concatenate([order.prompt, np.asarray(self._emitted, dtype=np.int32)])
-        # the prompt's log-probabilities came with the first token (if one came)
-        prompt_logprobs = order.params.prompt_logprobs if k == 0 else None
-        # a grammar goes on from where the streamed tokens left it
-        prefix = order.params.grammar_prefix
-        if order.params.grammar is not None:
-            prefix = (*prefix, *self._emitted)
-        params = dataclasses.replace(
-            order.params,
-            max_tokens=order.max_new - k,
-            prompt_logprobs=prompt_logprobs,
-            grammar_prefix=prefix,
-        )
+        params = continuation_params(order.params, self._emitted, order.max_new - k)
         try:
-            self._dispatch = await self._backend.plan_shielded(prompt, params, order.submitted)
+            self._dispatch = await self._backend.plan_shielded(
+                prompt, params, order.submitted, whole=True
+            )
         except RayTaskError as exc:
             raise ReplicaUnavailable(f"re-planning failed: {exc.cause}") from None
         except (NoReplicaAvailable, Overloaded, ValueError) as exc:
@@ -201,6 +195,23 @@ class GuardedStream:
         if self._done:
             return
         self._stream.cancel()
+
+
+def continuation_params(
+    params: SamplingParams, emitted: list[int], max_tokens: int
+) -> SamplingParams:
+    """`params` for going on after `emitted` tokens, at most `max_tokens` more: the
+    prompt's log-probabilities came with the first token (if one came), and a grammar
+    goes on from where the emitted tokens left it."""
+    prefix = params.grammar_prefix
+    if params.grammar is not None:
+        prefix = (*prefix, *emitted)
+    return dataclasses.replace(
+        params,
+        max_tokens=max_tokens,
+        prompt_logprobs=params.prompt_logprobs if not emitted else None,
+        grammar_prefix=prefix,
+    )
 
 
 class RayBackend:
@@ -222,6 +233,7 @@ class RayBackend:
         replicas: DeploymentHandle[Any],
         metrics: IngressMetrics | None = None,
         key_tokens: int = 256,
+        mover: Mover | None = None,
     ) -> None:
         self.coordinators: list[Any] = (
             list(coordinator) if isinstance(coordinator, list | tuple) else [coordinator]
@@ -233,22 +245,31 @@ class RayBackend:
         self.batchers = [PlanBatcher(c) for c in self.coordinators]
         self.channels: dict[str, ReplicaChannel] = {}
         """Replica id -> this ingress's open stream from it."""
+        self.mover = mover
+        """Runs moves between replicas (`serve.disagg`); None: entries never move."""
 
     def coordinator_of(self, dispatch: Dispatch) -> Any:
         """The coordinator that planned `dispatch`."""
         return self.coordinators[dispatch.coordinator]
 
     async def plan(
-        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
+        self,
+        prompt: npt.NDArray[np.int32],
+        params: SamplingParams,
+        submitted: float,
+        whole: bool = False,
     ) -> Dispatch:
         """Route and plan (requests planned together share one coordinator call, see
         `PlanBatcher`); a ValueError raised by the coordinator is re-raised as such.
         While no replica is confirmed (a restarted coordinator waiting for heartbeats, a
-        replica rebuilding), planning is retried for up to `PLAN_WAIT_S`."""
+        replica rebuilding), planning is retried for up to `PLAN_WAIT_S`. With moves
+        between replicas, an entry the coordinator wants moved first is moved
+        (`Staged`), then the request planned where it went; `whole`: no P/D hand-off
+        (a re-plan after a fault runs the rest where it is planned)."""
         waited = 0.0
         while True:
             try:
-                return await self._plan_in_group(prompt, params, submitted)
+                return await self._plan_in_group(prompt, params, submitted, whole)
             except NoReplicaAvailable:
                 if waited >= PLAN_WAIT_S:
                     raise
@@ -263,7 +284,11 @@ class RayBackend:
             waited += PLAN_POLL_S
 
     async def _plan_in_group(
-        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
+        self,
+        prompt: npt.NDArray[np.int32],
+        params: SamplingParams,
+        submitted: float,
+        whole: bool = False,
     ) -> Dispatch:
         """Plan at the coordinator the group key picks; when it cannot place the request
         (`NoReplicaAvailable`, `Overloaded`), at the next ones round the group; if none
@@ -275,7 +300,12 @@ class RayBackend:
         first: BaseException | None = None
         for index in order:
             try:
-                dispatch = await self.batchers[index].plan(prompt, params, submitted)
+                if whole and self.mover is not None:
+                    plan = self.coordinators[index].plan
+                    got = await plan.remote(prompt, params, submitted, None, True, False)
+                else:
+                    got = await self.batchers[index].plan(prompt, params, submitted)
+                dispatch = await self._after_moves(index, got, prompt, params, submitted)
             except (NoReplicaAvailable, Overloaded, RayTaskError) as exc:
                 cause = exc.cause if isinstance(exc, RayTaskError) else exc
                 if not isinstance(cause, NoReplicaAvailable | Overloaded):
@@ -289,6 +319,47 @@ class RayBackend:
             return dispatch
         assert first is not None
         raise first
+
+    async def _after_moves(
+        self,
+        index: int,
+        got: Dispatch | Staged,
+        prompt: npt.NDArray[np.int32],
+        params: SamplingParams,
+        submitted: float,
+    ) -> Dispatch:
+        """`got`, or, when the coordinator staged a move first, the dispatch planned
+        where the entry went once it moved (a second staging is not moved again: the
+        request is then planned without one)."""
+        coordinator = self.coordinators[index]
+        for moves in (True, False):
+            if isinstance(got, Dispatch):
+                return got
+            assert self.mover is not None, "the coordinator staged a move with no mover"
+            await self.mover.move(got.ticket)
+            route = (got.replica, got.handoff)
+            got = await coordinator.plan.remote(prompt, params, submitted, route, moves)
+        assert isinstance(got, Dispatch)
+        return got
+
+    async def continue_on(
+        self,
+        replica_id: str,
+        tokens: npt.NDArray[np.int32],
+        params: SamplingParams,
+        emitted: list[int],
+        max_tokens: int,
+        submitted: float,
+    ) -> Dispatch:
+        """Plan the rest of a handed-off request (`tokens`: its prompt and the `emitted`
+        tokens) on `replica_id`, or where the coordinator routes it when that replica
+        can no longer take it; never handed off again."""
+        rest = continuation_params(params, emitted, max_tokens)
+        route = (replica_id, None)
+        coordinator = self.coordinators[0]
+        got = await coordinator.plan.remote(tokens, rest, submitted, route, False, False)
+        assert isinstance(got, Dispatch)
+        return got
 
     async def relay(self, dispatch: Dispatch, done: Finished, applied: int = 0) -> None:
         """Send the commit `dispatch`'s replica relayed through this ingress with the
@@ -309,11 +380,15 @@ class RayBackend:
             )
 
     async def plan_shielded(
-        self, prompt: npt.NDArray[np.int32], params: SamplingParams, submitted: float
+        self,
+        prompt: npt.NDArray[np.int32],
+        params: SamplingParams,
+        submitted: float,
+        whole: bool = False,
     ) -> Dispatch:
         """`plan`, kept when the caller is cancelled meanwhile: the plan it makes is
         abandoned at the coordinator (it was never sent to a replica)."""
-        task = asyncio.ensure_future(self.plan(prompt, params, submitted))
+        task = asyncio.ensure_future(self.plan(prompt, params, submitted, whole))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -364,6 +439,14 @@ class RayBackend:
             self.metrics.replans.labels(cause=cause).inc()
 
     def generate(self, dispatch: Dispatch, stream: bool = True) -> EventStream:
+        """The request's events: one guarded stream, or with a P/D hand-off the prefill
+        replica's first token and the decode replica's rest (`HandoffStream`)."""
+        if dispatch.handoff is not None and self.mover is not None:
+            return HandoffStream(self, dispatch, stream)
+        return self.guarded(dispatch, stream)
+
+    def guarded(self, dispatch: Dispatch, stream: bool = True) -> GuardedStream:
+        """`dispatch`'s events on its replica, re-planned after faults."""
         return GuardedStream(self.stream(dispatch, stream), self, dispatch, stream)
 
     def stream(self, dispatch: Dispatch, stream: bool = True) -> ChannelStream:

@@ -78,6 +78,7 @@ from marconi_ray.serve.messages import (
 )
 from marconi_ray.serve.placement import model_bundle_resources
 from marconi_ray.serve.replica.outbox import Outbox, OutboxSink
+from marconi_ray.serve.replica.receiver import Receiving
 from marconi_ray.serve.replica.relayed import RelayedCommits
 from marconi_ray.serve.replica.shard_group import (
     ActorShards,
@@ -118,8 +119,9 @@ class Sink(Protocol):
     def put_nowait(self, item: StreamItem) -> None: ...
 
 
-class ModelReplica:
-    """One model replica: its shard group driven by one continuous-batching loop."""
+class ModelReplica(Receiving):
+    """One model replica: its shard group driven by one continuous-batching loop (which
+    also runs the moves of cache entries into it: `replica.receiver`)."""
 
     def __init__(self, settings: ServeSettings) -> None:
         context = serve.get_replica_context()
@@ -181,6 +183,7 @@ class ModelReplica:
         self._store_figures: dict[str, float] | None = None
         """Rank 0's `tier_stats()` as last read, sent with the next heartbeat."""
         self._figures_task: asyncio.Task[None] | None = None
+        self._receives = []
 
     def shard_name(self, rank: int) -> str:
         """Ray actor name of a shard of the current TP group (namespace `marconi`)."""
@@ -464,6 +467,8 @@ class ModelReplica:
                     continue
                 if self._reconcile_due:
                     await self._reconcile()
+                if self._receives:
+                    await self._run_receives()
                 await self._step()
                 await self._commit_overdue()
             except RayActorError as exc:  # an actor died: a shard, or someone else?
@@ -699,6 +704,7 @@ class ModelReplica:
             or self._cancels
             or self._reconcile_due
             or self._rebuild_due
+            or self._receives
         )
 
     async def _drain(self) -> None:

@@ -17,7 +17,6 @@ source mid-transfer changes nothing and reports 0 tokens: its caller recomputes.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,7 +27,7 @@ import ray
 from ray.exceptions import RayError
 
 from marconi_ray.engine.store.entry_io import EntryPayload, TransferError
-from marconi_ray.serve.transfer_modes import TransferMode, resolve_transfer
+from marconi_ray.serve.transfer_modes import TransferMode
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +48,6 @@ class Imported:
     tokens: int
     nbytes: int
     refused: str = ""
-
-
-def nixl_available() -> bool:
-    return importlib.util.find_spec("nixl") is not None
 
 
 class EntryEndpoint:
@@ -109,11 +104,6 @@ def join_transfer_group(endpoints: list[Any], mode: TransferMode) -> None:
     from ray.experimental.collective import create_collective_group
 
     create_collective_group(endpoints, backend=mode.collective)
-
-
-def transfer_mode(name: str, device: str) -> TransferMode:
-    """`resolve_transfer` with this process's view of whether NIXL is installed."""
-    return resolve_transfer(name, device, nixl_available())
 
 
 def move_entry(

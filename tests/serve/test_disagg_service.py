@@ -1,0 +1,176 @@
+"""Prefill and decode apart, and remote hits, as a service over the OpenAI HTTP API on a
+real local Ray, entries moving over GLOO (Ray Direct Transport): every turn's tokens
+are the uncached engine's, later turns report cached tokens (at least a mixed
+service's of the same total cache bytes), `/health` names each replica's role,
+`/metrics` counts the bytes moved, and each store holds exactly what its tree accounts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+from serve_helpers import SERVE_PORT, http_service, local_ray
+
+from marconi_ray.engine.engine import Engine
+from marconi_ray.engine.presets.factory import make_model
+from marconi_ray.protocol.sampling import SamplingParams
+from marconi_ray.serve.disagg import DisaggSettings
+from marconi_ray.serve.settings import ServeSettings
+
+pytestmark = [pytest.mark.ray]
+
+MAX_TOKENS = 6
+CACHE_BYTES = 3_000_000
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model("tiny", "nemotron_h", tmp_path_factory.mktemp("disagg") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> Engine:
+    return Engine(model_dir, system="vanilla", cache_bytes=10**8)
+
+
+@pytest.fixture(scope="module")
+def ray_session() -> Iterator[None]:
+    with local_ray():
+        yield
+
+
+def _settings(model_dir: Path, app: str, **disagg: Any) -> ServeSettings:
+    return ServeSettings(
+        model_dir=str(model_dir),
+        model_name="tiny",
+        replicas=2,
+        cache_bytes=CACHE_BYTES,
+        alpha=1.0,
+        heartbeat_s=0.2,
+        lease_s=10.0,
+        app_name=app,
+        port=SERVE_PORT,
+        prefill_tflops=1e-4,  # a CPU's prefill: a pulled hit beats recomputing it
+        disagg=DisaggSettings(transfer_latency_s=0.0, **disagg),
+    )
+
+
+def _complete(prompt: list[int]) -> tuple[list[int], int]:
+    """One greedy completion of token ids: (its token ids, its cached prompt tokens)."""
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{SERVE_PORT}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        assert resp.status == 200
+        reply = json.loads(resp.read())
+    usage = reply["usage"]
+    assert usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == MAX_TOKENS
+    ids = [int(t) for t in reply["choices"][0]["token_ids"]]
+    return ids, int(usage["prompt_tokens_details"]["cached_tokens"])
+
+
+def _get(path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{SERVE_PORT}{path}", timeout=30) as resp:
+        return resp.read().decode()
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def _sessions(reference: Engine, turns: int) -> list[list[int]]:
+    """Three sessions' turns, served one after another: the cached tokens of turns 2+,
+    every output checked against the uncached engine."""
+    rng = np.random.default_rng(4)
+    histories = [rng.integers(7, 263, 40).tolist() for _ in range(3)]
+    cached: list[list[int]] = [[] for _ in histories]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    for turn in range(turns):
+        for i, history in enumerate(histories):
+            tokens, hit = _complete(history)
+            assert tokens == list(reference.generate(history, params).tokens), (i, turn)
+            if turn:
+                cached[i].append(hit)
+            history += tokens + rng.integers(7, 263, 5).tolist()
+    return cached
+
+
+def _stores_match_trees(coordinator: Any, app: str) -> None:
+    """Every replica's store holds exactly the bytes its tree accounts (polled: the
+    replicas free what a commit released asynchronously)."""
+    handle = serve.get_deployment_handle("ModelReplica", app_name=app)
+    deadline = time.monotonic() + 30
+    while True:
+        want = {s.replica_id: s.bytes_used for s in ray.get(coordinator.stats.remote())}
+        held = {}
+        for call in [handle.stats.remote() for _ in range(8)]:
+            s = call.result(timeout_s=30)
+            held[s["replica_id"]] = int(s["bytes_used"])
+        if held == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert held == want
+    ray.get(coordinator.check_invariants.remote())
+
+
+def test_prefill_and_decode_apart_are_exact_and_cache_on_both_sides(
+    ray_session, model_dir, reference
+):
+    with http_service(_settings(model_dir, "mixed-base")):
+        mixed = _sessions(reference, turns=2)
+    settings = _settings(model_dir, "pd", prefill_replicas=1, decode_replicas=1, transfer="gloo")
+    with http_service(settings) as coordinator:
+        health = json.loads(_get("/health"))
+        assert sorted(health["roles"].values()) == ["decode", "prefill"]
+        pd = _sessions(reference, turns=2)
+        metrics = _get("/metrics")
+        _stores_match_trees(coordinator, "pd")
+        stats = {s.role: s for s in ray.get(coordinator.stats.remote())}
+    for got, base in zip(pd, mixed, strict=True):  # turns 2+: at least the mixed hits
+        assert all(g >= b > 0 for g, b in zip(got, base, strict=True)), (pd, mixed)
+    assert _metric(metrics, "marconi_transfer_bytes_total", kind="pd") > 0
+    assert _metric(metrics, "marconi_transfers_total", kind="pd", outcome="failed") == 0
+    assert _metric(metrics, "marconi_transfers_total", kind="pd", mode="gloo") >= 3
+    assert _metric(metrics, "marconi_transfers_total", mode="object_store") == 0
+    assert _metric(metrics, "marconi_replica_info", role="decode") == 1
+    decode = stats["decode"].stats
+    assert decode["states_admitted"]["transfer"] >= 3  # each session's first turn moved
+    assert decode["states_admitted"]["last_token"] > 0  # and its end-of-turn states cached
+
+
+def test_mixed_replicas_pull_a_remote_hit(ray_session, model_dir, reference):
+    settings = _settings(model_dir, "remote", remote_hits=True, transfer="gloo")
+    settings = ServeSettings(**{**settings.__dict__, "routing": "round_robin"})
+    with http_service(settings) as coordinator:
+        cached = _sessions(reference, turns=2)  # round robin: turn 2 lands on the other one
+        metrics = _get("/metrics")
+        _stores_match_trees(coordinator, "remote")
+    assert all(hits[0] > 40 for hits in cached), cached
+    assert _metric(metrics, "marconi_remote_hit_tokens_total") > 0
+    assert _metric(metrics, "marconi_transfer_bytes_total", kind="remote_hit") > 0
+    assert _metric(metrics, "marconi_transfers_total", kind="remote_hit", mode="gloo") > 0
