@@ -3,7 +3,9 @@
 ``scrape`` returns a flat dict: counters summed over replicas (``hit_tokens``,
 ``input_tokens``, ``requests``, ``hit_requests``, ``flops_total``, ``flops_saved``,
 ``evictions``, ``states_dropped``, ``tuner_runs``; of the host tier ``promotions``,
-``demotions``, ``host_evictions``, ``host_hit_tokens``) and per-replica gauges
+``demotions``, ``host_evictions``, ``host_hit_tokens``; of moves between replicas
+``transfer_bytes``, ``transfers``, ``transfer_seconds``, ``remote_hit_tokens``, summed
+over their kinds) and per-replica gauges
 (``alpha``, ``used_bytes``, ``capacity_bytes`` as ``{replica: value}``), plus
 ``replicas`` (sorted ids). ``delta`` turns a before/after pair into the run's figures.
 """
@@ -29,6 +31,10 @@ SUMMED = {
     "marconi_cache_promotions_total": "promotions",
     "marconi_cache_demotions_total": "demotions",
     "marconi_cache_host_evictions_total": "host_evictions",
+    "marconi_transfer_bytes_total": "transfer_bytes",
+    "marconi_transfers_total": "transfers",
+    "marconi_transfer_seconds_sum": "transfer_seconds",
+    "marconi_remote_hit_tokens_total": "remote_hit_tokens",
 }
 BY_TIER = {("marconi_cache_tier_hit_tokens_total", "host"): "host_hit_tokens"}
 """Labelled series summed over replicas for one `tier` label value."""
@@ -51,6 +57,10 @@ DELTA_KEYS = (
     "demotions",
     "host_evictions",
     "host_hit_tokens",
+    "transfer_bytes",
+    "transfers",
+    "transfer_seconds",
+    "remote_hit_tokens",
 )
 
 

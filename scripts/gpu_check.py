@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small kernel shapes (CPU dry run)")
     p.add_argument(
         "--sections",
-        default="kernels,exactness,tiers,graphs,prefill,ttft,decode",
+        default="kernels,exactness,tiers,transfer,graphs,prefill,ttft,decode",
         help="comma-separated sections to run",
     )
     p.add_argument("--tier-mb", type=int, default=256, help="MB of KV (and of states) moved")
@@ -601,12 +601,63 @@ def decode(engine: Engine, batches: list[int], dev: torch.device) -> dict[str, A
     return out
 
 
+def run_transfer(dev: torch.device, preset: str, prompt_len: int, reps: int = 3) -> dict[str, Any]:
+    """A cache entry moved between two engines on the device (`export_prefix` /
+    `import_prefix`, what a replica's shards do at each end of a move): export GB/s (the
+    copy of its KV and state into one flat tensor per dtype, with the checksum), import
+    GB/s (the checksum again, the writes into the receiver's pool), each next to the
+    floor of one device-to-device copy of the same bytes; and the receiver's next turn
+    equal to an uncached engine's. Between GPUs the bytes go over NIXL / NCCL (Ray
+    Direct Transport), which this one-GPU image cannot show: the exporter's and the
+    importer's device work bound what a move costs on top of the link."""
+    hf, folder = hf_on_device(preset, "nemotron_h", dev, "bfloat16")
+    weights = hf.state_dict()
+    del hf
+
+    def engine(system: str) -> Engine:
+        return Engine(folder, system, 8 * 2**30, dtype="bfloat16", device=str(dev), weights=weights)
+
+    source, receiver, reference = engine("marconi"), engine("marconi"), engine("vanilla")
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    g = torch.Generator().manual_seed(6)
+    chat = torch.randint(3, 258, (prompt_len,), generator=g).tolist()
+    history = chat + list(source.generate(chat, params).tokens)
+    export_s, payload = timed(lambda: source.export_prefix(history), dev, reps)
+    assert payload is not None
+    nbytes = payload.meta.nbytes
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    copy_s, _ = timed(lambda: flat.clone(), dev, reps)
+    sync(dev)
+    t0 = time.perf_counter()
+    depth = receiver.import_prefix(payload)
+    sync(dev)
+    import_s = time.perf_counter() - t0
+    follow = history + torch.randint(3, 258, (16,), generator=g).tolist()
+    got = receiver.generate(follow, params)
+    want = reference.generate(follow, params)
+    result = {
+        "preset": preset,
+        "entry_tokens": depth,
+        "entry_mb": round(nbytes / 2**20, 2),
+        "export_gbps": round(nbytes / export_s / 1e9, 2),
+        "import_gbps": round(nbytes / import_s / 1e9, 2),
+        "device_copy_gbps": round(nbytes / copy_s / 1e9, 2),
+        "export_over_copy": round(copy_s / export_s, 3),
+        "cached_tokens": got.usage.cached_tokens,
+        "next_turn_equal": got.tokens == want.tokens,
+    }
+    result["ok"] = result["next_turn_equal"] and result["cached_tokens"] == depth
+    print(f"  transfer: {result}", flush=True)
+    return result
+
+
 def summary(result: dict[str, Any]) -> str:
     lines = ["# GPU check", "", f"device: {result['env'].get('device_name')}", ""]
     for section in (
         "kernels",
         "exactness",
         "tiers",
+        "transfer",
         "graphs",
         "prefill",
         "packed",
@@ -652,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         ("kernels", lambda: run_kernels(dev, args.quick)),
         ("exactness", lambda: run_exactness(dev, "tiny" if args.quick else "small")),
         ("tiers", lambda: run_tiers(dev, "tiny" if args.quick else "small", args.tier_mb)),
+        ("transfer", lambda: run_transfer(dev, "tiny" if args.quick else "small", 2048)),
         ("graphs", lambda: run_graphs(dev, "tiny" if args.quick else "small", batches)),
     ):
         if name in sections:

@@ -22,7 +22,7 @@ class Handoff:
     max_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MoveTicket:
     """One planned move of the entry of `tokens` from `source` to `receiver`.
 
@@ -61,7 +61,7 @@ class Staged:
     handoff: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ImportResult:
     """What a receiver's shard did with a payload: the new `state_id` and KV `slots`
     (positions [kv_from, depth)) it stored, `nbytes` that arrived, or why it took

@@ -2,8 +2,11 @@
 (some to the wrong replica), starts and steps, client departures, channel breaks,
 abandons of unsent plans, lease expiries, heartbeats, drains, reconciles, coordinator
 stalls and coordinator restarts from the journal, commits relayed through the ingress
-(`settings.commit_relay`: delivered late, twice, or lost with an ingress) and the
-replicas' own commits of overdue relays, across two replicas with the host tier on.
+(`settings.commit_relay`: delivered late, twice, or lost with an ingress), the
+replicas' own commits of overdue relays, and moves of cache entries between the
+replicas (`serve.coordinator.transfers`: begun, sent, arriving intact or corrupt, lost
+with a source that died, or abandoned by a mover that died, its leases left to expire),
+across two replicas with the host tier on.
 The parts are the real ones (`replica_harness`: a real `CacheCoordinator`, real
 tiny-model workers, the real `ModelReplica` and `RayBackend` methods).
 
@@ -55,6 +58,8 @@ from marconi_ray.serve.messages import (
 )
 from marconi_ray.serve.replica import deployment
 from marconi_ray.serve.replica.deployment import ModelReplica
+from marconi_ray.serve.replica.ticket_io import export_ticket, import_ticket
+from marconi_ray.serve.transfer_messages import MoveTicket
 
 REPLICAS = ("r0", "r1")
 WEIGHTS = {
@@ -73,6 +78,11 @@ WEIGHTS = {
     "relay": 4,
     "lose": 0.5,
     "overdue": 1,
+    "move": 1.5,
+    "send": 1.5,
+    "arrive": 1.5,
+    "source_lost": 0.3,
+    "abandon_move": 0.3,
 }
 """How often each event is drawn, relatively (faults rarer than traffic, so the caches
 fill, evict and move between tiers in between)."""
@@ -102,6 +112,10 @@ class World:
     """Commits the replicas relayed, not yet sent to the coordinator by the ingress."""
     relayed: list[RelayedCommit] = field(default_factory=list)
     """Those sent (a retry may send one again)."""
+    moves: list[MoveTicket] = field(default_factory=list)
+    """Moves begun at the coordinator and not yet ended here."""
+    payloads: dict[int, Any] = field(default_factory=dict)
+    """Import request id -> the payload its source exported (sent, not yet arrived)."""
 
     def backend(self, replica: ModelReplica | None = None) -> RayBackend:
         target = replica if replica is not None else _Router(self.replicas)
@@ -233,6 +247,35 @@ async def event(world: World, kind: str) -> None:
         waiting = len(replica._relayed)
         await replica._commit_overdue()
         world.counts["overdue_commits"] = world.counts.get("overdue_commits", 0) + waiting
+    elif kind == "move":
+        src, dst = (REPLICAS[0], REPLICAS[1]) if rng.random() < 0.5 else REPLICAS[::-1]
+        prompt = world.sessions[int(rng.integers(len(world.sessions)))]
+        try:
+            ticket = coord.begin_move(src, dst, np.asarray(prompt, np.int32), "remote_hit")
+        except KeyError:  # a replica dropped meanwhile
+            return
+        if ticket is not None:
+            world.moves.append(ticket)
+    elif kind == "send" and world.moves:
+        ticket = world.moves[int(rng.integers(len(world.moves)))]
+        if ticket.import_request not in world.payloads:
+            store = world.workers[ticket.source].store
+            try:  # the pin held it: a source whose store lost it was reset meanwhile
+                world.payloads[ticket.import_request] = export_ticket(store, ticket)
+            except ValueError:
+                world.payloads[ticket.import_request] = None
+    elif kind == "arrive":
+        sent = [t for t in world.moves if t.import_request in world.payloads]
+        if sent:
+            ticket = sent[int(rng.integers(len(sent)))]
+            await _arrive(world, ticket, corrupt=rng.random() < 0.2)
+    elif kind == "source_lost" and world.moves:  # the source died mid-move
+        ticket = world.moves.pop(int(rng.integers(len(world.moves))))
+        world.payloads.pop(ticket.import_request, None)
+        await _finish(world, ticket, None)
+    elif kind == "abandon_move" and world.moves:  # the mover died: the leases end it
+        ticket = world.moves.pop(int(rng.integers(len(world.moves))))
+        world.payloads.pop(ticket.import_request, None)
     elif kind == "stall":
         world.clock.now += 2 * LEASE
         watch = coord.stall_watch
@@ -244,6 +287,31 @@ async def event(world: World, kind: str) -> None:
             replica.coordinator = Handle(world.coord)
         for rid in REPLICAS:
             await _heartbeat(world, rid)
+
+
+async def _arrive(world: World, ticket: MoveTicket, corrupt: bool) -> None:
+    """The receiver's side of a move, in one go between two of its steps, as its loop
+    runs it (`replica.receiver`): import the payload, end the move at the coordinator,
+    free what the coordinator hands back."""
+    world.moves.remove(ticket)
+    payload = world.payloads.pop(ticket.import_request)
+    replica = world.replicas[ticket.receiver]
+    if payload is not None and corrupt:
+        key = next(iter(payload.tensors))
+        payload.tensors[key][-1] += 1.0
+    if ticket.receiver_generation != replica.generation:
+        result = None
+    else:
+        result = import_ticket(world.workers[ticket.receiver].store, payload, ticket)
+        outcome = "arrived" if result.ok else "refused"
+        world.counts[outcome] = world.counts.get(outcome, 0) + 1
+    await _finish(world, ticket, result)
+
+
+async def _finish(world: World, ticket: MoveTicket, result: Any) -> None:
+    direct = world.coord.finish_move(ticket, result)
+    if direct.states or len(direct.slots):
+        await world.replicas[ticket.receiver]._release_now(direct)
 
 
 async def _heartbeat(world: World, rid: str) -> None:
@@ -327,6 +395,10 @@ async def settle_all(world: World) -> None:
     for dispatch in world.unsent:
         world.coord.abandon(dispatch)
     world.unsent = []
+    for ticket in list(world.moves):  # moves still on their way end (their sources lost)
+        world.moves.remove(ticket)
+        world.payloads.pop(ticket.import_request, None)
+        await _finish(world, ticket, None)
     for rid in REPLICAS:
         await _heartbeat(world, rid)
         await run_until_idle(world.replicas[rid])

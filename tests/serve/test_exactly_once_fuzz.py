@@ -47,6 +47,7 @@ def _fuzz(model_dir: Path, seed: int) -> None:
     # relayed commits were applied, dropped as late or repeated, and committed overdue
     assert counts.get("relay_applied", 0) and counts.get("relay_dropped", 0), counts
     assert counts.get("overdue_commits", 0), counts
+    assert counts.get("arrived", 0), counts  # entries moved between the replicas
 
 
 def test_a_dispatch_whose_lease_the_world_expired_never_starts(model_dir):

@@ -79,7 +79,8 @@ class Receiving:
     async def receive(self, order: ReceiveOrder) -> ImportResult:
         """Pull `order`'s entry into this replica (see the module docstring); what the
         import did."""
-        if self._misrouted(order.replica_id, "move"):
+        if self._misrouted(order.replica_id, "move"):  # the receiver is gone: end it now
+            await self.coordinator.finish_move.remote(order.ticket, None)
             return _failed(f"the move for replica {order.replica_id!r} reached another")
         done: asyncio.Future[ImportResult] = asyncio.get_running_loop().create_future()
         self._receives.append((order, done))
