@@ -5,6 +5,9 @@ bytes/s).
 For each payload size, on one local Ray:
 1. floor: two actors in a `torch.distributed` gloo group; the sender `send`s the tensor
    and the receiver `recv`s it into a preallocated buffer (both calls launched at once).
+   Next to it, the same recv into a tensor allocated for each receive (what RDT's GLOO
+   receive does: a two-sided transport takes no target buffer), which pays the fresh
+   pages' first touch.
 2. rdt: the same tensor returned by an actor method with `tensor_transport="gloo"` and
    read by another actor's method (Ray Direct Transport, what `EntryEndpoint` uses).
 3. entry: a real cache entry of the tiny model's engine moved with `move_entry` (export
@@ -67,6 +70,15 @@ class DistPeer:
         assert self.buf is not None
         dist.recv(self.buf, src=0)
         return float(self.buf[0])
+
+    def recv_fresh(self) -> float:
+        """`recv` into a tensor allocated for it, as RDT's GLOO receive does."""
+        import torch.distributed as dist
+
+        assert self.buf is not None
+        buf = torch.empty_like(self.buf)
+        dist.recv(buf, src=0)
+        return float(buf[0])
 
 
 class RdtPeer:
@@ -137,7 +149,9 @@ def _entry_moves(model_root: Path, tokens: int, reps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
-        "--mb", default="1,8,64", help="payload sizes in MiB, comma-separated (default 1,8,64)"
+        "--mb",
+        default="1,8,64,256",
+        help="payload sizes in MiB, comma-separated (default 1,8,64,256)",
     )
     ap.add_argument("--reps", type=int, default=5, help="timed moves per size (median; default 5)")
     ap.add_argument(
@@ -165,13 +179,18 @@ def main(argv: list[str] | None = None) -> None:
     for n in tqdm(sizes, desc="payload sizes"):
         ray.get([p.make.remote(n) for p in (dist_a, dist_b, rdt_a)])
         floor = _median_s(lambda: ray.get([dist_a.send.remote(), dist_b.recv.remote()]), args.reps)
+        fresh = _median_s(
+            lambda: ray.get([dist_a.send.remote(), dist_b.recv_fresh.remote()]), args.reps
+        )
         rdt = _median_s(lambda: ray.get(rdt_b.recv.remote(rdt_a.send.remote())), args.reps)
         rows.append(
             {
                 "bytes": n,
                 "floor_gbps": n / floor / 1e9,
+                "fresh_gbps": n / fresh / 1e9,
                 "rdt_gbps": n / rdt / 1e9,
                 "rdt_over_floor": floor / rdt,
+                "rdt_over_fresh": fresh / rdt,
             }
         )
     for peer in (dist_a, dist_b, rdt_a, rdt_b):
@@ -181,11 +200,14 @@ def main(argv: list[str] | None = None) -> None:
     ray.shutdown()
     result = {"sizes": rows, "entry": entry, "reps": args.reps}
     (out / "bench_transfer.json").write_text(json.dumps(result, indent=2))
-    print(f"{'MiB':>6} {'floor GB/s':>11} {'rdt GB/s':>9} {'rdt/floor':>10}")
+    print(
+        f"{'MiB':>6} {'floor GB/s':>11} {'fresh-buffer GB/s':>18} {'rdt GB/s':>9} "
+        f"{'rdt/floor':>10} {'rdt/fresh':>10}"
+    )
     for row in rows:
         print(
-            f"{row['bytes'] / (1 << 20):6.1f} {row['floor_gbps']:11.3f} {row['rdt_gbps']:9.3f} "
-            f"{row['rdt_over_floor']:10.2f}"
+            f"{row['bytes'] / (1 << 20):6.1f} {row['floor_gbps']:11.3f} {row['fresh_gbps']:18.3f} "
+            f"{row['rdt_gbps']:9.3f} {row['rdt_over_floor']:10.2f} {row['rdt_over_fresh']:10.2f}"
         )
     print(
         f"entry: {entry['tokens']} tokens, {entry['bytes']} bytes; median move (export copy, "
@@ -197,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     ax = fig.add_subplot()
     mib = [r["bytes"] / (1 << 20) for r in rows]
     ax.plot(mib, [r["floor_gbps"] for r in rows], "o-", label="torch.distributed gloo send/recv")
+    ax.plot(
+        mib, [r["fresh_gbps"] for r in rows], "^--", label="the same, received into a fresh tensor"
+    )
     ax.plot(mib, [r["rdt_gbps"] for r in rows], "s-", label="Ray Direct Transport (gloo)")
     ax.set_xscale("log")
     ax.set_xlabel("payload (MiB)")
