@@ -128,11 +128,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=12, help="sessions per trace (default 12)")
+    ap.add_argument("--sessions", type=int, default=8, help="sessions per trace (default 8)")
     ap.add_argument("--concurrency", type=int, default=4, help="sessions in flight (default 4)")
     ap.add_argument("--max-output", type=int, default=16, help="tokens per turn (default 16)")
     ap.add_argument(
-        "--max-prompt", type=int, default=1024, help="a session stops past this prompt length"
+        "--max-prompt",
+        type=int,
+        default=3800,
+        help="a session stops past this prompt length (default 3800: the tiny preset holds 4096)",
     )
     ap.add_argument(
         "--cache-bytes", type=int, default=20_000_000, help="cache bytes per replica (default 2e7)"

@@ -5,7 +5,10 @@ Roles: with `prefill_replicas` P and `decode_replicas` D both 0 (the default) ev
 replica is `mixed`, as before. Otherwise the coordinator gives each replica a role as it
 registers, in registration order: prefill until P replicas hold that role, then decode
 (a replica that replaces a lost one takes the role that lost it; replicas beyond P + D,
-e.g. added by hand, decode). A role only steers routing: any replica can run any request
+e.g. added by hand, decode). When a replica leaves and its role has fewer replicas than
+it should while the other has more (a replacement registered before the lost replica
+was dropped), the latest-registered replica of the other role takes it
+(`rebalance_roles`). A role only steers routing: any replica can run any request
 (a re-plan after a fault goes wherever the router says), so a lost role never strands
 a request.
 
@@ -106,3 +109,23 @@ def assign_role(settings: DisaggSettings, taken: Iterable[str]) -> str:
         return "mixed"
     prefill = sum(1 for role in taken if role == "prefill")
     return "prefill" if prefill < settings.prefill_replicas else "decode"
+
+
+def rebalance_roles(settings: DisaggSettings, roles: list[tuple[str, str]]) -> dict[str, str]:
+    """The role changes that give each role its count again, for the replicas `roles`
+    ((id, role) in registration order): while one role has fewer replicas than it
+    should and the other more, the latest-registered replica of the surplus role moves.
+    Deterministic (a journal replay makes the same changes)."""
+    if not settings.roles:
+        return {}
+    want = {"prefill": settings.prefill_replicas, "decode": settings.decode_replicas}
+    current = dict(roles)
+    changes: dict[str, str] = {}
+    for short, surplus in (("prefill", "decode"), ("decode", "prefill")):
+        while True:
+            count = {r: sum(1 for v in current.values() if v == r) for r in want}
+            if count[short] >= want[short] or count[surplus] <= want[surplus]:
+                break
+            mover = [rid for rid, _ in roles if current[rid] == surplus][-1]
+            current[mover] = changes[mover] = short
+    return changes

@@ -220,6 +220,12 @@ class ServeSettings:
                 f"prefill_replicas + decode_replicas ({d.prefill_replicas} + "
                 f"{d.decode_replicas}) must equal replicas ({self.replicas})"
             )
+        if d.moves and self.tp > 1 and d.transfer in ("gloo", "nccl"):
+            raise ValueError(
+                f"transfer {d.transfer!r} cannot run at tp {self.tp}: Ray's torch collective "
+                "groups take over each shard process's default process group, which tensor "
+                "parallelism already holds; use nixl or object_store (auto picks one)"
+            )
         if d.moves and self.coordinators != 1:
             raise ValueError(
                 "prefill / decode roles and remote hits move entries between the replicas "

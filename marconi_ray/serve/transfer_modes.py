@@ -67,6 +67,12 @@ def nixl_available() -> bool:
     return importlib.util.find_spec("nixl") is not None
 
 
-def transfer_mode(name: str, device: str) -> TransferMode:
-    """`resolve_transfer` with this process's view of whether NIXL is installed."""
-    return resolve_transfer(name, device, nixl_available())
+def transfer_mode(name: str, device: str, tp: int = 1) -> TransferMode:
+    """`resolve_transfer` with this process's view of whether NIXL is installed. At
+    tp > 1, `auto` without NIXL is the object store: a collective group (GLOO, NCCL)
+    would take over the shard processes' default process group, which tensor
+    parallelism holds (`ServeSettings` refuses `gloo` / `nccl` there)."""
+    mode = resolve_transfer(name, device, nixl_available())
+    if tp > 1 and mode.collective is not None:
+        return TRANSFER_MODES["object_store"]
+    return mode

@@ -17,7 +17,8 @@ from marconi_ray.serve.coordinator.routing.disagg import (
     stage_remote,
     stage_roles,
 )
-from marconi_ray.serve.disagg import DisaggSettings, assign_role
+from marconi_ray.serve.disagg import DisaggSettings, assign_role, rebalance_roles
+from marconi_ray.serve.transfer_modes import transfer_mode
 
 
 @pytest.mark.parametrize(
@@ -54,6 +55,15 @@ def test_roles_set_the_replicas_and_coordinators_must_be_one(tmp_path) -> None:
         )
 
 
+def test_collective_transfers_are_refused_at_tp_above_one(tmp_path) -> None:
+    roles = {"prefill_replicas": 1, "decode_replicas": 1, "tp": 2}
+    with pytest.raises(ValueError, match="cannot run at tp 2"):
+        config_from_mapping({**roles, "transfer": "gloo"}).to_settings(tmp_path)
+    s = config_from_mapping({**roles, "transfer": "auto"}).to_settings(tmp_path)
+    assert transfer_mode(s.disagg.transfer, s.device, s.tp).name == "object_store"
+    assert transfer_mode("auto", "cpu", 1).name == "gloo"
+
+
 def test_serve_flags_set_roles_and_transfers() -> None:
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
@@ -74,6 +84,16 @@ def test_roles_go_in_registration_order_and_a_lost_role_is_taken_again() -> None
     assert taken == ["prefill", "prefill", "decode", "decode"]
     assert assign_role(d, ["prefill", "decode"]) == "prefill"  # a prefill replica was lost
     assert assign_role(DisaggSettings(), ["mixed"]) == "mixed"
+
+
+def test_a_role_left_short_is_taken_by_the_latest_replica_of_the_other() -> None:
+    d = DisaggSettings(prefill_replicas=1, decode_replicas=1)
+    # the prefill replica was replaced before it was dropped: its replacement decodes
+    assert rebalance_roles(d, [("n", "decode"), ("p2", "decode")]) == {"p2": "prefill"}
+    assert rebalance_roles(d, [("p", "prefill"), ("d", "decode")]) == {}
+    assert rebalance_roles(d, [("p", "prefill"), ("q", "prefill")]) == {"q": "decode"}
+    assert rebalance_roles(d, [("d", "decode")]) == {}  # nothing to give: it stays
+    assert rebalance_roles(DisaggSettings(), [("m", "mixed")]) == {}
 
 
 def _clock(gbps: float = 10.0, tflops: float = 1e-3) -> MoveClock:

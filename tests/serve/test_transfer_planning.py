@@ -268,3 +268,11 @@ def test_roles_hand_a_first_turn_off_and_run_the_next_where_its_hit_is(model_dir
     assert local.order.hit_len >= len(prompt) + len(tokens) - 1
     _run(coord, workers, local)
     _settle(coord, workers)
+
+
+def test_a_replacement_registered_before_the_lost_replica_left_takes_its_role(model_dir: Path):
+    coord, _, _ = _setup(model_dir, prefill_replicas=1, decode_replicas=1)
+    register(coord, make_worker(model_dir), "r2")  # r0 (prefill) hung; Serve replaced it
+    assert coord.health()["roles"] == {"r0": "prefill", "r1": "decode", "r2": "decode"}
+    coord.unregister_replica("r0")  # dropped for silence at last
+    assert coord.health()["roles"] == {"r1": "decode", "r2": "prefill"}

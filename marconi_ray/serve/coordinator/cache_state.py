@@ -54,7 +54,7 @@ from marconi_ray.protocol.planner import Planner
 from marconi_ray.protocol.release_log import LogEntry, ReleaseLog
 from marconi_ray.serve.coordinator.leases import LeaseTable
 from marconi_ray.serve.coordinator.routing.state import RouteState
-from marconi_ray.serve.disagg import assign_role
+from marconi_ray.serve.disagg import assign_role, rebalance_roles
 from marconi_ray.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,10 @@ class CacheState:
         self.replicas.pop(op.replica, None)
         self.logs.pop(op.replica, None)
         self.leases.drop_replica(op.replica)
+        roles = [(rid, info.role) for rid, info in self.replicas.items()]
+        for rid, role in rebalance_roles(self.settings.disagg, roles).items():
+            log.warning("replica %s takes the %s role (replica %s left)", rid, role, op.replica)
+            self.replicas[rid].role = role
 
     def _plan(self, op: Plan) -> Planned:
         order, release = self.planners[op.replica].order(

@@ -358,6 +358,8 @@ class IngressServer:
         self.settings = settings
         self.replicas = replicas
         self.backend: RayBackend | None = None
+        self._warming: asyncio.Task[None] | None = None
+        """Forms the transfer groups once the replicas registered (`Mover.warm`)."""
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         settings = self.settings
@@ -368,9 +370,10 @@ class IngressServer:
         metrics = IngressMetrics()
         mover = None
         if settings.disagg.moves:
-            mode = transfer_mode(settings.disagg.transfer, settings.device)
+            mode = transfer_mode(settings.disagg.transfer, settings.device, settings.tp)
             timeout = settings.disagg.transfer_timeout_s
             mover = Mover(self.replicas, coordinators[0], mode, timeout, metrics)
+            self._warming = detached(mover.warm(settings.replicas))
         self.backend = RayBackend(
             coordinators,
             self.replicas,

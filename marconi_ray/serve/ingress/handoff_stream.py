@@ -102,7 +102,10 @@ class HandoffStream:
         return Completed(order.request_id, item.finish_reason, usage, item.timings, spec=item.spec)
 
     def ready(self) -> bool:
-        return bool(self._inner.ready())
+        """Whether the next event is here already. Never before the hand-off: the
+        prefill half's end starts the move, and the first token must not wait for it
+        (a reader that sees more waiting keeps reading before it sends what it has)."""
+        return self._decoding and bool(self._inner.ready())
 
     def cancel(self) -> None:
         self._cancelled = True

@@ -14,6 +14,13 @@ does: `serve.app`), and hands the groups to each receiver with its order. A repl
 that registered later (a replacement for a lost one) is in no group: its moves go over
 the object store, which needs none, and that is logged once.
 
+One move at a time per replica over a two-sided transport (GLOO, NCCL): each shard
+actor sends and receives on one system thread, so two moves in opposite directions
+between the same replicas (a hand-off P -> D while a pull D -> P runs), or any cycle of
+them, would each wait on the other's send. The mover takes a lock per replica for both
+ends of a move, in one global order, so moves touching a replica run one after the
+other and moves between disjoint pairs run side by side.
+
 A receiver that cannot be reached or does not answer within `transfer_timeout_s` (plus
 a margin for its queue) has the move finished here as failed; if it finishes it too,
 the coordinator's second `finish_move` finds both plans ended and changes nothing but
@@ -75,6 +82,8 @@ class Mover:
         self._members: list[set[Any]] = []
         self._lock = asyncio.Lock()
         self._warned: set[str] = set()
+        self._busy: dict[str, asyncio.Lock] = {}
+        """Replica id -> held while a two-sided move has it at one end."""
         self._used = mode.name
         """The mode of the last move (the object store when its pair shares no group)."""
 
@@ -87,6 +96,25 @@ class Mover:
             if shards:
                 self._shards[replica_id] = shards
         return shards
+
+    async def warm(self, replicas: int, timeout_s: float = 300.0) -> None:
+        """Form the collective groups as soon as `replicas` replicas are registered (the
+        ingress starts this at its start), so no request's first move waits for them.
+        Gives up quietly after `timeout_s`: the first move forms them then."""
+        if self.mode.collective is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if len(await self.coordinator.replicas.remote()) >= replicas:
+                    async with self._lock:
+                        if self._groups is None:
+                            await self._form_groups()
+                    return
+            except Exception:
+                log.exception("forming the transfer groups failed: the first move tries again")
+                return
+            await asyncio.sleep(0.5)
 
     async def _groups_for(
         self, source: tuple[Any, ...], receiver: tuple[Any, ...]
@@ -159,7 +187,15 @@ class Mover:
                 groups = found
         self._used = mode.name
         order = ReceiveOrder(ticket.receiver, ticket, source, mode.name, groups)
-        result: ImportResult = await self.replicas.receive.remote(order)
+        if mode.collective is None:
+            result: ImportResult = await self.replicas.receive.remote(order)
+            return result
+        first, second = (
+            self._busy.setdefault(r, asyncio.Lock())
+            for r in sorted((ticket.source, ticket.receiver))
+        )
+        async with first, second:
+            result = await self.replicas.receive.remote(order)
         return result
 
     def _warn_once(self, ticket: MoveTicket) -> None:
