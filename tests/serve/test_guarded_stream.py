@@ -86,7 +86,10 @@ class Backend:
         self.params.append(params)
         return _dispatch("b", prompt, params.max_tokens)
 
-    async def plan_shielded(self, prompt: np.ndarray, params: SamplingParams, _: float) -> Dispatch:
+    async def plan_shielded(
+        self, prompt: np.ndarray, params: SamplingParams, _: float, whole: bool = False
+    ) -> Dispatch:
+        assert whole  # a re-plan runs the rest where it is planned (no P/D hand-off)
         return await self.plan(prompt, params, _)
 
     async def settle_failed(self, dispatch: Dispatch, cause: BaseException) -> None:
