@@ -13,6 +13,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from marconi_ray.engine.presets.factory import make_model
 from marconi_ray.protocol.sampling import SamplingParams
 from marconi_ray.serve.disagg import DisaggSettings
 from marconi_ray.serve.settings import ServeSettings
+from marconi_ray.serve.transfer_messages import ReceiveOrder, ShardsQuery
 
 pytestmark = [pytest.mark.ray]
 
@@ -143,9 +145,11 @@ def _stores_match_trees(coordinator: Any, app: str) -> None:
     ray.get(coordinator.check_invariants.remote())
 
 
-def test_prefill_and_decode_apart_are_exact_and_cache_on_both_sides(
+def test_prefill_and_decode_apart_are_exact_cache_on_both_sides_and_survive_faults(
     ray_session, model_dir, reference
 ):
+    """A mixed service first (the baseline), then one 1P+1D service: its sessions, then
+    the loss of its decode replica mid-request and of its prefill replica mid-move."""
     with http_service(_settings(model_dir, "mixed-base")):
         mixed = _sessions(reference, turns=2)
     settings = _settings(model_dir, "pd", prefill_replicas=1, decode_replicas=1, transfer="gloo")
@@ -156,16 +160,19 @@ def test_prefill_and_decode_apart_are_exact_and_cache_on_both_sides(
         metrics = _get("/metrics")
         _stores_match_trees(coordinator, "pd")
         stats = {s.role: s for s in ray.get(coordinator.stats.remote())}
-    for got, base in zip(pd, mixed, strict=True):  # turns 2+: at least the mixed hits
-        assert all(g >= b > 0 for g, b in zip(got, base, strict=True)), (pd, mixed)
-    assert _metric(metrics, "marconi_transfer_bytes_total", kind="pd") > 0
-    assert _metric(metrics, "marconi_transfers_total", kind="pd", outcome="failed") == 0
-    assert _metric(metrics, "marconi_transfers_total", kind="pd", mode="gloo") >= 3
-    assert _metric(metrics, "marconi_transfers_total", mode="object_store") == 0
-    assert _metric(metrics, "marconi_replica_info", role="decode") == 1
-    decode = stats["decode"].stats
-    assert decode["states_admitted"]["transfer"] >= 3  # each session's first turn moved
-    assert decode["states_admitted"]["last_token"] > 0  # and its end-of-turn states cached
+        for got, base in zip(pd, mixed, strict=True):  # turns 2+: at least the mixed hits
+            assert all(g >= b > 0 for g, b in zip(got, base, strict=True)), (pd, mixed)
+        assert _metric(metrics, "marconi_transfer_bytes_total", kind="pd") > 0
+        assert _metric(metrics, "marconi_transfers_total", kind="pd", outcome="failed") == 0
+        assert _metric(metrics, "marconi_transfers_total", kind="pd", mode="gloo") >= 3
+        assert _metric(metrics, "marconi_transfers_total", mode="object_store") == 0
+        assert _metric(metrics, "marconi_replica_info", role="decode") == 1
+        decode = stats["decode"].stats
+        assert decode["states_admitted"]["transfer"] >= 3  # each session's first turn moved
+        assert decode["states_admitted"]["last_token"] > 0  # and its end-of-turn states cached
+        _lose_the_decode_replica_mid_request_and_the_prefill_replica_mid_move(
+            coordinator, "pd", reference
+        )
 
 
 def test_mixed_replicas_pull_a_remote_hit(ray_session, model_dir, reference):
@@ -202,48 +209,44 @@ def _roles(coordinator: Any, want: int, timeout_s: float = 90.0) -> dict[str, st
         time.sleep(0.3)
 
 
-def test_losing_the_decode_replica_mid_request_and_the_prefill_replica_mid_move(
-    ray_session, model_dir, reference
-):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from marconi_ray.serve.transfer_messages import ReceiveOrder, ShardsQuery
-
-    app = "pd-faults"
-    settings = _settings(model_dir, app, prefill_replicas=1, decode_replicas=1, transfer="gloo")
+def _lose_the_decode_replica_mid_request_and_the_prefill_replica_mid_move(
+    coordinator: Any, app: str, reference: Engine
+) -> None:
+    """Kill the decode replica while it decodes handed-off requests, then the prefill
+    replica in the middle of a move: every answer exact (an HTTP 500 would raise), the
+    survivors' stores equal to their trees, nothing reserved."""
     rng = np.random.default_rng(9)
     long = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    with http_service(settings) as coordinator:
-        roles = _roles(coordinator, 2)
-        decode = next(r for r, role in roles.items() if role == "decode")
-        prompts = [rng.integers(7, 263, 40).tolist() for _ in range(4)]
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            calls = [pool.submit(_complete, p, 32) for p in prompts]
-            deadline = time.monotonic() + 60
-            while not any(  # the decode replica decodes handed-off requests
-                s.role == "decode" and s.in_flight for s in ray.get(coordinator.stats.remote())
-            ):
-                assert time.monotonic() < deadline, "nothing reached the decode replica"
-                time.sleep(0.05)
-            ray.kill(_replica_actor(app, decode), no_restart=False)
-            answers = [c.result(timeout=180) for c in calls]  # an HTTP 500 raises here
-        for prompt, (tokens, _) in zip(prompts, answers, strict=True):
-            assert tokens == list(reference.generate(prompt, long).tokens)
-        roles = _roles(coordinator, 2)  # Serve replaced it: the new one decodes
-        prefill = next(r for r, role in roles.items() if role == "prefill")
-        decode = next(r for r, role in roles.items() if role == "decode")
-        history = prompts[0] + answers[0][0]
-        handle = serve.get_deployment_handle("ModelReplica", app_name=app)
-        source = handle.transfer_shards.remote(ShardsQuery(prefill)).result(timeout_s=30)
-        ticket = ray.get(coordinator.begin_move.remote(prefill, decode, history, "pd"))
-        assert ticket is not None  # the prefill side's entry of the first session, pinned
-        ray.kill(_replica_actor(app, prefill), no_restart=False)
-        order = ReceiveOrder(decode, ticket, tuple(source), "object_store")
-        result = handle.receive.remote(order).result(timeout_s=120)
-        assert not result.ok and result.refused  # the source died: the receiver recomputes
-        _roles(coordinator, 2)
-        nxt = history + rng.integers(7, 263, 5).tolist()
-        tokens, _ = _complete(nxt)
-        short = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        assert tokens == list(reference.generate(nxt, short).tokens)
-        _stores_match_trees(coordinator, app)
+    roles = _roles(coordinator, 2)
+    decode = next(r for r, role in roles.items() if role == "decode")
+    prompts = [rng.integers(7, 263, 40).tolist() for _ in range(4)]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        calls = [pool.submit(_complete, p, 32) for p in prompts]
+        deadline = time.monotonic() + 60
+        while not any(  # the decode replica decodes handed-off requests
+            s.role == "decode" and s.in_flight for s in ray.get(coordinator.stats.remote())
+        ):
+            assert time.monotonic() < deadline, "nothing reached the decode replica"
+            time.sleep(0.05)
+        ray.kill(_replica_actor(app, decode), no_restart=False)
+        answers = [c.result(timeout=180) for c in calls]  # an HTTP 500 raises here
+    for prompt, (tokens, _) in zip(prompts, answers, strict=True):
+        assert tokens == list(reference.generate(prompt, long).tokens)
+    roles = _roles(coordinator, 2)  # Serve replaced it: the new one decodes
+    prefill = next(r for r, role in roles.items() if role == "prefill")
+    decode = next(r for r, role in roles.items() if role == "decode")
+    history = prompts[0] + answers[0][0]
+    handle = serve.get_deployment_handle("ModelReplica", app_name=app)
+    source = handle.transfer_shards.remote(ShardsQuery(prefill)).result(timeout_s=30)
+    ticket = ray.get(coordinator.begin_move.remote(prefill, decode, history, "pd"))
+    assert ticket is not None  # the prefill side's entry of the first session, pinned
+    ray.kill(_replica_actor(app, prefill), no_restart=False)
+    order = ReceiveOrder(decode, ticket, tuple(source), "object_store")
+    result = handle.receive.remote(order).result(timeout_s=120)
+    assert not result.ok and result.refused  # the source died: the receiver recomputes
+    _roles(coordinator, 2)
+    nxt = history + rng.integers(7, 263, 5).tolist()
+    tokens, _ = _complete(nxt)
+    short = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    assert tokens == list(reference.generate(nxt, short).tokens)
+    _stores_match_trees(coordinator, app)
