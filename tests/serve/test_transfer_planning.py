@@ -166,13 +166,20 @@ def test_a_corrupt_payload_is_refused_and_nothing_is_held(model_dir: Path) -> No
     _settle(coord, workers)
 
 
-def test_a_lapsed_import_frees_what_the_receiver_stored_once(model_dir: Path) -> None:
-    coord, workers, clock = _setup(model_dir)
+def _stored_unfinished(
+    coord: CacheCoordinator, workers: dict[str, Worker]
+) -> tuple[MoveTicket, ImportResult]:
+    """A move of r0's first turn that r1 stored and has not reported yet."""
     history = _history(coord, workers, "r0")
     ticket = coord.begin_move("r0", "r1", history, "remote_hit")
     assert ticket is not None
     payload = export_ticket(workers["r0"].store, ticket)
-    result = import_ticket(workers["r1"].store, payload, ticket)
+    return ticket, import_ticket(workers["r1"].store, payload, ticket)
+
+
+def test_a_lapsed_import_frees_what_the_receiver_stored_once(model_dir: Path) -> None:
+    coord, workers, clock = _setup(model_dir)
+    ticket, result = _stored_unfinished(coord, workers)
     for _ in range(int(2 * (1 + LEASE_GRACE)) + 1):  # replicas heard, the leases run out
         clock.now += LEASE / 2
         for rid in ("r0", "r1"):
@@ -187,11 +194,7 @@ def test_a_lapsed_import_frees_what_the_receiver_stored_once(model_dir: Path) ->
 
 def test_a_reconcile_mid_move_voids_the_import(model_dir: Path) -> None:
     coord, workers, _ = _setup(model_dir)
-    history = _history(coord, workers, "r0")
-    ticket = coord.begin_move("r0", "r1", history, "remote_hit")
-    assert ticket is not None
-    payload = export_ticket(workers["r0"].store, ticket)
-    result = import_ticket(workers["r1"].store, payload, ticket)
+    ticket, result = _stored_unfinished(coord, workers)
     store = workers["r1"].store
     states, slots = workers["r1"].holdings()
     _, answer = coord.reconcile("r1", states, slots, applied=applied(workers["r1"]))
