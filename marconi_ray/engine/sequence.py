@@ -30,6 +30,8 @@ class Sequence:
             in order (positions hit_len, hit_len + 1, ...; one per consumed token past
             the hit): handed to the cache when it ends, those it keeps, or freed.
         staged: device slots holding copies of the hit's host-tier KV (freed at the end).
+        reads: the hit's device slots whose rows it reads in place (`StateStore.pin_reads`
+            from its start to its end: a free of them waits for it).
         window: its windowed blocks' running rows (`engine.window_rows`; empty for a
             model without such blocks): freed as the window leaves them and when it ends.
         reserved: KV rows admission set aside for it (`Worker.rows_needed`), given back
@@ -59,6 +61,7 @@ class Sequence:
     prefilled: int = 0
     own: list[int] = field(default_factory=list)
     staged: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    reads: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     window: WindowRows = field(default_factory=WindowRows)
     reserved: int = 0
     prompt_lps: list[Logprob] = field(default_factory=list)

@@ -566,9 +566,9 @@ class Worker:
         pending = [done.kv_slots for done in self._finished]
         pending += [np.asarray(seq.own, dtype=np.int64) for seq in live]
         pending += [seq.staged for seq in live]
+        pending.append(self.store.released_slots())  # let go of, still read: not held
         slots = self.store.used_slots()
-        if pending:
-            slots = slots[~np.isin(slots, np.concatenate(pending))]
+        slots = slots[~np.isin(slots, np.concatenate(pending))]
         return [sid for sid in self.store.state_ids() if sid not in owned], slots
 
     def host_holdings(self) -> tuple[list[int], Slots]:
@@ -619,7 +619,10 @@ class Worker:
         if order.hit_len > 0:
             # slots first: they are validated there, and staged ones are freed by `_drop`
             # should the state fail
-            rows, seq.staged = self.store.hit_rows(order.hit_slots[: order.hit_len], order.hit_len)
+            hit = order.hit_slots[: order.hit_len]
+            rows, seq.staged = self.store.hit_rows(hit, order.hit_len)
+            seq.reads = self.store.on_device(hit)
+            self.store.pin_reads(seq.reads)  # until it ends, whatever the cache frees
             state = self.store.load_state(order.hit_state, order.hit_len)
             state.rows = torch.as_tensor(rows, device=self.model.device)
             if self.store.window is not None:
@@ -1019,6 +1022,7 @@ class Worker:
         assert len(own) == seq.state.length - h, (len(own), seq.state.length, h)
         slots = own[: max(0, deepest - h)]
         self.store.free_slots(np.concatenate([own[len(slots) :], seq.staged]))
+        self._end_reads(seq)
         self._free_window(seq)
         seq.own, seq.staged = [], np.empty(0, dtype=np.int64)
         self.reserved_rows -= seq.reserved
@@ -1051,7 +1055,13 @@ class Worker:
         seq.own, seq.staged = [], np.empty(0, dtype=np.int64)
         self.reserved_rows -= seq.reserved
         seq.reserved = 0
+        self._end_reads(seq)
         self.release(Release(tuple(seq.state_ids.values()), slots))
+
+    def _end_reads(self, seq: Sequence) -> None:
+        """The request no longer reads its hit's rows (`StateStore.unpin_reads`)."""
+        self.store.unpin_reads(seq.reads)
+        seq.reads = np.empty(0, dtype=np.int64)
 
 
 def _so_far(seq: Sequence) -> npt.NDArray[np.int32]:

@@ -38,8 +38,11 @@ cache could not promote is read straight from the host).
 One KV pool for running and cached tokens: a running request's KV is in device slots
 too, allocated as its tokens are computed (`alloc_slots`); its hit is read in place
 (`hit_rows`), and when it ends the slots the cache keeps are handed over as they are
-(no copy) and the rest freed. `write_kv` / `load` copy KV between a state's own
-`KVBuffer`s and slots, for the model's unpooled API.
+(no copy) and the rest freed. While a request reads a hit's rows (`pin_reads` ..
+`unpin_reads`), no free the cache side sends frees them: it waits for the last reader
+(invariant: every slot whose free waits has a reader, and every read slot is held).
+`write_kv` / `load` copy KV between a state's own `KVBuffer`s and slots, for the model's
+unpooled API.
 
 Byte accounting: `bytes_used` is the device tier's: K+V of device slots and conv (store
 dtype) + recurrent (float32) of device states; it equals `core.model.model_spec`'s prediction
@@ -58,7 +61,7 @@ tensors there (pinned on the host of a CUDA device). Nothing is freed twice:
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -139,6 +142,10 @@ class StateStore:
             self.device_kv.row_elems, self.dtype, self.copier.host_empty, initial_host_slots
         )
         self.slots = SlotTable(initial_slots)
+        self._reads: Counter[int] = Counter()
+        """Slot id -> running requests that read its row in place (`pin_reads`)."""
+        self._deferred: set[int] = set()
+        """Read slots the cache let go of: freed when their last reader ends."""
         self._states: dict[int, StateCheckpoint] = {}
         self._host_states: set[int] = set()
         self._next_id = 0
@@ -262,13 +269,52 @@ class StateStore:
 
     def free_slots(self, slots: Slots) -> None:
         """Return held slots, in either tier, to the pool; ValueError (nothing freed)
-        naming the slots that are not held or are listed twice."""
+        naming the slots that are not held or are listed twice (a slot already let go
+        of while a request reads it counts as not held). A slot a running request
+        reads in place (`pin_reads`) is not freed yet: it is freed, once, when its last
+        reader ends (`unpin_reads`), so no free the cache side asks for (a reset's
+        reconcile included) ever hands a row that is being read to the next prefill."""
         ids = np.asarray(slots, dtype=np.int64)
         if not len(ids):
             return
         bad = self.slots.not_held(ids)
+        if self._deferred:
+            bad += sorted({int(i) for i in ids} & self._deferred - set(bad))
         if bad:
             raise ValueError(f"KV slots {bad[:16]} are not held (freed twice?)")
+        if self._reads:
+            read = np.isin(ids, np.fromiter(self._reads, np.int64, len(self._reads)))
+            if read.any():
+                self._deferred.update(int(i) for i in ids[read])
+                ids = ids[~read]
+        self._free_now(ids)
+
+    def pin_reads(self, slots: Slots) -> None:
+        """Running requests read these device slots' rows in place (a hit): until the
+        matching `unpin_reads`, freeing them only defers the free (`free_slots`)."""
+        self._reads.update(int(i) for i in np.asarray(slots, dtype=np.int64))
+
+    def unpin_reads(self, slots: Slots) -> None:
+        """A reader of these slots ended; those the cache let go of meanwhile and that no
+        other request reads are freed now."""
+        done = []
+        for i in (int(i) for i in np.asarray(slots, dtype=np.int64)):
+            self._reads[i] -= 1
+            if self._reads[i] <= 0:
+                del self._reads[i]
+                if i in self._deferred:
+                    self._deferred.discard(i)
+                    done.append(i)
+        self._free_now(np.asarray(done, dtype=np.int64))
+
+    def released_slots(self) -> Slots:
+        """Slots the cache let go of that a running request still reads (freed when it
+        ends): not the cache's any more, so not among its holdings."""
+        return np.asarray(sorted(self._deferred), dtype=np.int64)
+
+    def _free_now(self, ids: Slots) -> None:
+        if not len(ids):
+            return
         self._await_promotions()
         tiers, rows = self.slots.tier[ids], self.slots.row[ids]
         self.device_kv.free(rows[tiers == DEVICE])
@@ -571,6 +617,11 @@ class StateStore:
             raise ValueError(f"KV slots {missing[:16].tolist()} of the hit are not held")
         return ids
 
+    def on_device(self, slots: Slots) -> Slots:
+        """Those of `slots` (held) whose KV is in a device row."""
+        ids = np.asarray(slots, dtype=np.int64)
+        return ids[self.slots.tier[ids] == DEVICE]
+
     def device_rows(self, slots: Slots) -> Slots:
         """The device rows of device slots (a request's own, just allocated)."""
         return self.slots.row[np.asarray(slots, dtype=np.int64)]
@@ -579,6 +630,11 @@ class StateStore:
     def check(self) -> None:
         """Raise AssertionError unless the invariant of the module docstring holds."""
         self.slots.check({DEVICE: self.device_kv, HOST: self.host_kv})
+        read = np.asarray(sorted(self._reads), dtype=np.int64)
+        if len(read) and self.slots.not_held(read):
+            raise AssertionError(f"read slots {self.slots.not_held(read)[:16]} are not held")
+        if not self._deferred <= set(self._reads):
+            raise AssertionError("a slot whose free waits has no reader")
         self.device_kv.check()
         if self.window_kv is not None:
             self.window_kv.check()
