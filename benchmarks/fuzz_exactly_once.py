@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=400, help="events per case (default 400)")
     parser.add_argument("--seed-from", type=int, default=1000, help="seed of the first case")
     parser.add_argument(
+        "--moves",
+        action="store_true",
+        help="draw moves of entries between the replicas and cache resets among the events",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("benchmarks/results/fuzz_exactly_once.json"),
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for seed in tqdm(range(args.seed_from, args.seed_from + args.cases), desc="cases"):
         try:
-            counts = run_case(model_dir, seed, args.events)
+            counts = run_case(model_dir, seed, args.events, moves=args.moves)
         except AssertionError:
             print(f"case with seed {seed} failed", file=sys.stderr)
             raise
@@ -60,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": args.cases,
         "events_per_case": args.events,
         "seed_from": args.seed_from,
+        "moves": args.moves,
         "counts": totals,
         "seconds": round(time.perf_counter() - start, 1),
         "failures": 0,

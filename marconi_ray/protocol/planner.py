@@ -282,10 +282,6 @@ class Planner:
         plan = self._plans.get(request_id)
         return plan is not None and plan.checkpoints == ((len(plan.tokens), "transfer"),)
 
-    def import_requests(self) -> list[int]:
-        """The request ids holding an import's plan."""
-        return [rid for rid in self._plans if self.is_import(rid)]
-
     def pin_release(self, request_id: int) -> Release:
         """What a `pin`'s plan brought for the store to do (its tier promotions)."""
         return release_of(self._plans[request_id].freed)

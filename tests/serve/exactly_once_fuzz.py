@@ -6,7 +6,9 @@ stalls and coordinator restarts from the journal, commits relayed through the in
 replicas' own commits of overdue relays, and moves of cache entries between the
 replicas (`serve.coordinator.transfers`: begun, sent, arriving intact or corrupt, lost
 with a source that died, or abandoned by a mover that died, its leases left to expire),
-across two replicas with the host tier on.
+and resets of a replica's cache at the coordinator while its requests decode from hits
+(what a coordinator restarted without a persistent journal does: the replica registers
+again and reconciles; issue 54), across two replicas with the host tier on.
 The parts are the real ones (`replica_harness`: a real `CacheCoordinator`, real
 tiny-model workers, the real `ModelReplica` and `RayBackend` methods).
 
@@ -78,16 +80,27 @@ WEIGHTS = {
     "relay": 4,
     "lose": 0.5,
     "overdue": 1,
-    "move": 1.5,
-    "send": 1.5,
-    "arrive": 1.5,
-    "source_lost": 0.3,
-    "abandon_move": 0.3,
 }
 """How often each event is drawn, relatively (faults rarer than traffic, so the caches
 fill, evict and move between tiers in between)."""
-EVENTS = tuple(WEIGHTS)
-_P = np.asarray(list(WEIGHTS.values())) / sum(WEIGHTS.values())
+MOVE_WEIGHTS = {
+    "move": 3,
+    "send": 3,
+    "arrive": 3,
+    "source_lost": 0.3,
+    "abandon_move": 0.3,
+    "reset": 0.4,
+}
+"""The events of moves between the replicas and of cache resets, drawn (beside the
+others) only in cases run with `moves=True`: the cases without them draw the same
+interleavings as before they existed."""
+EVENTS = (*WEIGHTS, *MOVE_WEIGHTS)
+
+
+def _draws(moves: bool) -> tuple[tuple[str, ...], np.ndarray]:
+    weights = {**WEIGHTS, **(MOVE_WEIGHTS if moves else {})}
+    p = np.asarray(list(weights.values())) / sum(weights.values())
+    return tuple(weights), p
 
 
 @dataclass
@@ -256,6 +269,7 @@ async def event(world: World, kind: str) -> None:
             return
         if ticket is not None:
             world.moves.append(ticket)
+            world.counts["begun"] = world.counts.get("begun", 0) + 1
     elif kind == "send" and world.moves:
         ticket = world.moves[int(rng.integers(len(world.moves)))]
         if ticket.import_request not in world.payloads:
@@ -276,6 +290,14 @@ async def event(world: World, kind: str) -> None:
     elif kind == "abandon_move" and world.moves:  # the mover died: the leases end it
         ticket = world.moves.pop(int(rng.integers(len(world.moves))))
         world.payloads.pop(ticket.import_request, None)
+    elif kind == "reset":  # the coordinator forgets a replica's cache; it registers again
+        rid = REPLICAS[int(rng.integers(2))]
+        running = world.workers[rid].num_running
+        coord.unregister_replica(rid)
+        await _heartbeat(world, rid)  # "register": a new generation, a reconcile due
+        world.counts["reset_while_running"] = world.counts.get("reset_while_running", 0) + (
+            running > 0
+        )
     elif kind == "stall":
         world.clock.now += 2 * LEASE
         watch = coord.stall_watch
@@ -299,8 +321,9 @@ async def _arrive(world: World, ticket: MoveTicket, corrupt: bool) -> None:
     if payload is not None and corrupt:
         key = next(iter(payload.tensors))
         payload.tensors[key][-1] += 1.0
-    if ticket.receiver_generation != replica.generation:
+    if ticket.receiver_generation != replica.generation:  # reset meanwhile: refused
         result = None
+        world.counts["stale"] = world.counts.get("stale", 0) + 1
     else:
         result = import_ticket(world.workers[ticket.receiver].store, payload, ticket)
         outcome = "arrived" if result.ok else "refused"
@@ -442,14 +465,16 @@ def world_time(world: World) -> Any:
     return mock.patch.object(deployment, "time", WorldTime(world.clock))
 
 
-def run_case(model_dir: Path, seed: int, events: int) -> dict[str, int]:
-    """One case: `events` random events, checked after each; then everything closed and
-    each store compared with its tree exactly. Returns how often each event ran."""
+def run_case(model_dir: Path, seed: int, events: int, moves: bool = False) -> dict[str, int]:
+    """One case: `events` random events (with `moves`, moves and resets among them),
+    checked after each; then everything closed and each store compared with its tree
+    exactly. Returns how often each event ran."""
     world = make_world(model_dir, seed)
+    kinds, p = _draws(moves)
 
     async def main() -> None:
         for _ in range(events):
-            await event(world, str(world.rng.choice(EVENTS, p=_P)))
+            await event(world, str(world.rng.choice(kinds, p=p)))
             check(world)
         await settle_all(world)
         check(world)

@@ -192,16 +192,23 @@ def test_a_lapsed_import_frees_what_the_receiver_stored_once(model_dir: Path) ->
     _settle(coord, workers)
 
 
-def test_a_reconcile_mid_move_voids_the_import(model_dir: Path) -> None:
+def test_a_reset_mid_move_frees_the_late_copy_once(model_dir: Path) -> None:
+    """The receiver's cache is reset (and reconciled) after the move began and before
+    its import: the copy it then stores is no tree's, so finishing the move frees it."""
     coord, workers, _ = _setup(model_dir)
-    ticket, result = _stored_unfinished(coord, workers)
-    store = workers["r1"].store
+    history = _history(coord, workers, "r0")
+    ticket = coord.begin_move("r0", "r1", history, "remote_hit")
+    assert ticket is not None
+    payload = export_ticket(workers["r0"].store, ticket)
+    coord.unregister_replica("r1")
+    register(coord, workers["r1"], "r1")
     states, slots = workers["r1"].holdings()
     _, answer = coord.reconcile("r1", states, slots, applied=applied(workers["r1"]))
-    apply(workers["r1"], answer)  # the copy is unreferenced: the reconcile frees it
-    assert result.state_id not in set(workers["r1"].holdings()[0])
-    assert coord.finish_move(ticket, result).states == ()  # nothing freed a second time
-    assert store.live_states == len(coord.planners["r1"].cache.referenced()[0])
+    apply(workers["r1"], answer)
+    result = import_ticket(workers["r1"].store, payload, ticket)  # then the move arrives
+    direct = coord.finish_move(ticket, result)
+    assert set(direct.states) == {result.state_id} and len(direct.slots) == ticket.depth
+    apply(workers["r1"], direct)
     _settle(coord, workers)
 
 

@@ -620,7 +620,8 @@ class StateStore:
     def on_device(self, slots: Slots) -> Slots:
         """Those of `slots` (held) whose KV is in a device row."""
         ids = np.asarray(slots, dtype=np.int64)
-        return ids[self.slots.tier[ids] == DEVICE]
+        on: Slots = ids[self.slots.tier[ids] == DEVICE]
+        return on
 
     def device_rows(self, slots: Slots) -> Slots:
         """The device rows of device slots (a request's own, just allocated)."""

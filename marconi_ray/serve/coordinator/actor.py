@@ -151,7 +151,6 @@ class CacheCoordinator(TransferPlanning):
         """Replica -> its store's tier figures from its last heartbeat that carried them
         (for `/metrics`; not journalled: the next heartbeat brings them again)."""
         self._router = make_router(settings.routing, settings)
-        self._voided = set()
         self._context_limit = arch.context_limit
         self.findings: dict[str, Finding] = {}
         """What the cache's setting makes it not do for this model, by code
@@ -307,7 +306,6 @@ class CacheCoordinator(TransferPlanning):
         info = self.replica_info.get(replica_id)
         if info is None:
             raise NoReplicaAvailable(f"replica {replica_id!r} is not registered")
-        self.void_imports(replica_id)
         if refused:
             self.refusals[replica_id] = self.refusals.get(replica_id, 0) + int(refused)
         release_log = self.state.log_of(replica_id)

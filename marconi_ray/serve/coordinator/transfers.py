@@ -17,9 +17,10 @@ A move of the entry of `tokens` from replica A to replica B:
 Exactly once: A's slots stay pinned until `finish_move` (or the pin's lease expires: a
 mover that died), so they are never freed under the copy. What B stored for an import
 whose plan is no longer open (its lease expired, B was reset) is returned by
-`finish_move` for the mover to free on B directly: no tree refers to it. An import plan
-that a reconcile of B ended (`void_imports`) never commits and frees nothing: the
-reconcile already freed what B stored of it.
+`finish_move` for B to free directly: no tree refers to it. This relies on B running a
+move's import and its `finish_move` between two steps of its loop, with no reconcile in
+between (`replica.receiver`): a reconcile never sees a stored copy whose move is not
+finished, so it never frees one that `finish_move` then commits or frees again.
 """
 
 from __future__ import annotations
@@ -76,9 +77,6 @@ class CoordinatorCore(Protocol):
 
 class TransferPlanning:
     """Mixed into `CacheCoordinator` (see the module docstring)."""
-
-    _voided: set[int]
-    """Import request ids a reconcile ended (their `finish_move` does nothing)."""
 
     # ------------------------------------------------------------------ choosing
     def stage(self: Any, prompt: npt.NDArray[np.int32]) -> Staging:
@@ -185,9 +183,6 @@ class TransferPlanning:
             else Release((result.state_id,), np.asarray(result.slots, dtype=np.int64))
         )
         rid, request = ticket.receiver, ticket.import_request
-        if request in self._voided:
-            self._voided.discard(request)
-            return Release()
         if not self.state.is_planned(rid, request):
             return stored  # the plan ended (lease, reset): nothing refers to the copy
         if result is None or not result.ok:
@@ -203,14 +198,3 @@ class TransferPlanning:
         )
         self._do(Commit(rid, done))
         return Release()
-
-    def void_imports(self: Any, replica_id: str) -> None:
-        """End every open import plan of `replica_id` (its store is being reconciled:
-        what an import stored there so far is freed as unreferenced), so none of them
-        commits slots the reconcile freed."""
-        planner: Planner | None = self.planners.get(replica_id)
-        if planner is None:
-            return
-        for request in planner.import_requests():
-            self._end_plan(replica_id, request, None, "reconcile")
-            self._voided.add(request)

@@ -7,7 +7,9 @@ loop calls each source rank's `export_<mode>(ticket)` and passes the reference s
 to its own rank's `import_ticket`, then ends the move at the coordinator
 (`finish_move`) and frees on its own shards whatever the coordinator gives back. Moves
 run in the loop between two steps, one at a time, so every rank of a tp > 1 replica
-sees the same calls in the same order and allocates the same ids.
+sees the same calls in the same order and allocates the same ids, and no reconcile
+(also the loop's) ever runs between a move's import and its `finish_move`: a reconcile
+never sees a stored copy whose move is not finished.
 
 Exactly once: a move that fails anywhere (the source dead, a refusal, ranks that
 disagree, a timeout) is finished as failed: its import is aborted and whatever a rank
