@@ -323,3 +323,53 @@ def test_a_paused_then_restarted_coordinator_with_a_host_tier_loses_nothing(
         # under a new generation), and no replica was dropped
         assert _generations(coordinator) == before
         assert ray.get(coordinator.check_invariants.remote()) > 0
+
+
+def test_a_coordinator_without_a_journal_killed_while_hits_decode(
+    ray_session, model_dir, reference
+):
+    """Issue 54 on real Ray: the coordinator (in-memory journal) is killed while requests
+    that hit the cache decode; Ray restarts it empty, the replica registers again and
+    reconciles, freeing every row its old tree held, the running hits' rows among them.
+    Those frees wait for the requests that read the rows, so every request's tokens are
+    the vanilla ones, and afterwards the store holds exactly what the new tree accounts."""
+    settings = _settings(model_dir, "faults-reset", replicas=1)
+    rng = np.random.default_rng(54)
+    histories = [rng.integers(7, 263, 30).tolist() for _ in range(4)]
+    long = dataclasses.replace(PARAMS, max_tokens=64)
+    with replicas_app(settings) as (coordinator, handle):
+        backend = RayBackend(coordinator, handle)
+        _turns(backend, histories, rng)  # cached: the next turns hit and read in place
+        killed: list[float] = []
+
+        async def kill_when_decoding() -> None:
+            while sum(st.in_flight for st in await coordinator.stats.remote()) < 3:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # a few tokens into the hits
+            ray.kill(coordinator, no_restart=False)
+            killed.append(time.monotonic())
+
+        async def one(history: list[int]) -> tuple[list[int], Completed, float]:
+            tokens, done = await _request(backend, history, True, long)
+            return tokens, done, time.monotonic()
+
+        async def hit_turn() -> list[tuple[list[int], Completed, float]]:
+            killer = asyncio.ensure_future(kill_when_decoding())
+            out = await asyncio.gather(*(one(h) for h in histories))
+            await killer
+            return out
+
+        answers = asyncio.run(hit_turn())
+        assert any(end > killed[0] for _, _, end in answers), "all ended before the kill"
+        for history, (tokens, done, _) in zip(histories, answers, strict=True):
+            assert done.usage.cached_tokens > 0  # planned on the old tree: it hit
+            _check_against(reference, history, tokens, long)
+        deadline = time.monotonic() + 60
+        while True:  # the replica registered again, reconciled, freed what it let go of
+            stats = ray.get(coordinator.stats.remote())
+            held = handle.stats.remote().result(timeout_s=30)["bytes_used"]
+            if stats and held == stats[0].bytes_used and not stats[0].in_flight:
+                break
+            assert time.monotonic() < deadline, (held, stats)
+            time.sleep(0.2)
+        ray.get(coordinator.check_invariants.remote())
