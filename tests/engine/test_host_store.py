@@ -138,6 +138,32 @@ def test_bad_moves_are_refused_naming_ids_and_nothing_moves(bamba):
     store.check()
 
 
+def test_rows_a_running_request_reads_are_freed_after_it_and_never_demoted(bamba):
+    """Issue 54 at the store: a free of a read row waits for its last reader (then it
+    happens once), a second free of it is refused, and a move of it to the host is
+    refused with nothing moved."""
+    _, worker, _, slots = bamba
+    store = worker.store
+    read = slots[:4]
+    store.pin_reads(read)
+    store.pin_reads(read[:2])  # a second request reads two of them
+    with pytest.raises(ValueError, match="read by running requests"):
+        worker.release(Release(moves=(Move(True, (), read[1:3]),)))
+    store.free_slots(read)  # the cache lets go of them: nothing freed yet
+    assert set(store.used_slots().tolist()) >= set(read.tolist())
+    assert store.released_slots().tolist() == sorted(read.tolist())
+    with pytest.raises(ValueError, match="not held"):
+        store.free_slots(read[3:])  # freed twice
+    store.check()
+    store.unpin_reads(read)  # the first reader ends: the rows only it read are freed
+    assert store.released_slots().tolist() == sorted(read[:2].tolist())
+    assert not set(store.used_slots().tolist()) & set(read[2:].tolist())
+    store.unpin_reads(read[:2])
+    assert len(store.released_slots()) == 0
+    assert not set(store.used_slots().tolist()) & set(read.tolist())
+    store.check()
+
+
 def test_double_free_across_tiers_is_refused(bamba):
     _, worker, sid, slots = bamba
     store = worker.store

@@ -444,11 +444,18 @@ class StateStore:
         and free the rows they leave. Validated first, as a whole: a slot that is not held
         (or listed twice), a state that is not held, or an id already in the tier a move
         sends it to (counting the earlier moves) is a ValueError naming the ids, and
-        nothing moves."""
+        nothing moves. So is a move to the host of a row a running request reads in place
+        (`pin_reads`): demoting it would hand the row to the next prefill under the
+        reader."""
         if not moves:
             return
         self.copier.poll()
         check_moves(moves, self.slots, self._states, self._host_states)
+        if self._reads:
+            read = set(self._reads)
+            busy = sorted({int(i) for m in moves if m.to_host for i in m.slots} & read)
+            if busy:
+                raise ValueError(f"KV slots {busy[:16]} are read by running requests")
         for m in moves:
             ids = np.asarray(m.slots, dtype=np.int64)
             if not len(ids) and not m.states:
