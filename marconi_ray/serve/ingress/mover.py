@@ -84,8 +84,6 @@ class Mover:
         self._warned: set[str] = set()
         self._busy: dict[str, asyncio.Lock] = {}
         """Replica id -> held while a two-sided move has it at one end."""
-        self._used = mode.name
-        """The mode of the last move (the object store when its pair shares no group)."""
 
     async def shards_of(self, replica_id: str) -> tuple[Any, ...]:
         """`replica_id`'s shard actors in rank order (asked once; empty: it has none)."""
@@ -160,9 +158,11 @@ class Mover:
         coordinator); what the receiver's import did. Never raises: a failure is an
         `ImportResult` naming it, and the move is finished as failed."""
         start = time.perf_counter()
-        self._used = self.mode.name
+        used = [self.mode.name]  # the mode that carried it (`_move` says)
         try:
-            result = await asyncio.wait_for(self._move(ticket), self.timeout_s + ANSWER_MARGIN_S)
+            result = await asyncio.wait_for(
+                self._move(ticket, used), self.timeout_s + ANSWER_MARGIN_S
+            )
         except Exception as exc:
             log.warning("move %d -> %s failed: %s", ticket.import_request, ticket.receiver, exc)
             result = ImportResult(-1, np.zeros(0, np.int64), 0, f"{type(exc).__name__}: {exc}")
@@ -170,10 +170,10 @@ class Mover:
                 await self.coordinator.finish_move.remote(ticket, None)
             except Exception:
                 log.exception("finishing a failed move at the coordinator failed")
-        self._count(ticket, result, time.perf_counter() - start)
+        self._count(ticket, result, time.perf_counter() - start, used[0])
         return result
 
-    async def _move(self, ticket: MoveTicket) -> ImportResult:
+    async def _move(self, ticket: MoveTicket, used: list[str]) -> ImportResult:
         source = await self.shards_of(ticket.source)
         receiver = await self.shards_of(ticket.receiver)
         mode = self.mode
@@ -185,7 +185,7 @@ class Mover:
                 self._warn_once(ticket)
             else:
                 groups = found
-        self._used = mode.name
+        used[0] = mode.name
         order = ReceiveOrder(ticket.receiver, ticket, source, mode.name, groups)
         if mode.collective is None:
             result: ImportResult = await self.replicas.receive.remote(order)
@@ -209,11 +209,11 @@ class Mover:
                 self.mode.name,
             )
 
-    def _count(self, ticket: MoveTicket, result: ImportResult, seconds: float) -> None:
+    def _count(self, ticket: MoveTicket, result: ImportResult, seconds: float, mode: str) -> None:
         if self.metrics is None:
             return
         outcome = "ok" if result.ok else "failed"
-        self.metrics.transfers.labels(kind=ticket.kind, outcome=outcome, mode=self._used).inc()
+        self.metrics.transfers.labels(kind=ticket.kind, outcome=outcome, mode=mode).inc()
         self.metrics.transfer_seconds.labels(kind=ticket.kind).observe(seconds)
         if result.ok:
             self.metrics.transfer_bytes.labels(kind=ticket.kind).inc(result.nbytes)
