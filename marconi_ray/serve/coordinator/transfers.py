@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from marconi_ray.protocol.ops import NO_TIMINGS, Commit, Import, Op, Pin
+from marconi_ray.protocol.ops import NO_TIMINGS, Commit, Import, Pin
 from marconi_ray.protocol.orders import Finished, Release
 from marconi_ray.protocol.planner import Planner
-from marconi_ray.serve.coordinator.cache_state import CacheState, Held, ReplicaInfo
-from marconi_ray.serve.coordinator.routing.choose import choose_replica
+from marconi_ray.serve.coordinator.cache_state import Held, ReplicaInfo
+from marconi_ray.serve.coordinator.routing.choose import choose_replica, max_open
 from marconi_ray.serve.coordinator.routing.disagg import (
     Candidate,
     MoveClock,
@@ -44,35 +44,13 @@ from marconi_ray.serve.coordinator.routing.disagg import (
     stage_remote,
     stage_roles,
 )
-from marconi_ray.serve.coordinator.routing.routers import Router
 from marconi_ray.serve.messages import NoReplicaAvailable, Overloaded
-from marconi_ray.serve.settings import ServeSettings
 from marconi_ray.serve.transfer_messages import ImportResult, MoveTicket
 
 log = logging.getLogger(__name__)
 
 TRANSFER_REASON = "transfer"
 """`Finished.finish_reason` of an import's commit."""
-
-
-class CoordinatorCore(Protocol):
-    """What the transfer methods use of the coordinator."""
-
-    settings: ServeSettings
-    state: CacheState
-    _router: Router
-
-    @property
-    def planners(self) -> dict[str, Planner]: ...
-
-    @property
-    def replica_info(self) -> dict[str, ReplicaInfo]: ...
-
-    def _do(self, op: Op) -> Any: ...
-
-    def _end_plan(
-        self, replica_id: str, request_id: int, done: Finished | None, reason: str
-    ) -> Release: ...
 
 
 class TransferPlanning:
@@ -116,14 +94,9 @@ class TransferPlanning:
         """The confirmed replicas (of `role`; None: any) with room for one more request;
         those the routing index names are walked for their hit, the others hit 0."""
         table = self.state.routing.table
-        limit = (
-            None
-            if self.settings.max_queued_requests < 0
-            else (self.settings.max_batch + self.settings.max_queued_requests)
-        )
         named = self.state.routing.index.candidates(prompt)
         out = []
-        for slot in np.flatnonzero(table.eligible(limit)):
+        for slot in np.flatnonzero(table.eligible(max_open(self.settings))):
             rid = table.id_at(int(slot))
             if role is not None and self.replica_info[rid].role != role:
                 continue

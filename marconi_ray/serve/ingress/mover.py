@@ -79,7 +79,6 @@ class Mover:
         self.metrics = metrics
         self._shards: dict[str, tuple[Any, ...]] = {}
         self._groups: tuple[TransferGroup, ...] | None = None
-        self._members: list[set[Any]] = []
         self._lock = asyncio.Lock()
         self._warned: set[str] = set()
         self._busy: dict[str, asyncio.Lock] = {}
@@ -105,9 +104,7 @@ class Mover:
         while time.monotonic() < deadline:
             try:
                 if len(await self.coordinator.replicas.remote()) >= replicas:
-                    async with self._lock:
-                        if self._groups is None:
-                            await self._form_groups()
+                    await self._ensure_groups()
                     return
             except Exception:
                 log.exception("forming the transfer groups failed: the first move tries again")
@@ -121,15 +118,20 @@ class Mover:
         first call); None when some pair shares none."""
         if self.mode.collective is None:
             return ()
+        groups = await self._ensure_groups()
+        if len(groups) < len(source):
+            return None
+        for group, s, d in zip(groups, source, receiver, strict=False):
+            if s not in group.members or d not in group.members:
+                return None
+        return groups
+
+    async def _ensure_groups(self) -> tuple[TransferGroup, ...]:
+        """The groups, formed on the first call (one caller forms them)."""
         async with self._lock:
             if self._groups is None:
                 await self._form_groups()
         assert self._groups is not None
-        pairs = zip(source, receiver, strict=True)
-        if len(self._members) < len(source) or any(
-            s not in self._members[r] or d not in self._members[r] for r, (s, d) in enumerate(pairs)
-        ):
-            return None
         return self._groups
 
     async def _form_groups(self) -> None:
@@ -139,13 +141,12 @@ class Mover:
         assert backend is not None
         replicas = list(await self.coordinator.replicas.remote())
         shards = [s for s in [await self.shards_of(rid) for rid in replicas] if s]
-        groups, members = [], []
+        groups = []
         for rank in range(min((len(s) for s in shards), default=0)):
             actors = [s[rank] for s in shards]
             comm = await asyncio.to_thread(create_collective_group, actors, backend)
             groups.append(TransferGroup(comm.name, backend, tuple(actors)))
-            members.append(set(actors))
-        self._groups, self._members = tuple(groups), members
+        self._groups = tuple(groups)
         log.info(
             "transfer groups (%s) over %d replicas' shards: %d rank(s)",
             backend,
